@@ -1,0 +1,43 @@
+"""fairgate's inference engine: paged KV, continuous batching, prediction-aware admission.
+
+Usable alone: it imports nothing from the gateway, tenants or predictor packages.
+"""
+
+from engine.async_engine import AsyncEngine, RequestStream, TokenDelta
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ReserveMode
+from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestNotFound
+from engine.llm import LLMEngine, RequestOutput, Runner
+from engine.plan import ScheduledSeq, StepOutput, StepPlan
+from engine.request import FinishReason, Request, RequestStatus
+from engine.sampling import SamplingParams
+from engine.scheduler import Capacity, Scheduler, StepResult
+from engine.sim_runner import SimulatedRunner, StepTimeModel
+
+__all__ = [
+    "AsyncEngine",
+    "BlockManager",
+    "Capacity",
+    "EngineClosed",
+    "EngineConfig",
+    "EngineError",
+    "FinishReason",
+    "InvalidRequest",
+    "LLMEngine",
+    "Request",
+    "RequestNotFound",
+    "RequestOutput",
+    "RequestStatus",
+    "RequestStream",
+    "ReserveMode",
+    "Runner",
+    "SamplingParams",
+    "ScheduledSeq",
+    "Scheduler",
+    "SimulatedRunner",
+    "StepOutput",
+    "StepPlan",
+    "StepResult",
+    "StepTimeModel",
+    "TokenDelta",
+]

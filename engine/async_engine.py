@@ -1,0 +1,239 @@
+"""The async front: token streams per request over one owned step loop.
+
+The step loop is a task in the engine's own task group; each model step runs in a worker
+thread so the event loop keeps serving while the model computes. Everything that changes the
+scheduler (add, abort, priority) happens on the event loop between steps: while a step is in
+flight such changes are queued and applied the moment it returns, so an abort frees the
+request's blocks at once, or at the end of the step that is using them.
+
+Invariant: every stream ends with exactly one delta whose `finished` is True, or is closed by
+`abort`/`aclose`, and every request the engine accepted is finished, aborted or live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import anyio
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from engine.errors import EngineClosed, InvalidRequest
+from engine.llm import LLMEngine, RequestOutput
+from engine.request import FinishReason, Request
+from engine.sampling import SamplingParams
+from engine.scheduler import Capacity
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    hidden: list[float] | None = None
+    request: Request | None = None  # the finished request (lengths, timings), on the last delta
+
+
+class RequestStream:
+    """Async iterator of one request's deltas; closing it early aborts the request."""
+
+    def __init__(
+        self,
+        request_id: str,
+        receive: MemoryObjectReceiveStream[TokenDelta],
+        on_close: Callable[[str], None],
+    ) -> None:
+        self.request_id = request_id
+        self._receive = receive
+        self._on_close = on_close
+        self.finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        try:
+            delta = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
+            raise StopAsyncIteration from None
+        self.finished = delta.finished
+        if delta.finished:
+            self._receive.close()
+        return delta
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop listening; aborts the request when it has not finished."""
+        if not self.finished:
+            self._on_close(self.request_id)
+        self._receive.close()
+
+
+class AsyncEngine:
+    def __init__(self, core: LLMEngine, run_in_thread: bool = True) -> None:
+        self.core = core
+        self._run_in_thread = run_in_thread
+        self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
+        self._pending: list[Callable[[], None]] = []
+        self._stepping = False
+        self._wake = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._closed = False
+        self._capacity = core.scheduler.capacity()
+
+    async def __aenter__(self) -> AsyncEngine:
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg.start_soon(self._loop)
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._closed or self._tg is None:
+            return
+        self._closed = True
+        self._tg.cancel_scope.cancel()
+        try:
+            await self._stack.aclose()
+        finally:
+            for rid in list(self._streams):
+                self.abort(rid)
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: float = 0.0,
+        predicted_output_len: int | None = None,
+    ) -> RequestStream:
+        if self._closed:
+            raise EngineClosed("engine is shut down")
+        if request_id is not None and request_id in self._streams:
+            raise InvalidRequest(f"duplicate request id {request_id!r}")
+        request = self.core.make_request(
+            prompt_token_ids,
+            params,
+            request_id=request_id,
+            priority=priority,
+            predicted_output_len=predicted_output_len,
+        )
+        self._run(lambda: self.core.submit(request))
+        self._capacity = self._capacity_after(request)
+        send, receive = anyio.create_memory_object_stream[TokenDelta](math.inf)
+        self._streams[request.request_id] = send
+        self._wake.set()
+        return RequestStream(request.request_id, receive, self.abort)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks (now, or when the step in flight ends)."""
+        send = self._streams.pop(request_id, None)
+        if send is None:
+            return
+        send.close()
+        self._run(lambda: self._abort_core(request_id))
+
+    def set_priority(self, request_id: str, priority: float) -> None:
+        def apply() -> None:
+            if request_id in self.core.scheduler.requests:
+                self.core.scheduler.set_priority(request_id, priority)
+
+        self._run(apply)
+
+    def has_room(self, num_tokens: int) -> bool:
+        """Would a new request needing `num_tokens` of KV be admitted without waiting?"""
+        cap = self._capacity
+        return cap.free_seqs > 0 and cap.free_blocks >= self.core.block_manager.blocks_for(
+            num_tokens
+        )
+
+    @property
+    def capacity(self) -> Capacity:
+        return self._capacity
+
+    def _run(self, change: Callable[[], None]) -> None:
+        """Apply a scheduler change now, or right after the step in flight."""
+        if self._stepping:
+            self._pending.append(change)
+        else:
+            change()
+            self._capacity = self.core.scheduler.capacity()
+
+    def _capacity_after(self, request: Request) -> Capacity:
+        cap = self._capacity
+        return (
+            dataclasses.replace(
+                cap,
+                free_blocks=cap.free_blocks
+                - self.core.block_manager.blocks_for(request.num_tokens),
+                free_seqs=cap.free_seqs - 1,
+            )
+            if self._stepping
+            else cap
+        )
+
+    @property
+    def num_live(self) -> int:
+        return len(self._streams)
+
+    def _abort_core(self, request_id: str) -> None:
+        if request_id in self.core.scheduler.requests:
+            self.core.abort(request_id)
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.core.has_unfinished:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                continue
+            self._stepping = True
+            try:
+                if self._run_in_thread:
+                    outputs = await anyio.to_thread.run_sync(self.core.step)
+                else:
+                    outputs = self.core.step()
+                    await anyio.lowlevel.checkpoint()
+            finally:
+                self._stepping = False
+            for apply in self._pending:
+                apply()
+            self._pending.clear()
+            self._capacity = self.core.scheduler.capacity()
+            for out in outputs:
+                self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        send = self._streams.get(out.request_id)
+        if send is None:
+            return  # aborted while the step ran
+        delta = TokenDelta(
+            out.request_id,
+            out.new_token_ids,
+            out.new_text,
+            out.finished,
+            out.finish_reason,
+            out.hidden,
+            out.request,
+        )
+        send.send_nowait(delta)
+        if out.finished:
+            del self._streams[out.request_id]
+            send.close()

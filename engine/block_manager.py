@@ -1,0 +1,159 @@
+"""KV block pool: ref-counted fixed-size blocks, a free list, and a prefix cache.
+
+A request's KV lives in `request.block_ids`, `block_size` tokens per block. Full blocks are
+keyed by a chained hash (hash of the previous block's key and this block's tokens), so two
+requests with the same prefix share the same blocks; a hit is confirmed by comparing tokens.
+Freed blocks keep their key and go to the back of the free list (least recently used first
+out), so a later request can revive them until they are handed out again.
+
+Invariants: every block is either free (ref_count == 0, in the free list) or used
+(ref_count > 0, not in the free list); `num_free_blocks + num_used_blocks == num_blocks`.
+The manager answers "fits?"; it never picks a victim.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.request import Request
+
+BlockKey = tuple[int, int]  # (chained hash, block index): index keeps equal hashes of
+# different depths apart
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    key: BlockKey | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+def chain_hash(prev: int, token_ids: tuple[int, ...]) -> int:
+    return hash((prev, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_cache = enable_prefix_cache
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[BlockKey, int] = {}
+        self._num_hashed: dict[str, int] = {}  # request id -> leading blocks already keyed
+        self._hashes: dict[str, list[int]] = {}  # request id -> chained hash per full block
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, num_blocks: int) -> bool:
+        return num_blocks <= len(self._free)
+
+    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Block ids holding the longest cached prefix of full blocks.
+
+        Never the whole sequence: at least one token is left to compute, so the step that
+        finishes the prompt still produces logits.
+        """
+        if not self.enable_prefix_cache:
+            return []
+        found: list[int] = []
+        prev = 0
+        for index in range((len(token_ids) - 1) // self.block_size):
+            chunk = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
+            prev = chain_hash(prev, chunk)
+            block_id = self._cached.get((prev, index))
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            found.append(block_id)
+        return found
+
+    def allocate_slots(
+        self, request: Request, num_tokens: int, cached_block_ids: list[int] | None = None
+    ) -> bool:
+        """Make `request.block_ids` cover `num_tokens` tokens, reusing `cached_block_ids` first.
+
+        Returns False, changing nothing, when the free list cannot cover it.
+        """
+        cached = cached_block_ids or []
+        num_new = self.blocks_for(num_tokens) - len(request.block_ids) - len(cached)
+        revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
+        if num_new + revived > len(self._free):
+            return False
+        for block_id in cached:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self._free[block_id]
+            block.ref_count += 1
+            request.block_ids.append(block_id)
+        for _ in range(max(num_new, 0)):
+            request.block_ids.append(self._take_free_block())
+        return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Key the request's newly full, computed blocks so later requests can share them."""
+        if not self.enable_prefix_cache:
+            return
+        rid = request.request_id
+        hashes = self._hashes.setdefault(rid, [])
+        start = self._num_hashed.get(rid, 0)
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= start:
+            return
+        tokens = request.all_token_ids
+        prev = hashes[-1] if hashes else 0
+        for index in range(start, num_full):
+            chunk = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
+            prev = chain_hash(prev, chunk)
+            hashes.append(prev)
+            block = self.blocks[request.block_ids[index]]
+            if block.key is None and (prev, index) not in self._cached:
+                block.key = (prev, index)
+                block.token_ids = chunk
+                self._cached[block.key] = block.block_id
+        self._num_hashed[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Drop the request's hold on its blocks; tail blocks are evicted before shared heads."""
+        for block_id in reversed(request.block_ids):
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        request.block_ids = []
+        self._num_hashed.pop(request.request_id, None)
+        self._hashes.pop(request.request_id, None)
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self._free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.key is not None:
+            del self._cached[block.key]
+            block.key = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the pool is inconsistent (used by tests)."""
+        free = set(self._free)
+        assert len(free) == len(self._free)
+        for block in self.blocks:
+            assert block.ref_count >= 0, f"negative ref count on block {block.block_id}"
+            assert (block.ref_count == 0) == (block.block_id in free)
+            if block.key is not None:
+                assert self._cached[block.key] == block.block_id
+        assert self.num_free_blocks + self.num_used_blocks == self.num_blocks

@@ -1,0 +1,50 @@
+"""Incremental detokenization and stop strings for one request.
+
+Text is produced with `tokenizers`' DecodeStream (handles tokens that split a UTF-8 character).
+Stop strings are matched on the text so far; text is held back while its tail could still
+become a stop string, so a client never sees part of one. On a match the text is cut at it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+
+class Detokenizer:
+    def __init__(self, backend: Any, stop: tuple[str, ...] = ()) -> None:
+        self._backend = backend  # a tokenizers.Tokenizer
+        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stop = stop
+        self._hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # all text decoded so far
+        self._emitted = 0  # chars of `text` already handed out
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Feed one token; return the new text that is safe to emit."""
+        chunk = self._stream.step(self._backend, token_id)
+        if chunk:
+            self.text += chunk
+        if self._stop:
+            search_from = max(self._emitted - self._hold, 0)
+            cut = min(
+                (i for s in self._stop if (i := self.text.find(s, search_from)) >= 0),
+                default=-1,
+            )
+            if cut >= 0:
+                self.text = self.text[:cut]
+                self.stopped = True
+                return self._take(len(self.text))
+            return self._take(max(len(self.text) - self._hold, self._emitted))
+        return self._take(len(self.text))
+
+    def flush(self) -> str:
+        """The text held back, once the request has finished without a stop string."""
+        return self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        out = self.text[self._emitted : end]
+        self._emitted = max(self._emitted, end)
+        return out

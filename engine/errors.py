@@ -1,0 +1,17 @@
+"""Engine errors, named for the state they report."""
+
+
+class EngineError(Exception):
+    """Base class of engine errors."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """A request the engine can never run (bad parameters, prompt longer than the context)."""
+
+
+class RequestNotFound(EngineError, KeyError):
+    """No live request has this id."""
+
+
+class EngineClosed(EngineError):
+    """The engine has shut down and takes no more requests."""

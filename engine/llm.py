@@ -1,0 +1,189 @@
+"""The synchronous engine core: scheduler + runner + detokenizers, one `step()` at a time.
+
+`step()` asks the scheduler for a plan, has the runner execute it, applies the output, and
+returns what each advanced request gained. The clock is injected: by default, wall time for a
+real runner and the runner's modelled time for the simulated one. `generate()` is the offline
+entry point (benchmarks, labelling, tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.detokenizer import Detokenizer
+from engine.errors import RequestNotFound
+from engine.plan import StepOutput, StepPlan
+from engine.request import FinishReason, Request
+from engine.sampling import SamplingParams
+from engine.scheduler import Scheduler
+
+
+class Runner(Protocol):
+    eos_token_ids: frozenset[int]
+
+    def execute(self, plan: StepPlan) -> StepOutput: ...
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    hidden: list[float] | None = None
+    request: Request | None = field(default=None, repr=False)  # set when finished
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner | None = None,
+        tokenizer: Any = None,
+        clock: Callable[[], float] | None = None,
+        num_blocks: int | None = None,
+    ) -> None:
+        self.config = config
+        if runner is None:
+            runner, tokenizer, num_blocks = _load_runner(config)
+        elif num_blocks is None:
+            num_blocks = config.num_blocks or 1024
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(config, self.block_manager, runner.eos_token_ids)
+        self.virtual_time = 0.0
+        self._clock = clock
+        self._detok: dict[str, Detokenizer] = {}
+        self._ids = itertools.count()
+        self.last_step_s = 0.0
+
+    def now(self) -> float:
+        return self._clock() if self._clock is not None else self.virtual_time
+
+    def make_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: float = 0.0,
+        predicted_output_len: int | None = None,
+    ) -> Request:
+        """Build and validate a request without touching the scheduler (safe mid-step)."""
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            arrival_time=self.now(),
+            priority=priority,
+            predicted_output_len=predicted_output_len,
+        )
+        self.scheduler.check(request)
+        return request
+
+    def submit(self, request: Request, detokenize: bool = True) -> None:
+        self.scheduler.add(request)
+        wants_text = detokenize or bool(request.params.stop)
+        if wants_text and self.tokenizer is not None:
+            backend = self.tokenizer.backend_tokenizer
+            self._detok[request.request_id] = Detokenizer(backend, request.params.stop)
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        priority: float = 0.0,
+        predicted_output_len: int | None = None,
+        detokenize: bool = True,
+    ) -> str:
+        request = self.make_request(
+            prompt_token_ids,
+            params,
+            request_id=request_id,
+            priority=priority,
+            predicted_output_len=predicted_output_len,
+        )
+        self.submit(request, detokenize)
+        return request.request_id
+
+    def abort(self, request_id: str) -> Request:
+        self._detok.pop(request_id, None)
+        return self.scheduler.abort(request_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        start = time.perf_counter()
+        output = self.runner.execute(plan)
+        self.last_step_s = time.perf_counter() - start
+        self.virtual_time += output.elapsed_s or self.last_step_s
+        result = self.scheduler.update(plan, output, self.now())
+        finished = {r.request_id: r for r in result.finished}
+        outputs = []
+        for rid, tokens in result.new_tokens.items():
+            out = RequestOutput(rid, tokens, hidden=result.hidden.get(rid))
+            self._detokenize(out, finished)
+            if rid in finished:
+                out.finished, out.request = True, finished[rid]
+                out.finish_reason = finished[rid].finish_reason
+                detok = self._detok.pop(rid, None)
+                out.new_text += detok.flush() if detok and not detok.stopped else ""
+            outputs.append(out)
+        return outputs
+
+    def _detokenize(self, out: RequestOutput, finished: dict[str, Request]) -> None:
+        detok = self._detok.get(out.request_id)
+        if detok is None:
+            return
+        for token in out.new_token_ids:
+            out.new_text += detok.push(token)
+        if detok.stopped and out.request_id not in finished:
+            finished[out.request_id] = self.scheduler.finish(
+                out.request_id, FinishReason.STOP, self.now()
+            )
+
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Request]:
+        """Run prompts to completion; returns the finished requests in prompt order."""
+        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        ids = [
+            self.add_request(p, sp, detokenize=False) for p, sp in zip(prompts, plist, strict=True)
+        ]
+        done: dict[str, Request] = {}
+        while self.has_unfinished:
+            for out in self.step():
+                if out.finished and out.request is not None:
+                    done[out.request_id] = out.request
+        return [done[i] for i in ids]
+
+    def request(self, request_id: str) -> Request:
+        found = self.scheduler.requests.get(request_id)
+        if found is None:
+            raise RequestNotFound(request_id)
+        return found
+
+
+def _load_runner(config: EngineConfig) -> tuple[Runner, Any, int]:
+    from engine.loader import load_tokenizer, resolve_model
+    from engine.model_runner import ModelRunner
+
+    path = resolve_model(config.model)
+    num_blocks = config.num_blocks or ModelRunner.num_blocks_for(path, config)
+    return ModelRunner(path, config, num_blocks), load_tokenizer(path), num_blocks

@@ -1,0 +1,71 @@
+"""A simulated model runner: same step contract, modelled step time, synthetic tokens.
+
+Step time is linear in what a step does: a fixed overhead, a cost per batched token (the
+GEMMs) and a cost per token of context read by attention,
+
+    t = overhead_s + per_token_s * num_batched_tokens + per_context_token_s * sum(context)
+
+fitted by least squares to measured steps of the real engine. Sampled tokens are a hash of
+the request id and position, never an end-of-sequence id, so lengths are set by max_tokens.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.plan import StepOutput, StepPlan
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    overhead_s: float
+    per_token_s: float
+    per_context_token_s: float = 0.0
+
+    def step_time(self, num_batched_tokens: int, context_tokens: int) -> float:
+        return (
+            self.overhead_s
+            + self.per_token_s * num_batched_tokens
+            + self.per_context_token_s * context_tokens
+        )
+
+    def plan_time(self, plan: StepPlan) -> float:
+        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
+        return self.step_time(plan.num_batched_tokens, context)
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> StepTimeModel:
+        """Fit to (num_batched_tokens, context_tokens, seconds) samples; coefficients >= 0."""
+        if len(samples) < 3:
+            raise ValueError("need at least 3 measured steps to fit a step-time model")
+        data = np.asarray(samples, dtype=np.float64)
+        design = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
+        coef, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
+        overhead, per_token, per_context = (max(float(c), 0.0) for c in coef)
+        return cls(overhead, per_token, per_context)
+
+
+class SimulatedRunner:
+    """Executes plans instantly; `elapsed_s` in the output is the modelled step time."""
+
+    def __init__(self, model: StepTimeModel, vocab_size: int = 32000, eos_token_id: int = 0):
+        self.model = model
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset({eos_token_id})
+        self._eos = eos_token_id
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        sampled = {}
+        for seq in plan.seqs:
+            if seq.sample:
+                pos = seq.start_pos + len(seq.token_ids)
+                sampled[seq.request_id] = self._token(seq.request_id, pos)
+        return StepOutput(sampled=sampled, elapsed_s=self.model.plan_time(plan))
+
+    def _token(self, request_id: str, position: int) -> int:
+        token = zlib.crc32(f"{request_id}:{position}".encode()) % self.vocab_size
+        return token if token != self._eos else (token + 1) % self.vocab_size
