@@ -1,0 +1,84 @@
+-- _lib.lua: shared functions, prepended to every script of tenants/lua/ when it is loaded.
+-- The per-tenant quota scripts (reserve, settle, release, usage, admit_job) take the same KEYS,
+-- all in the tenant's hash slot `{tenant}`, and the same ARGV[1]:
+--   KEYS[1] tenant  hash  display_name, created_at and the TenantQuota fields
+--   KEYS[2] bucket  hash  level, ts: the token bucket's level as of unix time ts
+--   KEYS[3] day     hash  day, used: tokens charged to the budget of UTC day number `day`
+--   KEYS[4] open    hash  call id -> "<tokens> <day>" for each open reservation
+--   KEYS[5] expiry  zset  open call ids scored by expires_at
+--   KEYS[6] closed  zset  closed call ids scored by when they may be forgotten
+--   KEYS[7] usage   hash  input_tokens, output_tokens, settled_calls
+--   KEYS[8] jobs    zset  admitted, unfinished job ids scored by expiry
+--   ARGV[1] closed_memory_s: how long a closed call id is remembered
+-- Time is Redis TIME. Fractional numbers leave as '%.17g' strings: Redis truncates Lua numbers.
+
+local DAY_S = 86400
+
+local function fmt(x)
+  return string.format('%.17g', x)
+end
+
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function quota_int(name)
+  return tonumber(redis.call('HGET', KEYS[1], name) or '0')
+end
+
+-- The bucket level at `now`, refilled and capped at capacity; nil when the rate is unlimited.
+local function bucket_level(now, rate)
+  if rate <= 0 then return nil end
+  local b = redis.call('HMGET', KEYS[2], 'level', 'ts')
+  if not b[1] then return rate end
+  return math.min(rate, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate / 60)
+end
+
+local function bucket_add(now, rate, delta)
+  local level = bucket_level(now, rate)
+  if level then
+    redis.call('HSET', KEYS[2], 'level', fmt(level + delta), 'ts', fmt(now))
+  end
+end
+
+local function used_on(day)
+  local d = redis.call('HMGET', KEYS[3], 'day', 'used')
+  if tonumber(d[1]) ~= day then return 0 end
+  return tonumber(d[2])
+end
+
+local function day_add(day, delta)
+  redis.call('HSET', KEYS[3], 'day', day, 'used', used_on(day) + delta)
+end
+
+local function parse_open(held)
+  local tokens, day = string.match(held, '^(%d+) (%d+)$')
+  return tonumber(tokens), tonumber(day)
+end
+
+-- Marks the call id closed and takes its reservation off the open set; the record or false.
+local function close(now, call_id)
+  redis.call('ZADD', KEYS[6], 'NX', fmt(now + tonumber(ARGV[1])), call_id)
+  local held = redis.call('HGET', KEYS[4], call_id)
+  if held then
+    redis.call('HDEL', KEYS[4], call_id)
+    redis.call('ZREM', KEYS[5], call_id)
+  end
+  return held
+end
+
+-- Gives `amount` tokens back to the bucket, and to the budget if it was charged today.
+local function refund(now, day, amount)
+  bucket_add(now, quota_int('tokens_per_minute'), amount)
+  if day == math.floor(now / DAY_S) then day_add(day, -amount) end
+end
+
+-- Releases expired reservations (full refund); forgets closed ids past their memory.
+local function reclaim(now)
+  for _, call_id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now))) do
+    local tokens, day = parse_open(close(now, call_id))
+    refund(now, day, tokens)
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', fmt(now))
+end

@@ -1,0 +1,193 @@
+"""The in-memory twin of the Redis quota store: same contract, one process, injected clock.
+
+Each operation yields once (a cancellation point, like a network call) and then runs to the end
+without awaiting, so concurrent coroutines never interleave inside one: that is what the Lua
+scripts' atomicity gives the Redis store. Quota arithmetic lives in `TenantLedger`; this class
+keeps the registry and the key table around it.
+Invariant: every key record names a live tenant; every tenant has exactly one ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import anyio.lowlevel
+
+from tenants import keys
+from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
+from tenants.ledger import TenantLedger
+from tenants.models import (
+    ApiKey,
+    Reservation,
+    Tenant,
+    TenantQuota,
+    Usage,
+    check_count,
+    check_display_name,
+    check_id,
+    check_tenant_id,
+    check_ttl,
+)
+
+
+@dataclass(slots=True)
+class _KeyRecord:
+    info: ApiKey
+    key_hash: str
+
+
+class MemoryQuotaStore:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._tenants: dict[str, Tenant] = {}
+        self._ledgers: dict[str, TenantLedger] = {}
+        self._keys: dict[str, _KeyRecord] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> MemoryQuotaStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def create_tenant(self, tenant_id: str, display_name: str, quota: TenantQuota) -> Tenant:
+        await self._enter()
+        check_tenant_id(tenant_id)
+        check_display_name(display_name)
+        if tenant_id in self._tenants:
+            raise TenantExists(f"tenant {tenant_id!r} already exists")
+        tenant = Tenant(tenant_id, display_name, quota, self._clock())
+        self._tenants[tenant_id] = tenant
+        self._ledgers[tenant_id] = TenantLedger(tenant_id)
+        return tenant
+
+    async def get_tenant(self, tenant_id: str) -> Tenant:
+        await self._enter()
+        return self._tenant(tenant_id)
+
+    async def list_tenants(self) -> list[Tenant]:
+        await self._enter()
+        return [self._tenants[tenant_id] for tenant_id in sorted(self._tenants)]
+
+    async def update_tenant(
+        self,
+        tenant_id: str,
+        *,
+        display_name: str | None = None,
+        quota: TenantQuota | None = None,
+    ) -> Tenant:
+        await self._enter()
+        tenant = self._tenant(tenant_id)
+        tenant = Tenant(
+            tenant_id,
+            tenant.display_name if display_name is None else check_display_name(display_name),
+            tenant.quota if quota is None else quota,
+            tenant.created_at,
+        )
+        self._tenants[tenant_id] = tenant
+        return tenant
+
+    async def delete_tenant(self, tenant_id: str) -> None:
+        await self._enter()
+        self._tenant(tenant_id)
+        for key_id in [k for k, rec in self._keys.items() if rec.info.tenant_id == tenant_id]:
+            del self._keys[key_id]
+        del self._tenants[tenant_id]
+        del self._ledgers[tenant_id]
+
+    async def issue_key(self, tenant_id: str) -> tuple[str, str]:
+        await self._enter()
+        self._tenant(tenant_id)
+        key_id, plaintext = keys.new_key()
+        info = ApiKey(key_id, tenant_id, self._clock())
+        self._keys[key_id] = _KeyRecord(info, keys.hash_key(plaintext))
+        return key_id, plaintext
+
+    async def list_keys(self, tenant_id: str) -> list[ApiKey]:
+        await self._enter()
+        self._tenant(tenant_id)
+        found = [rec.info for rec in self._keys.values() if rec.info.tenant_id == tenant_id]
+        return sorted(found, key=lambda info: (info.created_at, info.key_id))
+
+    async def revoke_key(self, key_id: str) -> bool:
+        await self._enter()
+        return self._keys.pop(key_id, None) is not None
+
+    async def authenticate(self, plaintext: str) -> str:
+        await self._enter()
+        record = self._keys.get(keys.key_id_of(plaintext))
+        if record is None or not keys.key_matches(plaintext, record.key_hash):
+            raise AuthFailed("unknown or revoked API key")
+        return record.info.tenant_id
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        await self._enter()
+        check_id("job_id", job_id)
+        check_count("num_nodes", num_nodes)
+        check_ttl(ttl_s)
+        quota = self._tenant(tenant_id).quota
+        return self._ledgers[tenant_id].admit_job(quota, job_id, num_nodes, ttl_s, self._clock())
+
+    async def finish_job(self, tenant_id: str, job_id: str) -> bool:
+        await self._enter()
+        ledger = self._ledgers.get(tenant_id)
+        return ledger is not None and ledger.finish_job(job_id)
+
+    async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
+        await self._enter()
+        check_id("call_id", call_id)
+        check_count("tokens", tokens)
+        check_ttl(ttl_s)
+        quota = self._tenant(tenant_id).quota
+        return self._ledgers[tenant_id].reserve(quota, call_id, tokens, ttl_s, self._clock())
+
+    async def settle(
+        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
+    ) -> bool:
+        await self._enter()
+        check_id("call_id", call_id)
+        check_count("input_tokens", input_tokens)
+        check_count("output_tokens", output_tokens)
+        if tenant_id not in self._tenants:
+            return False
+        quota = self._tenants[tenant_id].quota
+        return self._ledgers[tenant_id].settle(
+            quota, call_id, input_tokens, output_tokens, self._clock()
+        )
+
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        await self._enter()
+        check_id("call_id", call_id)
+        if tenant_id not in self._tenants:
+            return False
+        quota = self._tenants[tenant_id].quota
+        return self._ledgers[tenant_id].release(quota, call_id, self._clock())
+
+    async def usage(self, tenant_id: str) -> Usage:
+        await self._enter()
+        quota = self._tenant(tenant_id).quota
+        return self._ledgers[tenant_id].usage(quota, self._clock())
+
+    async def _enter(self) -> None:
+        await anyio.lowlevel.checkpoint()
+        if self._closed:
+            raise QuotaUnavailable("the quota store is closed")
+
+    def _tenant(self, tenant_id: str) -> Tenant:
+        tenant = self._tenants.get(tenant_id)
+        if tenant is None:
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        return tenant

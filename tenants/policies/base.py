@@ -1,0 +1,93 @@
+"""The fair-share policy interface and the plain data it speaks.
+
+A policy orders ready LLM calls of tenants' jobs (DAGs of calls). The dispatch loop tells it what
+happens: a job arrives with predicted per-node costs, a call becomes ready, the loop dispatches the
+call the policy shows first, the engine reports tokens and the finish, the job leaves. The policy
+only answers "what next?" (`peek`) and "how important is this call?" (`priority`, which the engine
+uses to pick preemption victims). Policies do no I/O and never read a clock: every method takes
+`now` (seconds, any monotonic origin).
+
+Cost unit: KV token-time (DESIGN.md §3), `kv_token_time(p, d)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+def kv_token_time(prompt_tokens: float, output_tokens: float) -> float:
+    """KV token-steps a call holds: prompt p plus i outputs at decode step i, for i = 1..d."""
+    return prompt_tokens * output_tokens + output_tokens * (output_tokens + 1) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    """One node of a job as the policy sees it at arrival, before anything ran."""
+
+    node_id: str
+    parents: tuple[str, ...]
+    prompt_tokens: int  # predicted rendered prompt; the ready call carries the actual one
+    predicted_output: float  # the predictor's estimate (tokens)
+    max_tokens: int  # the enforced cap on output tokens
+    true_output: int | None = None  # the real output length: sjf-oracle and studies only
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    job_id: str
+    tenant_id: str
+    weight: float  # the tenant's weight (> 0) when the job arrives
+    arrival: float  # seconds, same origin as `now`
+    nodes: tuple[NodeCost, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCall:
+    """A node whose parents are done and whose prompt is rendered: it can be dispatched."""
+
+    call_id: str
+    job_id: str
+    tenant_id: str
+    node_id: str
+    prompt_tokens: int  # actual rendered prompt length
+    predicted_output: float
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """The engine's room as the dispatch loop sees it when it asks for the next call."""
+
+    running_calls: int  # calls admitted and not finished
+    batch_tokens: int  # tokens in the engine's current batch (informational)
+    knee_calls: int | None  # batch size past which step efficiency saturates; None: no knee
+
+
+class Policy(Protocol):
+    """One fair-share order. Lifecycle of a call: ready -> dispatched -> progress* -> finished.
+
+    `peek` is pure (repeated calls return the same answer until something changes); the caller
+    dispatches the answer with `mark_dispatched`. `remove_job` forgets the job's ready and running
+    calls: the caller aborts its running calls in the engine and reports nothing more for them.
+    """
+
+    name: str
+
+    def add_job(self, job: JobInfo, now: float) -> None: ...
+
+    def add_ready(self, call: ReadyCall, now: float) -> None: ...
+
+    def peek(self, now: float, load: EngineLoad) -> ReadyCall | None: ...
+
+    def mark_dispatched(self, call_id: str, now: float) -> None: ...
+
+    def on_progress(self, call_id: str, output_tokens: int, now: float) -> None: ...
+
+    def on_finished(
+        self, call_id: str, prompt_tokens: int, output_tokens: int, now: float
+    ) -> None: ...
+
+    def remove_job(self, job_id: str, now: float) -> None: ...
+
+    def priority(self, call_id: str) -> float: ...

@@ -1,0 +1,248 @@
+"""Shared bookkeeping of every policy: the active jobs and their ready and running calls.
+
+`BookPolicy` implements the `Policy` methods once. It checks each event against the book (the job
+is active, a call is ready before it is dispatched and running before it reports tokens), records
+it, and calls the hook the concrete policy overrides to keep its own accounting. `peek` returns the
+first ready call (in readiness order) of the job with the smallest `_job_order` key among
+`_eligible_jobs`. Invariant: every ready or running call belongs to an active job and sits in
+exactly one of the two sets; a node of a job is ready, running or done at most once; a job is in
+`_ready_jobs` exactly when it has a ready call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tenants.policies.base import EngineLoad, JobInfo, NodeCost, ReadyCall
+from tenants.policies.dag import topological_order
+from tenants.policies.errors import (
+    CallNotFound,
+    CallNotReady,
+    CallNotRunning,
+    DuplicateCall,
+    DuplicateJob,
+    InvalidCall,
+    InvalidJob,
+    InvalidProgress,
+    JobNotFound,
+)
+
+OrderKey = tuple[float | str, ...]
+
+
+@dataclass(slots=True)
+class RunningCall:
+    call: ReadyCall
+    output_tokens: int = 0  # generated so far, as last reported
+
+
+@dataclass(slots=True)
+class JobState:
+    info: JobInfo
+    nodes: dict[str, NodeCost]
+    topo_order: tuple[str, ...]  # parents before children
+    ready: dict[str, ReadyCall] = field(default_factory=dict)  # call id -> call, readiness order
+    running: dict[str, RunningCall] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)  # node id -> its ready/running call id
+    done: dict[str, tuple[int, int]] = field(default_factory=dict)  # node id -> (prompt, output)
+
+
+def validate_job(job: JobInfo) -> tuple[str, ...]:
+    """Check a job's numbers and DAG; return its node ids parents-first."""
+    if not (math.isfinite(job.weight) and job.weight > 0):
+        raise InvalidJob(f"job {job.job_id}: weight must be finite and > 0, got {job.weight}")
+    if not math.isfinite(job.arrival):
+        raise InvalidJob(f"job {job.job_id}: arrival must be finite")
+    if not job.nodes:
+        raise InvalidJob(f"job {job.job_id}: no nodes")
+    nodes = {n.node_id: n for n in job.nodes}
+    if len(nodes) != len(job.nodes):
+        raise InvalidJob(f"job {job.job_id}: duplicate node ids")
+    for n in job.nodes:
+        _validate_node(job.job_id, n)
+    return topological_order(job.job_id, {nid: n.parents for nid, n in nodes.items()})
+
+
+def _validate_node(job_id: str, node: NodeCost) -> None:
+    numbers_ok = (
+        node.prompt_tokens >= 0
+        and node.max_tokens >= 0
+        and math.isfinite(node.predicted_output)
+        and node.predicted_output >= 0
+        and (node.true_output is None or node.true_output >= 0)
+    )
+    if not numbers_ok:
+        raise InvalidJob(f"job {job_id} node {node.node_id}: negative or non-finite numbers")
+
+
+class BookPolicy:
+    """Base of every policy: validated bookkeeping plus hooks; subclasses define the order."""
+
+    name: str
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobState] = {}
+        self._call_job: dict[str, str] = {}  # ready or running call id -> job id
+        self._ready_seq: dict[str, int] = {}  # ready call id -> readiness sequence number
+        self._ready_at: dict[str, float] = {}  # ready call id -> when it became ready
+        self._ready_jobs: dict[str, JobState] = {}  # jobs with a ready call (an ordered set)
+        self._next_seq = 0
+
+    # --- the Policy interface ---------------------------------------------------------------
+
+    def add_job(self, job: JobInfo, now: float) -> None:
+        if job.job_id in self._jobs:
+            raise DuplicateJob(f"job {job.job_id} is already active")
+        order = validate_job(job)
+        state = JobState(job, {n.node_id: n for n in job.nodes}, order)
+        self._job_added(state, now)
+        self._jobs[job.job_id] = state
+
+    def add_ready(self, call: ReadyCall, now: float) -> None:
+        job = self._job(call.job_id)
+        self._validate_ready(job, call)
+        job.ready[call.call_id] = call
+        job.started[call.node_id] = call.call_id
+        self._call_job[call.call_id] = job.info.job_id
+        self._ready_seq[call.call_id] = self._next_seq
+        self._ready_at[call.call_id] = now
+        self._next_seq += 1
+        self._ready_jobs[job.info.job_id] = job
+        self._call_ready(job, call, now)
+
+    def peek(self, now: float, load: EngineLoad) -> ReadyCall | None:
+        best: JobState | None = None
+        best_key: OrderKey | None = None
+        for job in self._eligible_jobs(now, load):
+            key = self._job_order(job, now)
+            if best_key is None or key < best_key:
+                best, best_key = job, key
+        return None if best is None else next(iter(best.ready.values()))
+
+    def mark_dispatched(self, call_id: str, now: float) -> None:
+        job = self._jobs.get(self._call_job.get(call_id, ""))
+        if job is None or call_id not in job.ready:
+            raise CallNotReady(f"call {call_id} is not ready")
+        call = job.ready.pop(call_id)
+        del self._ready_seq[call_id], self._ready_at[call_id]
+        if not job.ready:
+            del self._ready_jobs[job.info.job_id]
+        run = RunningCall(call)
+        job.running[call_id] = run
+        self._call_dispatched(job, run, now)
+
+    def on_progress(self, call_id: str, output_tokens: int, now: float) -> None:
+        job, run = self._running(call_id)
+        if output_tokens < run.output_tokens:
+            raise InvalidProgress(
+                f"call {call_id}: {output_tokens} output tokens after {run.output_tokens}"
+            )
+        if output_tokens > run.output_tokens:
+            previous, run.output_tokens = run.output_tokens, output_tokens
+            self._call_progressed(job, run, previous, now)
+
+    def on_finished(self, call_id: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
+        if prompt_tokens < 0:
+            raise InvalidProgress(f"call {call_id}: negative prompt tokens")
+        self.on_progress(call_id, output_tokens, now)
+        job, run = self._running(call_id)
+        self._call_finished(job, run, prompt_tokens, now)
+        del job.running[call_id], self._call_job[call_id]
+        del job.started[run.call.node_id]
+        job.done[run.call.node_id] = (prompt_tokens, output_tokens)
+
+    def remove_job(self, job_id: str, now: float) -> None:
+        job = self._job(job_id)
+        self._job_removed(job, now)
+        for call_id in job.ready:
+            del self._ready_seq[call_id], self._ready_at[call_id]
+        for call_id in (*job.ready, *job.running):
+            del self._call_job[call_id]
+        self._ready_jobs.pop(job_id, None)
+        del self._jobs[job_id]
+
+    def priority(self, call_id: str) -> float:
+        return self._job_priority(self._owner(call_id))
+
+    # --- hooks and order, for subclasses ----------------------------------------------------
+
+    def _job_order(self, job: JobState, now: float) -> OrderKey:
+        raise NotImplementedError
+
+    def _job_priority(self, job: JobState) -> float:
+        raise NotImplementedError
+
+    def _eligible_jobs(self, now: float, load: EngineLoad) -> Iterable[JobState]:
+        return self._ready_jobs.values()
+
+    def _job_added(self, job: JobState, now: float) -> None:
+        """Called before the job enters the book."""
+
+    def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
+        """Called after the call entered `job.ready`."""
+
+    def _call_dispatched(self, job: JobState, run: RunningCall, now: float) -> None:
+        """Called after the call moved to `job.running`."""
+
+    def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
+        """Called after `run.output_tokens` grew from `previous`."""
+
+    def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
+        """Called while the call is still running, its final tokens already reported."""
+
+    def _job_removed(self, job: JobState, now: float) -> None:
+        """Called while the job and its calls are still in the book."""
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> JobState:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise JobNotFound(f"job {job_id} is not active")
+        return job
+
+    def _owner(self, call_id: str) -> JobState:
+        job_id = self._call_job.get(call_id)
+        if job_id is None:
+            raise CallNotFound(f"call {call_id} is neither ready nor running")
+        return self._jobs[job_id]
+
+    def _running(self, call_id: str) -> tuple[JobState, RunningCall]:
+        job = self._jobs.get(self._call_job.get(call_id, ""))
+        if job is None or call_id not in job.running:
+            raise CallNotRunning(f"call {call_id} is not running")
+        return job, job.running[call_id]
+
+    def _validate_ready(self, job: JobState, call: ReadyCall) -> None:
+        if call.call_id in self._call_job:
+            raise DuplicateCall(f"call {call.call_id} is already ready or running")
+        if call.tenant_id != job.info.tenant_id:
+            raise InvalidCall(f"call {call.call_id}: tenant differs from its job's")
+        if call.node_id not in job.nodes:
+            raise InvalidCall(f"call {call.call_id}: job {job.info.job_id} has no such node")
+        if call.node_id in job.started or call.node_id in job.done:
+            raise InvalidCall(f"call {call.call_id}: node {call.node_id} already ran")
+        if call.prompt_tokens < 0 or call.max_tokens < 0 or not call.predicted_output >= 0:
+            raise InvalidCall(f"call {call.call_id}: negative or non-finite numbers")
+
+    def check_invariants(self) -> None:
+        """Assert the book's invariants (for tests and debugging)."""
+        seen: set[str] = set()
+        for job_id, job in self._jobs.items():
+            calls = {*job.ready, *job.running}
+            assert not calls & seen and len(calls) == len(job.ready) + len(job.running)
+            seen |= calls
+            assert all(self._call_job[c] == job_id for c in calls)
+            assert (job_id in self._ready_jobs) == bool(job.ready)
+            nodes = [c.node_id for c in job.ready.values()]
+            nodes += [r.call.node_id for r in job.running.values()]
+            assert sorted(nodes) == sorted(job.started) and not set(nodes) & set(job.done)
+        assert seen == set(self._call_job)
+        ready = {c for job in self._jobs.values() for c in job.ready}
+        assert ready == set(self._ready_seq) == set(self._ready_at)
+        self._check_order()
+
+    def _check_order(self) -> None:
+        """Subclasses assert their own invariants here."""

@@ -1,0 +1,21 @@
+"""First come, first served: vLLM's default order, the baseline every policy is compared to.
+
+Ready calls are served by their job's arrival, then by when they became ready, then by call id
+(a total order). A running call's priority is its job's arrival, so the engine preempts the latest
+job's calls first. Invariant: none beyond the book's; the order is a pure function of it.
+"""
+
+from __future__ import annotations
+
+from tenants.policies.book import BookPolicy, JobState, OrderKey
+
+
+class FcfsPolicy(BookPolicy):
+    name = "fcfs"
+
+    def _job_order(self, job: JobState, now: float) -> OrderKey:
+        first = next(iter(job.ready))
+        return (job.info.arrival, self._ready_seq[first], first)
+
+    def _job_priority(self, job: JobState) -> float:
+        return job.info.arrival

@@ -1,0 +1,101 @@
+"""Justitia (arXiv 2510.17015): serve jobs in the order of their ideal fair-share finish.
+
+Each active job has a tag, its finish in virtual time under an idealised fair share of KV capacity
+(tenants by weight, a tenant's jobs equally; see `fairshare.py`), keyed by its predicted remaining
+KV token-time. A node's estimate is `kv_token_time(prompt, output)` with the output prediction
+capped at max_tokens; the rendered prompt (and any refined prediction) replaces the guess when the
+call becomes ready, and the truth replaces both when it finishes. A call that runs past its
+estimate is charged the excess at once, token by token, so its job's tag moves later while it runs
+and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
+its ready calls, then the next (work-conserving). Knee: when the engine reports one and already
+runs that many calls, only the first `pampered_jobs` active jobs by tag may still be admitted. A
+job that leaves is re-keyed to what it used and stays in the fair share as a ghost until GPS would
+have finished it. Invariant: each active job's cost in the clock is the sum of its node estimates.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from tenants.policies.base import EngineLoad, ReadyCall, kv_token_time
+from tenants.policies.book import BookPolicy, JobState, OrderKey, RunningCall
+from tenants.policies.fairshare import FairShareClock
+
+
+class JustitiaPolicy(BookPolicy):
+    name = "justitia"
+
+    def __init__(self, *, pampered_jobs: int = 1) -> None:
+        if pampered_jobs < 1:
+            raise ValueError(f"pampered_jobs must be >= 1, got {pampered_jobs}")
+        super().__init__()
+        self._pampered_jobs = pampered_jobs
+        self._clock = FairShareClock()
+        self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
+
+    def tag(self, job_id: str) -> float:
+        """The job's ideal finish in virtual time (comparable across all active jobs)."""
+        return self._clock.tag(job_id)
+
+    def _rank(self, job: JobState) -> tuple[float, float, str]:
+        return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
+
+    def _job_order(self, job: JobState, now: float) -> OrderKey:
+        return self._rank(job)
+
+    def _job_priority(self, job: JobState) -> float:
+        return self._clock.tag(job.info.job_id)
+
+    def _eligible_jobs(self, now: float, load: EngineLoad) -> Iterable[JobState]:
+        if load.knee_calls is None or load.running_calls < load.knee_calls:
+            return self._ready_jobs.values()
+        pampered = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)
+        return [job for job in pampered if job.ready]
+
+    def _job_added(self, job: JobState, now: float) -> None:
+        estimates = {
+            n.node_id: (n.prompt_tokens, min(n.predicted_output, float(n.max_tokens)))
+            for n in job.info.nodes
+        }
+        self._estimates[job.info.job_id] = estimates
+        cost = sum(kv_token_time(p, d) for p, d in estimates.values())
+        self._clock.add_job(job.info.job_id, job.info.tenant_id, job.info.weight, cost)
+
+    def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
+        output = min(call.predicted_output, float(call.max_tokens))
+        self._re_estimate(call.job_id, call.node_id, call.prompt_tokens, output)
+
+    def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
+        call = run.call
+        prompt, output = self._estimates[call.job_id][call.node_id]
+        if run.output_tokens > output:  # charged before the work it explains is served
+            self._re_estimate(call.job_id, call.node_id, prompt, run.output_tokens)
+        served = kv_token_time(call.prompt_tokens, run.output_tokens)
+        self._clock.serve(served - kv_token_time(call.prompt_tokens, previous))
+
+    def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
+        self._re_estimate(run.call.job_id, run.call.node_id, prompt, run.output_tokens)
+
+    def _job_removed(self, job: JobState, now: float) -> None:
+        job_id = job.info.job_id
+        used = {r.call.node_id: r.output_tokens for r in job.running.values()}
+        for node_id, (prompt, _) in self._estimates[job_id].items():
+            if node_id not in job.done:
+                self._re_estimate(job_id, node_id, prompt, used.get(node_id, 0))
+        self._clock.release(job_id)
+        del self._estimates[job_id]
+
+    def _re_estimate(self, job_id: str, node_id: str, prompt: int, output: float) -> None:
+        estimates = self._estimates[job_id]
+        delta = kv_token_time(prompt, output) - kv_token_time(*estimates[node_id])
+        estimates[node_id] = (prompt, output)
+        if delta:
+            self._clock.charge(job_id, delta)
+
+    def _check_order(self) -> None:
+        self._clock.check_invariants()
+        assert set(self._estimates) == set(self._jobs) == self._clock.live_jobs()
+        for job_id, estimates in self._estimates.items():
+            cost = sum(kv_token_time(p, d) for p, d in estimates.values())
+            assert abs(cost - self._clock.cost(job_id)) <= 1e-6 * max(1.0, cost)

@@ -1,0 +1,304 @@
+"""The quota store in Redis, shared by every gateway process.
+
+Each quota operation is one Lua script from tenants/lua/ (registered once, run by EVALSHA and
+reloaded on NOSCRIPT), so it is atomic and timed by Redis TIME: gateways on different machines
+share one clock and one bucket. A tenant's keys carry the tenant as a hash tag
+(`<prefix>:{<tenant>}:...`) and every key a script touches is passed in KEYS, so one tenant's
+state lives in one cluster slot. Registry and key records (`<prefix>:tenants`, `<prefix>:key:<id>`)
+are plain commands. Every Redis error, unreachable server or timeout leaves as QuotaUnavailable:
+budgets fail closed. Scripts are idempotent by call id and job id, which makes one retry on a
+dropped connection safe.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Coroutine
+from importlib import resources
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
+
+from tenants import keys
+from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
+from tenants.models import (
+    CLOSED_CALL_MEMORY_S,
+    ApiKey,
+    Reservation,
+    Tenant,
+    TenantQuota,
+    Usage,
+    check_count,
+    check_display_name,
+    check_id,
+    check_tenant_id,
+    check_ttl,
+)
+from tenants.redis_replies import (
+    decoded,
+    reservation_from,
+    tenant_from,
+    usage_from,
+    verdict_of_admission,
+)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_SCRIPTS = ("reserve", "settle", "release", "usage", "admit_job", "create_tenant", "update_tenant")
+_TENANT_KEYS = ("tenant", "bucket", "day", "open", "expiry", "closed", "usage", "jobs")
+
+
+def _script_source(name: str) -> str:
+    lua = resources.files("tenants") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _fails_closed(
+    method: Callable[_P, Awaitable[_T]],
+) -> Callable[_P, Coroutine[Any, Any, _T]]:
+    """The one place where Redis failures become QuotaUnavailable."""
+
+    @functools.wraps(method)
+    async def translated(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await method(*args, **kwargs)
+        except RedisError as exc:
+            raise QuotaUnavailable(f"quota store unavailable: {exc}") from exc
+
+    return translated
+
+
+class RedisQuotaStore:
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "fg",
+        socket_timeout_s: float = 1.0,
+        pool_size: int = 64,
+        pool_timeout_s: float = 5.0,
+    ) -> None:
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=pool_timeout_s,
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            retry=Retry(NoBackoff(), retries=1),
+            decode_responses=True,
+        )
+        self._redis: Redis = Redis.from_pool(pool)
+        self._prefix = prefix
+        self._scripts = {
+            name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS
+        }
+        self._closed = False
+
+    async def __aenter__(self) -> RedisQuotaStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._redis.aclose()
+
+    @_fails_closed
+    async def create_tenant(self, tenant_id: str, display_name: str, quota: TenantQuota) -> Tenant:
+        self._check_open()
+        check_tenant_id(tenant_id)
+        check_display_name(display_name)
+        fields = [item for pair in quota.as_fields().items() for item in pair]
+        await self._redis.sadd(self._registry, tenant_id)
+        created_at = await self._scripts["create_tenant"](
+            keys=self._tenant_keys(tenant_id)[:1], args=[display_name, *fields]
+        )
+        if created_at is None:
+            raise TenantExists(f"tenant {tenant_id!r} already exists")
+        return Tenant(tenant_id, display_name, quota, float(created_at))
+
+    @_fails_closed
+    async def get_tenant(self, tenant_id: str) -> Tenant:
+        self._check_open()
+        record = await self._redis.hgetall(self._tenant_key(tenant_id))
+        tenant = tenant_from(tenant_id, record)
+        if tenant is None:
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        return tenant
+
+    @_fails_closed
+    async def list_tenants(self) -> list[Tenant]:
+        self._check_open()
+        tenant_ids = sorted(map(decoded, await self._redis.smembers(self._registry)))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for tenant_id in tenant_ids:
+                pipe.hgetall(self._tenant_key(tenant_id))
+            records = await pipe.execute()
+        found = (tenant_from(t, r) for t, r in zip(tenant_ids, records, strict=True))
+        return [tenant for tenant in found if tenant is not None]
+
+    @_fails_closed
+    async def update_tenant(
+        self,
+        tenant_id: str,
+        *,
+        display_name: str | None = None,
+        quota: TenantQuota | None = None,
+    ) -> Tenant:
+        self._check_open()
+        fields = {} if quota is None else quota.as_fields()
+        if display_name is not None:
+            fields["display_name"] = check_display_name(display_name)
+        args = [item for pair in fields.items() for item in pair]
+        if not await self._scripts["update_tenant"](
+            keys=self._tenant_keys(tenant_id)[:1], args=args
+        ):
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        return await self.get_tenant(tenant_id)
+
+    @_fails_closed
+    async def delete_tenant(self, tenant_id: str) -> None:
+        """Keys first, then the tenant's state in one DEL, then the registry entry: a delete cut
+        short never leaves a working key to a half-deleted tenant."""
+        self._check_open()
+        if not await self._redis.exists(self._tenant_key(tenant_id)):
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        key_ids = map(decoded, await self._redis.smembers(self._key_set(tenant_id)))
+        records = [self._key_record(key_id) for key_id in key_ids]
+        if records:
+            await self._redis.delete(*records)
+        await self._redis.delete(*self._tenant_keys(tenant_id), self._key_set(tenant_id))
+        await self._redis.srem(self._registry, tenant_id)
+
+    @_fails_closed
+    async def issue_key(self, tenant_id: str) -> tuple[str, str]:
+        self._check_open()
+        if not await self._redis.exists(self._tenant_key(tenant_id)):
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
+        seconds, micros = await self._redis.time()
+        key_id, plaintext = keys.new_key()
+        record: dict[FieldT, EncodableT] = {
+            "tenant_id": tenant_id,
+            "key_hash": keys.hash_key(plaintext),
+            "created_at": repr(seconds + micros / 1e6),
+        }
+        await self._redis.sadd(self._key_set(tenant_id), key_id)
+        await self._redis.hset(self._key_record(key_id), mapping=record)
+        return key_id, plaintext
+
+    @_fails_closed
+    async def list_keys(self, tenant_id: str) -> list[ApiKey]:
+        self._check_open()
+        await self.get_tenant(tenant_id)
+        key_ids = sorted(map(decoded, await self._redis.smembers(self._key_set(tenant_id))))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key_id in key_ids:
+                pipe.hget(self._key_record(key_id), "created_at")
+            created = await pipe.execute()
+        found = [
+            ApiKey(key_id, tenant_id, float(at))
+            for key_id, at in zip(key_ids, created, strict=True)
+            if at is not None
+        ]
+        return sorted(found, key=lambda info: (info.created_at, info.key_id))
+
+    @_fails_closed
+    async def revoke_key(self, key_id: str) -> bool:
+        self._check_open()
+        tenant_id = await self._redis.hget(self._key_record(key_id), "tenant_id")
+        if tenant_id is None:
+            return False
+        await self._redis.delete(self._key_record(key_id))
+        await self._redis.srem(self._key_set(decoded(tenant_id)), key_id)
+        return True
+
+    @_fails_closed
+    async def authenticate(self, plaintext: str) -> str:
+        self._check_open()
+        record = self._key_record(keys.key_id_of(plaintext))
+        tenant_id, key_hash = await self._redis.hmget(record, ["tenant_id", "key_hash"])
+        if tenant_id is None or key_hash is None:
+            raise AuthFailed("unknown or revoked API key")
+        if not keys.key_matches(plaintext, decoded(key_hash)):
+            raise AuthFailed("unknown or revoked API key")
+        return decoded(tenant_id)
+
+    @_fails_closed
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        check_id("job_id", job_id)
+        check_count("num_nodes", num_nodes)
+        reply = await self._quota_script(
+            "admit_job", tenant_id, job_id, num_nodes, check_ttl(ttl_s)
+        )
+        return verdict_of_admission(tenant_id, num_nodes, reply)
+
+    @_fails_closed
+    async def finish_job(self, tenant_id: str, job_id: str) -> bool:
+        self._check_open()
+        return bool(await self._redis.zrem(self._tenant_keys(tenant_id)[7], job_id))
+
+    @_fails_closed
+    async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
+        check_id("call_id", call_id)
+        check_count("tokens", tokens)
+        reply = await self._quota_script("reserve", tenant_id, call_id, tokens, check_ttl(ttl_s))
+        return reservation_from(tenant_id, call_id, tokens, reply)
+
+    @_fails_closed
+    async def settle(
+        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
+    ) -> bool:
+        check_id("call_id", call_id)
+        check_count("input_tokens", input_tokens)
+        check_count("output_tokens", output_tokens)
+        return bool(
+            await self._quota_script("settle", tenant_id, call_id, input_tokens, output_tokens)
+        )
+
+    @_fails_closed
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        check_id("call_id", call_id)
+        return bool(await self._quota_script("release", tenant_id, call_id))
+
+    @_fails_closed
+    async def usage(self, tenant_id: str) -> Usage:
+        return usage_from(tenant_id, await self._quota_script("usage", tenant_id))
+
+    async def _quota_script(self, name: str, tenant_id: str, *args: str | int | float) -> Any:
+        self._check_open()
+        memory = repr(CLOSED_CALL_MEMORY_S)
+        argv = [memory, *(repr(a) if isinstance(a, float) else a for a in args)]
+        return await self._scripts[name](keys=self._tenant_keys(tenant_id), args=argv)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QuotaUnavailable("the quota store is closed")
+
+    @property
+    def _registry(self) -> str:
+        return f"{self._prefix}:tenants"
+
+    def _tenant_keys(self, tenant_id: str) -> list[str]:
+        return [f"{self._prefix}:{{{tenant_id}}}:{name}" for name in _TENANT_KEYS]
+
+    def _tenant_key(self, tenant_id: str) -> str:
+        return self._tenant_keys(tenant_id)[0]
+
+    def _key_set(self, tenant_id: str) -> str:
+        return f"{self._prefix}:{{{tenant_id}}}:keys"
+
+    def _key_record(self, key_id: str) -> str:
+        return f"{self._prefix}:key:{key_id}"

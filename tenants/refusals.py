@@ -1,0 +1,72 @@
+"""The QuotaExceeded each limit raises, with its retry hint; shared by every quota store.
+
+Retry hints: the token bucket refills at `tokens_per_minute / 60` per second, so a call of `t`
+tokens fits again after `(t - level) * 60 / rate` seconds; the daily budget frees at the next UTC
+midnight; count limits (concurrent calls, queued jobs) free when someone finishes, which nobody
+can predict, so they hint `BUSY_RETRY_S`. A request larger than the limit itself gets no hint
+(`retry_after_s=None`): waiting cannot help.
+"""
+
+from __future__ import annotations
+
+from tenants.errors import QuotaExceeded, QuotaLimit
+from tenants.models import BUSY_RETRY_S, DAY_S
+
+
+def concurrent_calls(tenant_id: str, limit: int, active: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.CONCURRENT_CALLS,
+        allowed=limit,
+        requested=active + 1,
+        description=f"at most {limit} concurrent calls; {active} are running",
+        retry_after_s=BUSY_RETRY_S,
+    )
+
+
+def daily_budget(tenant_id: str, budget: int, used: int, tokens: int, now: float) -> QuotaExceeded:
+    retry = None if tokens > budget else DAY_S - now % DAY_S
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.DAILY_BUDGET,
+        allowed=budget,
+        requested=tokens,
+        description=f"daily budget of {budget} tokens: {used} used today, {tokens} requested",
+        retry_after_s=retry,
+    )
+
+
+def token_rate(tenant_id: str, rate: int, level: float, tokens: int) -> QuotaExceeded:
+    retry = None if tokens > rate else max(0.0, (tokens - level) * 60.0 / rate)
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.TOKEN_RATE,
+        allowed=rate,
+        requested=tokens,
+        description=(
+            f"token rate of {rate} per minute: {tokens} requested, {max(level, 0.0):.0f} available"
+        ),
+        retry_after_s=retry,
+    )
+
+
+def queued_jobs(tenant_id: str, limit: int, queued: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.QUEUED_JOBS,
+        allowed=limit,
+        requested=queued + 1,
+        description=f"at most {limit} queued jobs; {queued} are queued",
+        retry_after_s=BUSY_RETRY_S,
+    )
+
+
+def nodes_per_job(tenant_id: str, limit: int, num_nodes: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.NODES_PER_JOB,
+        allowed=limit,
+        requested=num_nodes,
+        description=f"at most {limit} nodes per job; this job has {num_nodes}",
+        retry_after_s=None,
+    )

@@ -1,0 +1,92 @@
+"""The quota store contract: tenant registry, API keys, job admission and call reservations.
+
+Two implementations keep it: `RedisQuotaStore` (shared by every gateway process, atomic through
+Lua scripts) and `MemoryQuotaStore` (one process, an injected clock). One contract test suite runs
+on both. Per tenant they keep these invariants:
+
+- every call id is reserved at most once and closed (settled, released or reclaimed) at most once;
+  a repeated reserve returns the open reservation and charges nothing; a closed id is remembered
+  for `CLOSED_CALL_MEMORY_S` and cannot be reserved again (`CallClosed`);
+- the token bucket and today's budget are charged the reserved tokens at reserve and corrected to
+  the actual tokens at settle (refund `reserved - actual`; a negative refund charges the excess);
+  release and reclaim refund everything; refunds never lift the bucket above its capacity;
+- a reservation past `expires_at` is reclaimed lazily by the next operation on that tenant, so a
+  crashed gateway leaks nothing; settling or releasing a reclaimed call returns False;
+- settled usage (`input_tokens`, `output_tokens`, `settled_calls`) counts exactly the settles
+  that returned True.
+
+Call and job ids live in the tenant's own namespace: one tenant can neither see nor close
+another tenant's calls or jobs. Reserve and admit_job raise QuotaExceeded; when the store cannot
+be reached every method raises QuotaUnavailable (fail closed).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from tenants.models import ApiKey, Reservation, Tenant, TenantQuota, Usage
+
+
+class QuotaStore(Protocol):
+    async def create_tenant(
+        self, tenant_id: str, display_name: str, quota: TenantQuota
+    ) -> Tenant: ...
+
+    async def get_tenant(self, tenant_id: str) -> Tenant: ...
+
+    async def list_tenants(self) -> list[Tenant]:
+        """All tenants, sorted by id."""
+        ...
+
+    async def update_tenant(
+        self,
+        tenant_id: str,
+        *,
+        display_name: str | None = None,
+        quota: TenantQuota | None = None,
+    ) -> Tenant: ...
+
+    async def delete_tenant(self, tenant_id: str) -> None:
+        """Remove the tenant, its keys, reservations, jobs and usage."""
+        ...
+
+    async def issue_key(self, tenant_id: str) -> tuple[str, str]:
+        """A new key for the tenant: `(key_id, plaintext)`; only its hash is stored."""
+        ...
+
+    async def list_keys(self, tenant_id: str) -> list[ApiKey]:
+        """The tenant's live keys, sorted by creation time."""
+        ...
+
+    async def revoke_key(self, key_id: str) -> bool:
+        """True when the key existed."""
+        ...
+
+    async def authenticate(self, plaintext: str) -> str:
+        """The tenant id a key belongs to; AuthFailed when malformed, unknown or wrong."""
+        ...
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        """Count the job against max_queued_jobs until finished or `ttl_s` has passed; check
+        max_nodes_per_job. True when admitted now, False when it already was."""
+        ...
+
+    async def finish_job(self, tenant_id: str, job_id: str) -> bool:
+        """True when the job was queued (and now is not)."""
+        ...
+
+    async def reserve(
+        self, tenant_id: str, call_id: str, tokens: int, ttl_s: float
+    ) -> Reservation: ...
+
+    async def settle(
+        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
+    ) -> bool: ...
+
+    async def release(self, tenant_id: str, call_id: str) -> bool: ...
+
+    async def usage(self, tenant_id: str) -> Usage: ...
+
+    async def aclose(self) -> None: ...

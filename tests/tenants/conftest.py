@@ -1,0 +1,90 @@
+"""Quota store fixtures: each contract test runs on the in-memory twin and on a real Redis.
+
+The Redis side uses the redis-server on 127.0.0.1:6379 (scripts/test.sh starts one) with a
+unique key prefix per test, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+START = 1_750_000_000.0 + 6 * 3600  # 06:00 UTC, far from a budget day boundary
+
+
+class FakeClock:
+    def __init__(self, now: float = START) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Harness:
+    """A store and a way to let time pass: the memory store's clock moves by hand; on Redis
+    real time passes by itself between calls, so tests read elapsed time from `Usage.as_of`."""
+
+    store: QuotaStore
+    clock: FakeClock | None
+
+    @property
+    def is_redis(self) -> bool:
+        return self.clock is None
+
+    @property
+    def tiny_ttl_s(self) -> float:
+        """A TTL that has run out by the next call: one clock step on memory, 1 us on Redis
+        (any later script's TIME is at least one round trip later)."""
+        return 1.0 if self.clock is not None else 1e-6
+
+    def advance(self, seconds: float) -> None:
+        if self.clock is not None:
+            self.clock.advance(seconds)
+
+    def need_clock(self, why: str) -> FakeClock:
+        if self.clock is None:
+            pytest.skip(f"needs a hand-driven clock: {why}")
+        return self.clock
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A unique key prefix on the local Redis, cleaned up after the test."""
+    client = SyncRedis.from_url(REDIS_URL, socket_timeout=2.0)
+    try:
+        client.ping()
+    except RedisConnectionError:
+        client.close()
+        pytest.skip("no redis-server on 127.0.0.1:6379 (scripts/test.sh starts one)")
+    prefix = f"fgtest-{uuid.uuid4().hex[:12]}"
+    try:
+        yield prefix
+    finally:
+        stale = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if stale:
+            client.delete(*stale)
+        client.close()
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    if request.param == "memory":
+        clock = FakeClock()
+        async with MemoryQuotaStore(clock=clock) as memory_store:
+            yield Harness(memory_store, clock)
+    else:
+        prefix = request.getfixturevalue("redis_prefix")
+        async with RedisQuotaStore(REDIS_URL, prefix=prefix) as redis_store:
+            yield Harness(redis_store, None)

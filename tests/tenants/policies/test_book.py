@@ -1,0 +1,142 @@
+from dataclasses import replace
+
+import pytest
+
+from tenants.policies import (
+    POLICY_NAMES,
+    CallNotFound,
+    CallNotReady,
+    CallNotRunning,
+    DuplicateCall,
+    DuplicateJob,
+    InvalidCall,
+    InvalidJob,
+    InvalidProgress,
+    JobInfo,
+    JobNotFound,
+    Policy,
+    UnknownPolicy,
+    kv_token_time,
+    make_policy,
+)
+from tests.tenants.policies.factories import (
+    NO_KNEE,
+    dispatch_all,
+    make_job,
+    make_node,
+    make_ready,
+    submit,
+)
+
+
+@pytest.fixture(params=POLICY_NAMES)
+def policy(request: pytest.FixtureRequest) -> Policy:
+    return make_policy(request.param)
+
+
+def test_kv_token_time_sums_the_kv_held_at_each_decode_step() -> None:
+    assert kv_token_time(10, 3) == 11 + 12 + 13
+    assert kv_token_time(0, 1) == 1
+    assert kv_token_time(7, 0) == 0
+
+
+def test_make_policy_names_every_policy_and_rejects_others() -> None:
+    assert {make_policy(name).name for name in POLICY_NAMES} == {
+        "fcfs",
+        "vtc",
+        "justitia",
+        "sjf-oracle",
+        "las",
+    }
+    with pytest.raises(UnknownPolicy):
+        make_policy("round-robin")
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        make_job("j", weight=0.0),
+        make_job("j", nodes=[make_node("a"), make_node("a")]),
+        make_job("j", nodes=[make_node("a", ["b"]), make_node("b", ["a"])]),
+        make_job("j", nodes=[make_node("a", ["missing"])]),
+        make_job("j", nodes=[make_node("a", ["a"])]),
+        make_job("j", nodes=[make_node("a", prompt=-1)]),
+    ],
+)
+def test_invalid_jobs_are_rejected(policy: Policy, job: JobInfo) -> None:
+    with pytest.raises(InvalidJob):
+        policy.add_job(job, 0.0)
+
+
+def test_a_job_is_added_once(policy: Policy) -> None:
+    policy.add_job(make_job("j"), 0.0)
+    with pytest.raises(DuplicateJob):
+        policy.add_job(make_job("j"), 1.0)
+
+
+def test_ready_calls_must_fit_their_job(policy: Policy) -> None:
+    job = make_job("j", nodes=[make_node("a"), make_node("b", ["a"])])
+    with pytest.raises(JobNotFound):
+        policy.add_ready(make_ready(job, "a"), 0.0)
+    policy.add_job(job, 0.0)
+    other_tenant = make_job("j", "t2", nodes=job.nodes)
+    with pytest.raises(InvalidCall):
+        policy.add_ready(make_ready(other_tenant, "a"), 0.0)
+    policy.add_ready(make_ready(job, "a"), 0.0)
+    with pytest.raises(DuplicateCall):
+        policy.add_ready(make_ready(job, "a"), 0.0)
+    with pytest.raises(InvalidCall):  # the node is already ready under another call id
+        policy.add_ready(replace(make_ready(job, "a"), call_id="x"), 0.0)
+    with pytest.raises(InvalidCall):
+        policy.add_ready(replace(make_ready(job, "a"), call_id="y", node_id="zz"), 0.0)
+
+
+def test_call_lifecycle_is_enforced(policy: Policy) -> None:
+    job = make_job("j")
+    submit(policy, job)
+    call = make_ready(job)
+    with pytest.raises(CallNotRunning):
+        policy.on_progress(call.call_id, 1, 0.0)
+    policy.mark_dispatched(call.call_id, 0.0)
+    with pytest.raises(CallNotReady):
+        policy.mark_dispatched(call.call_id, 0.0)
+    policy.on_progress(call.call_id, 5, 0.0)
+    with pytest.raises(InvalidProgress):
+        policy.on_progress(call.call_id, 4, 0.0)
+    policy.on_finished(call.call_id, call.prompt_tokens, 6, 0.0)
+    with pytest.raises(CallNotFound):
+        policy.priority(call.call_id)
+    with pytest.raises(CallNotRunning):
+        policy.on_finished(call.call_id, call.prompt_tokens, 6, 0.0)
+
+
+def test_peek_is_pure_and_none_when_nothing_is_ready(policy: Policy) -> None:
+    assert policy.peek(0.0, NO_KNEE) is None
+    submit(policy, make_job("a", nodes=[make_node("x"), make_node("y")]))
+    submit(policy, make_job("b", "t2", arrival=1.0), now=1.0)
+    first = policy.peek(2.0, NO_KNEE)
+    assert first is not None and policy.peek(2.0, NO_KNEE) == first
+    assert sorted(dispatch_all(policy, 2.0)) == ["a/x", "a/y", "b/n"]
+    assert policy.peek(2.0, NO_KNEE) is None
+
+
+def test_remove_job_forgets_its_ready_and_running_calls(policy: Policy) -> None:
+    job = make_job("j", nodes=[make_node("x"), make_node("y")])
+    submit(policy, job)
+    policy.mark_dispatched("j/x", 0.0)
+    policy.remove_job("j", 1.0)
+    assert policy.peek(1.0, NO_KNEE) is None
+    for call_id in ("j/x", "j/y"):
+        with pytest.raises(CallNotFound):
+            policy.priority(call_id)
+    with pytest.raises(JobNotFound):
+        policy.remove_job("j", 1.0)
+    policy.add_job(job, 2.0)  # the id is free again
+
+
+def test_priorities_cover_ready_and_running_calls(policy: Policy) -> None:
+    job = make_job("j", nodes=[make_node("x"), make_node("y")])
+    submit(policy, job)
+    policy.mark_dispatched("j/x", 0.0)
+    assert isinstance(policy.priority("j/x"), float)
+    assert isinstance(policy.priority("j/y"), float)

@@ -1,0 +1,173 @@
+import itertools
+import random
+
+import pytest
+
+from tenants.policies import (
+    EngineLoad,
+    GpsCall,
+    GpsJob,
+    JobInfo,
+    JustitiaPolicy,
+    NodeCost,
+    gps_finish_times,
+    kv_token_time,
+)
+from tests.tenants.policies.factories import (
+    NO_KNEE,
+    dispatch_all,
+    make_job,
+    make_node,
+    submit,
+)
+
+
+def random_batch(seed: int) -> list[JobInfo]:
+    """Jobs of three tenants arriving together: single calls, chains and fan-out/fan-in."""
+    rng = random.Random(seed)
+    weights = {"a": 1.0, "b": 2.0, "c": 0.5}
+    jobs = []
+    for i in range(12):
+        tenant = rng.choice(sorted(weights))
+        nodes: list[NodeCost] = []
+        shape = rng.choice(["single", "chain", "fan"])
+        width = 1 if shape == "single" else rng.randint(2, 4)
+        for k in range(width):
+            parents = [f"n{k - 1}"] if shape == "chain" and k else []
+            nodes.append(
+                make_node(
+                    f"n{k}", parents, prompt=rng.randint(100, 400), predicted=rng.randint(5, 60)
+                )
+            )
+        if shape == "fan":
+            nodes.append(
+                make_node(
+                    "join",
+                    [n.node_id for n in nodes],
+                    prompt=rng.randint(100, 400),
+                    predicted=rng.randint(5, 60),
+                )
+            )
+        jobs.append(make_job(f"j{i}", tenant, nodes, weight=weights[tenant]))
+    return jobs
+
+
+def as_gps_job(job: JobInfo) -> GpsJob:
+    calls = tuple(
+        GpsCall(n.node_id, n.parents, n.prompt_tokens, int(n.predicted_output)) for n in job.nodes
+    )
+    return GpsJob(job.job_id, job.tenant_id, job.weight, job.arrival, calls)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_order_of_a_batch_equals_the_gps_reference_finish_order(seed: int) -> None:
+    jobs = random_batch(seed)
+    # Capacity below every call's footprint: each job could use more than its fair share.
+    finish = gps_finish_times([as_gps_job(job) for job in jobs], capacity=50.0)
+    by_finish = sorted(finish, key=finish.__getitem__)
+    gaps = [finish[b] - finish[a] for a, b in itertools.pairwise(by_finish)]
+    assert min(gaps) > 1e-6  # a strict order to compare against
+    policy = JustitiaPolicy()
+    for job in jobs:
+        submit(policy, job)
+    served = [call_id.split("/")[0] for call_id in dispatch_all(policy)]
+    assert list(dict.fromkeys(served)) == by_finish
+
+
+def overrun_setup() -> JustitiaPolicy:
+    policy = JustitiaPolicy()
+    short = [make_node("a1", predicted=10), make_node("a2", predicted=10)]
+    submit(policy, make_job("liar", "t1", short))
+    submit(policy, make_job("honest", "t2", [make_node("b", predicted=40)]))
+    return policy
+
+
+def test_a_call_running_past_its_prediction_moves_its_job_back_at_once() -> None:
+    policy = overrun_setup()
+    assert policy.tag("liar") < policy.tag("honest")
+    policy.mark_dispatched("liar/a1", 0.0)
+    peeked = policy.peek(0.0, NO_KNEE)
+    assert peeked is not None and peeked.call_id == "liar/a2"
+    before = policy.tag("liar")
+    policy.on_progress("liar/a1", 40, 1.0)  # four times its prediction, still running
+    assert policy.tag("liar") > before
+    assert policy.tag("liar") > policy.tag("honest")
+    peeked = policy.peek(1.0, NO_KNEE)
+    assert peeked is not None and peeked.call_id == "honest/b"
+    assert policy.priority("liar/a1") > policy.priority("honest/b")  # preempt the liar first
+
+
+def test_tag_follows_the_true_cost_at_finish() -> None:
+    policy = overrun_setup()
+    policy.mark_dispatched("honest/b", 0.0)
+    before = policy.tag("honest")
+    policy.on_finished("honest/b", 100, 5, 1.0)  # far shorter than the 40 predicted
+    assert policy.tag("honest") < before
+
+
+def test_overrun_tag_matches_the_fair_share_arithmetic() -> None:
+    policy = overrun_setup()
+    policy.mark_dispatched("liar/a1", 0.0)
+    policy.on_progress("liar/a1", 40, 1.0)
+    # Alone in their tenants since V = 0, each job's tag is its whole cost over weight 1.
+    assert policy.tag("liar") == pytest.approx(kv_token_time(100, 40) + kv_token_time(100, 10))
+    assert policy.tag("honest") == pytest.approx(kv_token_time(100, 40))
+
+
+def knee_setup(pampered_jobs: int = 1) -> JustitiaPolicy:
+    policy = JustitiaPolicy(pampered_jobs=pampered_jobs)
+    submit(policy, make_job("small", "t1", [make_node("x", predicted=5), make_node("y")]))
+    submit(policy, make_job("mid", "t2", [make_node("z", predicted=100)]))
+    submit(policy, make_job("big", "t3", [make_node("w", predicted=400)]))
+    return policy
+
+
+def test_past_the_knee_only_the_pampered_job_is_admitted() -> None:
+    policy = knee_setup()
+    at_knee = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=4)
+    below = EngineLoad(running_calls=3, batch_tokens=0, knee_calls=4)
+    for call_id in ("small/x", "small/y"):
+        peeked = policy.peek(0.0, at_knee)
+        assert peeked is not None and peeked.call_id == call_id
+        policy.mark_dispatched(call_id, 0.0)
+    assert policy.peek(0.0, at_knee) is None  # the pampered job runs everything it has
+    peeked = policy.peek(0.0, below)
+    assert peeked is not None and peeked.call_id == "mid/z"
+
+
+def test_more_pampered_jobs_admit_further_past_the_knee() -> None:
+    policy = knee_setup(pampered_jobs=2)
+    at_knee = EngineLoad(running_calls=9, batch_tokens=0, knee_calls=4)
+    assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", "mid/z"]
+
+
+def dispatch_all_at(policy: JustitiaPolicy, load: EngineLoad) -> list[str]:
+    order = []
+    while (call := policy.peek(0.0, load)) is not None:
+        policy.mark_dispatched(call.call_id, 0.0)
+        order.append(call.call_id)
+    return order
+
+
+def test_a_stream_of_small_jobs_cannot_starve_a_big_one() -> None:
+    policy = JustitiaPolicy()
+    big = make_job("big", "heavy", [make_node("n", prompt=100, predicted=200)])
+    submit(policy, big)
+    small_cost = kv_token_time(100, 20)
+    ahead = 0
+    for i in range(200):
+        small = make_job(f"s{i}", "light", [make_node("n", prompt=100, predicted=20)])
+        submit(policy, small)
+        call = policy.peek(float(i), NO_KNEE)
+        assert call is not None
+        if call.job_id == "big":
+            break
+        ahead += 1
+        policy.mark_dispatched(call.call_id, float(i))
+        policy.on_finished(call.call_id, 100, 20, float(i))
+        policy.remove_job(call.job_id, float(i))
+    else:
+        pytest.fail("the big job was starved")
+    # As under GPS: the big job finishes once the light tenant, at an equal share, has had as
+    # much service as the big job needs.
+    assert abs(ahead - kv_token_time(100, 200) / small_cost) <= 1

@@ -1,0 +1,46 @@
+"""Quota settings validate on construction and round-trip through their flat field form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tenants import QuotaInvalid, TenantQuota
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"weight": 0.0},
+        {"weight": -1.0},
+        {"weight": math.inf},
+        {"weight": math.nan},
+        {"tokens_per_minute": -1},
+        {"max_concurrent_calls": 1.5},
+        {"daily_token_budget": True},
+        {"max_tokens_ceiling": 0},
+        {"default_max_tokens": 0},
+        {"max_tokens_ceiling": 100, "default_max_tokens": 101},
+    ],
+)
+def test_unenforceable_quotas_are_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(QuotaInvalid):
+        TenantQuota(**fields)  # type: ignore[arg-type]
+
+
+def test_fields_round_trip() -> None:
+    quota = TenantQuota(
+        weight=0.25,
+        tokens_per_minute=6000,
+        max_concurrent_calls=3,
+        max_queued_jobs=4,
+        max_nodes_per_job=50,
+        max_prompt_tokens=2048,
+        max_tokens_ceiling=1024,
+        default_max_tokens=128,
+        daily_token_budget=10**9,
+    )
+    assert TenantQuota.from_fields(quota.as_fields()) == quota
+    assert TenantQuota.from_fields({}) == TenantQuota()
+    assert TenantQuota().max_tokens_ceiling == 512 and TenantQuota().default_max_tokens == 256

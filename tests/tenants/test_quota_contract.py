@@ -1,0 +1,438 @@
+"""The quota store contract (tenants/store.py), run on the in-memory twin and on real Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis import Redis as SyncRedis
+
+from tenants import (
+    AuthFailed,
+    CallClosed,
+    QuotaExceeded,
+    QuotaLimit,
+    QuotaUnavailable,
+    RedisQuotaStore,
+    RequestInvalid,
+    TenantExists,
+    TenantInvalid,
+    TenantNotFound,
+    TenantQuota,
+    hash_key,
+)
+from tenants.models import BUSY_RETRY_S, DAY_S
+from tests.tenants.conftest import REDIS_URL, Harness
+
+pytestmark = pytest.mark.anyio
+
+TTL = 60.0
+
+
+async def make_tenant(h: Harness, tenant_id: str = "acme", **quota: int) -> None:
+    await h.store.create_tenant(tenant_id, tenant_id.title(), TenantQuota(**quota))
+
+
+async def refused(h: Harness, tenant_id: str, call_id: str, tokens: int) -> QuotaExceeded:
+    with pytest.raises(QuotaExceeded) as caught:
+        await h.store.reserve(tenant_id, call_id, tokens, TTL)
+    return caught.value
+
+
+# Registry
+
+
+async def test_tenant_lifecycle(h: Harness) -> None:
+    quota = TenantQuota(weight=2.5, tokens_per_minute=600, max_concurrent_calls=3)
+    created = await h.store.create_tenant("acme", "Acme Corp", quota)
+    assert (created.tenant_id, created.display_name, created.quota) == ("acme", "Acme Corp", quota)
+    assert await h.store.get_tenant("acme") == created
+    await h.store.create_tenant("beta", "Beta", TenantQuota())
+    assert [t.tenant_id for t in await h.store.list_tenants()] == ["acme", "beta"]
+    with pytest.raises(TenantExists):
+        await h.store.create_tenant("acme", "Again", TenantQuota())
+
+    new_quota = TenantQuota(weight=1.0, daily_token_budget=10)
+    updated = await h.store.update_tenant("acme", quota=new_quota)
+    assert (updated.display_name, updated.quota) == ("Acme Corp", new_quota)
+    renamed = await h.store.update_tenant("acme", display_name="ACME")
+    assert (renamed.display_name, renamed.quota, renamed.created_at) == (
+        "ACME",
+        new_quota,
+        created.created_at,
+    )
+    assert await h.store.get_tenant("acme") == renamed
+
+    await h.store.delete_tenant("acme")
+    with pytest.raises(TenantNotFound):
+        await h.store.get_tenant("acme")
+    assert [t.tenant_id for t in await h.store.list_tenants()] == ["beta"]
+
+
+async def test_missing_and_invalid_tenants(h: Harness) -> None:
+    for bad_id in ("", "a{b}", "has space", "x" * 65, "-lead"):
+        with pytest.raises(TenantInvalid):
+            await h.store.create_tenant(bad_id, "Bad", TenantQuota())
+    with pytest.raises(TenantNotFound):
+        await h.store.update_tenant("ghost", display_name="G")
+    with pytest.raises(TenantNotFound):
+        await h.store.delete_tenant("ghost")
+    with pytest.raises(TenantNotFound):
+        await h.store.reserve("ghost", "c1", 1, TTL)
+    with pytest.raises(TenantNotFound):
+        await h.store.usage("ghost")
+    with pytest.raises(TenantNotFound):
+        await h.store.admit_job("ghost", "j1", 1)
+    with pytest.raises(TenantNotFound):
+        await h.store.issue_key("ghost")
+    assert await h.store.settle("ghost", "c1", 1, 1) is False
+    assert await h.store.release("ghost", "c1") is False
+    assert await h.store.finish_job("ghost", "j1") is False
+
+
+async def test_delete_tenant_removes_keys_and_state(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=1000)
+    _, plaintext = await h.store.issue_key("acme")
+    await h.store.reserve("acme", "c1", 100, TTL)
+    await h.store.settle("acme", "c1", 10, 10)
+    await h.store.reserve("acme", "c2", 100, TTL)
+    await h.store.admit_job("acme", "j1", 2)
+    await h.store.delete_tenant("acme")
+    with pytest.raises(AuthFailed):
+        await h.store.authenticate(plaintext)
+    assert await h.store.release("acme", "c2") is False
+    await make_tenant(h, tokens_per_minute=1000)
+    usage = await h.store.usage("acme")
+    assert (usage.settled_calls, usage.tokens_today, usage.active_reservations) == (0, 0, 0)
+    assert (usage.queued_jobs, usage.bucket_level) == (0, 1000.0)
+    assert await h.store.list_keys("acme") == []
+
+
+# API keys
+
+
+async def test_keys_authenticate_until_revoked(h: Harness) -> None:
+    await make_tenant(h)
+    await make_tenant(h, "beta")
+    key_id, plaintext = await h.store.issue_key("acme")
+    other_id, other = await h.store.issue_key("beta")
+    assert plaintext.startswith(f"fg_{key_id}_")
+    assert await h.store.authenticate(plaintext) == "acme"
+    assert await h.store.authenticate(other) == "beta"
+    assert [k.key_id for k in await h.store.list_keys("acme")] == [key_id]
+
+    forged = plaintext[:-4] + ("AAAA" if not plaintext.endswith("AAAA") else "BBBB")
+    for bad in (forged, "", "Bearer " + plaintext, plaintext + "x", f"fg_{other_id}_{'a' * 43}"):
+        with pytest.raises(AuthFailed):
+            await h.store.authenticate(bad)
+
+    assert await h.store.revoke_key(key_id) is True
+    assert await h.store.revoke_key(key_id) is False
+    with pytest.raises(AuthFailed):
+        await h.store.authenticate(plaintext)
+    assert await h.store.list_keys("acme") == []
+    assert await h.store.authenticate(other) == "beta"
+
+
+# Reservations
+
+
+async def test_reserve_is_idempotent_by_call_id(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, daily_token_budget=1000)
+    first = await h.store.reserve("acme", "c1", 40, TTL)
+    again = await h.store.reserve("acme", "c1", 25, TTL)
+    assert again == first
+    assert first.tokens == 40
+    usage = await h.store.usage("acme")
+    assert (usage.active_reservations, usage.reserved_tokens, usage.tokens_today) == (1, 40, 40)
+    assert usage.bucket_level is not None
+    reserved_at = first.expires_at - TTL
+    assert usage.bucket_level == pytest.approx(20 + (usage.as_of - reserved_at), abs=1e-6)
+
+
+async def test_settle_charges_actual_once(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, daily_token_budget=1000)
+    reservation = await h.store.reserve("acme", "c1", 50, TTL)
+    h.advance(0.25)
+    assert await h.store.settle("acme", "c1", 12, 8) is True
+    assert await h.store.settle("acme", "c1", 12, 8) is False
+    assert await h.store.release("acme", "c1") is False
+    usage = await h.store.usage("acme")
+    assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (12, 8, 1)
+    assert (usage.tokens_today, usage.active_reservations, usage.reserved_tokens) == (20, 0, 0)
+    elapsed = usage.as_of - (reservation.expires_at - TTL)
+    assert elapsed > 0
+    assert usage.bucket_level == pytest.approx(min(60, 40 + elapsed), abs=1e-6)
+    with pytest.raises(CallClosed):
+        await h.store.reserve("acme", "c1", 50, TTL)
+
+
+async def test_settle_above_reservation_charges_the_excess(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, daily_token_budget=1000)
+    reservation = await h.store.reserve("acme", "c1", 30, TTL)
+    assert await h.store.settle("acme", "c1", 30, 20) is True
+    usage = await h.store.usage("acme")
+    assert usage.tokens_today == 50
+    elapsed = usage.as_of - (reservation.expires_at - TTL)
+    assert usage.bucket_level == pytest.approx(10 + elapsed, abs=1e-6)
+
+
+async def test_release_refunds_everything_once(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, daily_token_budget=1000)
+    await h.store.reserve("acme", "c1", 50, TTL)
+    assert await h.store.release("acme", "c1") is True
+    assert await h.store.release("acme", "c1") is False
+    assert await h.store.settle("acme", "c1", 1, 1) is False
+    usage = await h.store.usage("acme")
+    assert (usage.tokens_today, usage.settled_calls, usage.active_reservations) == (0, 0, 0)
+    assert usage.bucket_level == pytest.approx(60.0)
+    with pytest.raises(CallClosed):
+        await h.store.reserve("acme", "c1", 50, TTL)
+
+
+async def test_closing_an_unknown_call_stops_a_late_reserve(h: Harness) -> None:
+    """A cancelled reserve may reach the store after the caller's cleanup release."""
+    await make_tenant(h)
+    assert await h.store.release("acme", "late") is False
+    with pytest.raises(CallClosed):
+        await h.store.reserve("acme", "late", 10, TTL)
+    assert await h.store.settle("acme", "late-too", 1, 1) is False
+    with pytest.raises(CallClosed):
+        await h.store.reserve("acme", "late-too", 10, TTL)
+    assert (await h.store.usage("acme")).active_reservations == 0
+
+
+async def test_concurrent_call_limit(h: Harness) -> None:
+    await make_tenant(h, max_concurrent_calls=2)
+    await h.store.reserve("acme", "c1", 10, TTL)
+    await h.store.reserve("acme", "c2", 10, TTL)
+    error = await refused(h, "acme", "c3", 10)
+    assert error.limit is QuotaLimit.CONCURRENT_CALLS
+    assert (error.reason, error.subject) == ("CONCURRENT_CALLS_EXCEEDED", "tenant:acme")
+    assert (error.allowed, error.requested, error.retry_after_s) == (2, 3, BUSY_RETRY_S)
+    assert await h.store.reserve("acme", "c1", 10, TTL)  # an open call is not a new one
+    await h.store.settle("acme", "c1", 5, 5)
+    assert (await h.store.reserve("acme", "c3", 10, TTL)).tokens == 10
+
+
+async def test_token_rate_refusal_says_when_to_retry(h: Harness) -> None:
+    rate = 6_000  # 100 tokens per second
+    await make_tenant(h, tokens_per_minute=rate)
+    await h.store.reserve("acme", "c1", rate - 50, TTL)
+    error = await refused(h, "acme", "c2", 80)
+    usage = await h.store.usage("acme")
+    assert error.limit is QuotaLimit.TOKEN_RATE
+    assert (error.reason, error.allowed, error.requested) == ("TOKEN_RATE_EXCEEDED", rate, 80)
+    assert error.retry_after_s is not None
+    assert usage.bucket_level is not None
+    # the level when refused lies between 50 and the level read just after
+    assert (80 - usage.bucket_level) * 60 / rate <= error.retry_after_s <= 30 * 60 / rate
+    assert "6000 per minute" in error.description
+    too_big = await refused(h, "acme", "c3", rate + 1)
+    assert too_big.retry_after_s is None
+    assert (await h.store.usage("acme")).active_reservations == 1
+
+
+async def test_bucket_refills_continuously(h: Harness) -> None:
+    rate = 60_000_000  # a million tokens per second: microseconds show
+    await make_tenant(h, tokens_per_minute=rate)
+    reservation = await h.store.reserve("acme", "drain", rate, TTL)
+    h.advance(0.000_25)
+    first = await h.store.usage("acme")
+    h.advance(0.000_5)
+    second = await h.store.usage("acme")
+    assert first.bucket_level is not None and second.bucket_level is not None
+    assert second.as_of > first.as_of > reservation.expires_at - TTL
+    per_second = rate / 60
+    since_drain = first.as_of - (reservation.expires_at - TTL)
+    assert first.bucket_level == pytest.approx(since_drain * per_second, abs=1e-3)
+    refill = (second.as_of - first.as_of) * per_second
+    assert second.bucket_level - first.bucket_level == pytest.approx(refill, abs=1e-3)
+
+
+async def test_bucket_refill_admits_after_the_hinted_wait(h: Harness) -> None:
+    clock = h.need_clock("waits 30 s of refill")
+    await make_tenant(h, tokens_per_minute=600)
+    await h.store.reserve("acme", "c1", 600, TTL)
+    error = await refused(h, "acme", "c2", 300)
+    assert error.retry_after_s == pytest.approx(30.0)
+    clock.advance(29.9)
+    await refused(h, "acme", "c2", 300)
+    clock.advance(0.1)
+    assert (await h.store.reserve("acme", "c2", 300, TTL)).tokens == 300
+    await refused(h, "acme", "c3", 1)
+
+
+async def test_refunds_never_lift_the_bucket_above_capacity(h: Harness) -> None:
+    rate = 60_000_000  # refills 5 tokens in 5 us: full again by the release
+    await make_tenant(h, tokens_per_minute=rate)
+    reservation = await h.store.reserve("acme", "c1", 5, TTL)
+    h.advance(0.001)
+    assert await h.store.release("acme", "c1") is True
+    usage = await h.store.usage("acme")
+    assert usage.as_of - (reservation.expires_at - TTL) >= 5 / (rate / 60)
+    assert usage.bucket_level == float(rate)
+
+
+async def test_daily_budget(h: Harness) -> None:
+    await make_tenant(h, daily_token_budget=1000)
+    await h.store.reserve("acme", "c1", 600, TTL)
+    error = await refused(h, "acme", "c2", 500)
+    usage = await h.store.usage("acme")
+    assert error.limit is QuotaLimit.DAILY_BUDGET
+    assert (error.allowed, error.requested) == (1000, 500)
+    assert error.retry_after_s is not None
+    to_midnight = DAY_S - usage.as_of % DAY_S
+    assert to_midnight <= error.retry_after_s <= to_midnight + 5
+    assert (await refused(h, "acme", "c3", 1001)).retry_after_s is None
+    await h.store.settle("acme", "c1", 50, 50)
+    assert (await h.store.reserve("acme", "c2", 500, TTL)).tokens == 500
+    assert (await h.store.usage("acme")).tokens_today == 600
+
+
+async def test_daily_budget_resets_at_utc_midnight(h: Harness) -> None:
+    clock = h.need_clock("crosses a UTC midnight")
+    await make_tenant(h, daily_token_budget=1000)
+    await h.store.reserve("acme", "c1", 900, TTL)
+    await h.store.settle("acme", "c1", 900, 0)
+    await h.store.reserve("acme", "c2", 100, 10 * DAY_S)
+    await refused(h, "acme", "c3", 1)
+    clock.advance(DAY_S - clock.now % DAY_S)
+    assert (await h.store.usage("acme")).tokens_today == 0
+    await h.store.release("acme", "c2")  # charged yesterday: refunds nothing today
+    assert (await h.store.reserve("acme", "c3", 1000, TTL)).tokens == 1000
+
+
+async def test_expired_reservations_are_reclaimed(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, max_concurrent_calls=1, daily_token_budget=100)
+    await h.store.reserve("acme", "lost", 40, h.tiny_ttl_s)
+    h.advance(2 * h.tiny_ttl_s)
+    usage = await h.store.usage("acme")
+    assert (usage.active_reservations, usage.reserved_tokens, usage.tokens_today) == (0, 0, 0)
+    assert usage.bucket_level == pytest.approx(60.0)
+    assert await h.store.settle("acme", "lost", 40, 0) is False
+    assert await h.store.release("acme", "lost") is False
+    with pytest.raises(CallClosed):
+        await h.store.reserve("acme", "lost", 40, TTL)
+    assert (await h.store.usage("acme")).settled_calls == 0
+
+
+async def test_expiry_frees_a_concurrency_slot_at_the_next_reserve(h: Harness) -> None:
+    await make_tenant(h, max_concurrent_calls=1)
+    await h.store.reserve("acme", "crashed", 10, h.tiny_ttl_s)
+    h.advance(2 * h.tiny_ttl_s)
+    assert (await h.store.reserve("acme", "next", 10, TTL)).tokens == 10
+    await refused(h, "acme", "third", 10)
+
+
+async def test_quota_update_applies_to_the_next_call(h: Harness) -> None:
+    await make_tenant(h, max_concurrent_calls=1)
+    await h.store.reserve("acme", "c1", 10, TTL)
+    await refused(h, "acme", "c2", 10)
+    await h.store.update_tenant("acme", quota=TenantQuota(max_concurrent_calls=2))
+    assert (await h.store.reserve("acme", "c2", 10, TTL)).tokens == 10
+
+
+async def test_tenants_cannot_touch_each_others_calls_or_jobs(h: Harness) -> None:
+    await make_tenant(h)
+    await make_tenant(h, "beta")
+    await h.store.reserve("acme", "c1", 10, TTL)
+    await h.store.admit_job("acme", "j1", 1)
+    assert await h.store.settle("beta", "c1", 5, 5) is False
+    assert await h.store.release("beta", "c1") is False
+    assert await h.store.finish_job("beta", "j1") is False
+    await h.store.reserve("acme", "shared", 10, TTL)
+    await h.store.reserve("beta", "shared", 20, TTL)
+    assert await h.store.settle("beta", "shared", 15, 5) is True
+    acme = await h.store.usage("acme")
+    assert (acme.active_reservations, acme.reserved_tokens, acme.queued_jobs) == (2, 20, 1)
+    assert acme.settled_calls == 0
+    assert await h.store.settle("acme", "c1", 5, 5) is True
+    assert await h.store.settle("acme", "shared", 1, 1) is True
+    beta = await h.store.usage("beta")
+    assert (beta.settled_calls, beta.input_tokens, beta.active_reservations) == (1, 15, 0)
+
+
+async def test_invalid_arguments(h: Harness) -> None:
+    await make_tenant(h)
+    with pytest.raises(RequestInvalid):
+        await h.store.reserve("acme", "c1", -1, TTL)
+    with pytest.raises(RequestInvalid):
+        await h.store.reserve("acme", "c1", 10, 0.0)
+    with pytest.raises(RequestInvalid):
+        await h.store.reserve("acme", "", 10, TTL)
+    with pytest.raises(RequestInvalid):
+        await h.store.settle("acme", "c1", 1, -1)
+    with pytest.raises(RequestInvalid):
+        await h.store.admit_job("acme", "j1", -1)
+    assert (await h.store.usage("acme")).active_reservations == 0
+
+
+# Jobs
+
+
+async def test_job_admission(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=2, max_nodes_per_job=5)
+    assert await h.store.admit_job("acme", "j1", 5) is True
+    assert await h.store.admit_job("acme", "j1", 5) is False
+    nodes = await _refused_job(h, "j2", 6)
+    assert (nodes.limit, nodes.allowed, nodes.requested) == (QuotaLimit.NODES_PER_JOB, 5, 6)
+    assert nodes.retry_after_s is None
+    assert await h.store.admit_job("acme", "j2", 1) is True
+    queued = await _refused_job(h, "j3", 1)
+    assert (queued.limit, queued.allowed, queued.retry_after_s) == (
+        QuotaLimit.QUEUED_JOBS,
+        2,
+        BUSY_RETRY_S,
+    )
+    assert (await h.store.usage("acme")).queued_jobs == 2
+    assert await h.store.finish_job("acme", "j1") is True
+    assert await h.store.finish_job("acme", "j1") is False
+    assert await h.store.admit_job("acme", "j3", 1) is True
+
+
+async def test_jobs_of_a_crashed_gateway_expire(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=1)
+    await h.store.admit_job("acme", "j1", 1, ttl_s=h.tiny_ttl_s)
+    h.advance(2 * h.tiny_ttl_s)
+    assert (await h.store.usage("acme")).queued_jobs == 0
+    assert await h.store.admit_job("acme", "j2", 1) is True
+
+
+async def _refused_job(h: Harness, job_id: str, num_nodes: int) -> QuotaExceeded:
+    with pytest.raises(QuotaExceeded) as caught:
+        await h.store.admit_job("acme", job_id, num_nodes)
+    return caught.value
+
+
+async def test_closed_store_fails_closed(h: Harness) -> None:
+    await make_tenant(h)
+    await h.store.aclose()
+    with pytest.raises(QuotaUnavailable):
+        await h.store.reserve("acme", "c1", 1, TTL)
+    with pytest.raises(QuotaUnavailable):
+        await h.store.usage("acme")
+
+
+@pytest.fixture
+def h(harness: Harness) -> Harness:
+    return harness
+
+
+@pytest.mark.redis
+async def test_redis_keeps_only_the_key_hash(redis_prefix: str) -> None:
+    async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
+        await store.create_tenant("acme", "Acme", TenantQuota())
+        key_id, plaintext = await store.issue_key("acme")
+    secret = plaintext.split("_", 2)[2]
+    with SyncRedis.from_url(REDIS_URL, decode_responses=True) as client:
+        stored: list[str] = []
+        for name in client.scan_iter(match=f"{redis_prefix}:*"):
+            match client.type(name):
+                case "hash":
+                    stored += [item for pair in client.hgetall(name).items() for item in pair]
+                case "set":
+                    stored += client.smembers(name)
+                case other:
+                    stored.append(other)
+        record = client.hgetall(f"{redis_prefix}:key:{key_id}")
+    assert record["key_hash"] == hash_key(plaintext)
+    assert not any(secret in value for value in stored)
