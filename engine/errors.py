@@ -15,3 +15,11 @@ class RequestNotFound(EngineError, KeyError):
 
 class EngineClosed(EngineError):
     """The engine has shut down and takes no more requests."""
+
+
+class ModelNotFound(EngineError, FileNotFoundError):
+    """The model name is neither the default nor a folder holding a checkpoint."""
+
+
+class UnsupportedModel(EngineError, ValueError):
+    """The checkpoint's architecture or settings are not ones the model runner implements."""

@@ -11,6 +11,7 @@ the request id and position, never an end-of-sequence id, so lengths are set by 
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,10 +51,21 @@ class StepTimeModel:
 
 
 class SimulatedRunner:
-    """Executes plans instantly; `elapsed_s` in the output is the modelled step time."""
+    """Executes plans instantly; `elapsed_s` in the output is the modelled step time.
 
-    def __init__(self, model: StepTimeModel, vocab_size: int = 32000, eos_token_id: int = 0):
+    With `realtime`, a step also takes its modelled time on the wall clock (it sleeps), so a
+    live gateway sees an engine of that speed.
+    """
+
+    def __init__(
+        self,
+        model: StepTimeModel,
+        vocab_size: int = 32000,
+        eos_token_id: int = 0,
+        realtime: bool = False,
+    ) -> None:
         self.model = model
+        self.realtime = realtime
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset({eos_token_id})
         self._eos = eos_token_id
@@ -64,7 +76,10 @@ class SimulatedRunner:
             if seq.sample:
                 pos = seq.start_pos + len(seq.token_ids)
                 sampled[seq.request_id] = self._token(seq.request_id, pos)
-        return StepOutput(sampled=sampled, elapsed_s=self.model.plan_time(plan))
+        elapsed = self.model.plan_time(plan)
+        if self.realtime:
+            time.sleep(elapsed)
+        return StepOutput(sampled=sampled, elapsed_s=elapsed)
 
     def _token(self, request_id: str, position: int) -> int:
         token = zlib.crc32(f"{request_id}:{position}".encode()) % self.vocab_size

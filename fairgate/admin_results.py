@@ -1,0 +1,126 @@
+"""What the Admin service returns, as plain typed objects: tenants, quotas, keys and usage.
+
+Each `*_from_proto` maps one fairgate.v1 admin message field by field; timestamps become aware
+UTC datetimes. `QuotaFields` names the quota settings a request may change: keys left out keep
+their values (they travel as unset proto3 `optional` fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TypedDict
+
+from fairgate.results import datetime_from_proto
+from fairgate.v1 import admin_pb2 as pb
+
+
+class QuotaFields(TypedDict, total=False):
+    weight: float  # fair-share weight, > 0
+    tokens_per_minute: int  # 0: no rate limit
+    max_concurrent_calls: int  # 0: unlimited
+    max_queued_jobs: int  # 0: unlimited
+    max_nodes_per_job: int
+    max_prompt_tokens: int
+    max_tokens_ceiling: int
+    default_max_tokens: int
+    daily_token_budget: int  # prompt + output tokens per UTC day; 0: unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    weight: float
+    tokens_per_minute: int
+    max_concurrent_calls: int
+    max_queued_jobs: int
+    max_nodes_per_job: int
+    max_prompt_tokens: int
+    max_tokens_ceiling: int
+    default_max_tokens: int
+    daily_token_budget: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    key_id: str
+    tenant_id: str
+    label: str
+    prefix: str  # the key's first characters, to recognise it
+    create_time: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedKey:
+    key: ApiKey
+    plaintext: str  # shown this once; send it as `authorization: Bearer <plaintext>`
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    tenant_id: str
+    display_name: str
+    quota: Quota
+    keys: tuple[ApiKey, ...]  # live keys, never their secrets
+    create_time: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPage:
+    tenants: tuple[Tenant, ...]  # ordered by tenant_id
+    next_page_token: str  # empty on the last page
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    tenant_id: str
+    input_tokens: int  # settled totals
+    output_tokens: int
+    settled_calls: int
+    tokens_today: int  # counted against today's daily_token_budget
+    active_reservations: int
+    queued_jobs: int
+
+
+def quota_to_proto(fields: QuotaFields) -> pb.TenantQuota:
+    return pb.TenantQuota(**fields)
+
+
+def quota_from_proto(msg: pb.TenantQuota) -> Quota:
+    return Quota(
+        weight=msg.weight,
+        tokens_per_minute=msg.tokens_per_minute,
+        max_concurrent_calls=msg.max_concurrent_calls,
+        max_queued_jobs=msg.max_queued_jobs,
+        max_nodes_per_job=msg.max_nodes_per_job,
+        max_prompt_tokens=msg.max_prompt_tokens,
+        max_tokens_ceiling=msg.max_tokens_ceiling,
+        default_max_tokens=msg.default_max_tokens,
+        daily_token_budget=msg.daily_token_budget,
+    )
+
+
+def key_from_proto(msg: pb.ApiKey) -> ApiKey:
+    create_time = datetime_from_proto(msg, "create_time")
+    return ApiKey(msg.key_id, msg.tenant_id, msg.label, msg.prefix, create_time)
+
+
+def tenant_from_proto(msg: pb.Tenant) -> Tenant:
+    return Tenant(
+        tenant_id=msg.tenant_id,
+        display_name=msg.display_name,
+        quota=quota_from_proto(msg.quota),
+        keys=tuple(key_from_proto(key) for key in msg.keys),
+        create_time=datetime_from_proto(msg, "create_time"),
+    )
+
+
+def usage_from_proto(msg: pb.Usage) -> Usage:
+    return Usage(
+        tenant_id=msg.tenant_id,
+        input_tokens=msg.input_tokens,
+        output_tokens=msg.output_tokens,
+        settled_calls=msg.settled_calls,
+        tokens_today=msg.tokens_today,
+        active_reservations=msg.active_reservations,
+        queued_jobs=msg.queued_jobs,
+    )

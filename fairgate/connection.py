@@ -1,0 +1,149 @@
+"""One gRPC channel with bearer credentials, and the translation of RPC failures to errors.
+
+Every call made through a `Connection` carries `authorization: Bearer <key>` metadata, and any
+`grpc.aio.AioRpcError` it raises leaves as a `fairgate.errors.FairgateError` subclass with the
+google.rpc details parsed (`rpc_status.from_call` reads them from the trailing metadata). A
+server stream is cancelled when its iterator is closed early, so the server sees the client go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from fairgate.errors import (
+    ERRORS_BY_CODE,
+    ErrorInfo,
+    FairgateError,
+    FieldViolation,
+    QuotaViolation,
+)
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the server's default limit (settings.max_message_bytes)
+
+
+class Connection:
+    """An owned channel: use `async with`, or call `aclose()` when done."""
+
+    def __init__(
+        self,
+        target: str,
+        key: str,
+        *,
+        timeout_s: float | None = 30.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """`timeout_s` bounds each unary call; streams run until they end or are closed."""
+        channel_options = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            *options,
+        ]
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=channel_options)
+        else:
+            self._channel = grpc.aio.secure_channel(target, credentials, options=channel_options)
+        self._metadata = (("authorization", f"Bearer {key}"),)
+        self.timeout_s = timeout_s
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self._channel
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._channel.close()
+
+    async def unary(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[Request, Response], request: Request
+    ) -> Response:
+        try:
+            return await method(request, metadata=self._metadata, timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+
+    async def stream(
+        self, method: grpc.aio.UnaryStreamMultiCallable[Request, Response], request: Request
+    ) -> AsyncGenerator[Response, None]:
+        call = method(request, metadata=self._metadata)
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+        finally:
+            call.cancel()
+
+
+def error_from_rpc(exc: grpc.aio.AioRpcError) -> FairgateError:
+    """The client error for a failed RPC, with the rich details the server attached."""
+    code, message = exc.code(), exc.details() or ""
+    kind = ERRORS_BY_CODE.get(code, FairgateError)
+    status = _rich_status(exc)
+    if status is None:
+        return kind(code, message)
+    fields: list[FieldViolation] = []
+    quotas: list[QuotaViolation] = []
+    retry_after_s: float | None = None
+    info: ErrorInfo | None = None
+    for detail in status.details:
+        if (bad := _unpack(detail, error_details_pb2.BadRequest)) is not None:
+            fields += [FieldViolation(v.field, v.description) for v in bad.field_violations]
+        elif (failure := _unpack(detail, error_details_pb2.QuotaFailure)) is not None:
+            quotas += [QuotaViolation(v.subject, v.description) for v in failure.violations]
+        elif (retry := _unpack(detail, error_details_pb2.RetryInfo)) is not None:
+            retry_after_s = retry.retry_delay.ToTimedelta().total_seconds()
+        elif (error_info := _unpack(detail, error_details_pb2.ErrorInfo)) is not None:
+            info = ErrorInfo(error_info.reason, error_info.domain, dict(error_info.metadata))
+    return kind(
+        code,
+        message,
+        field_violations=tuple(fields),
+        quota_violations=tuple(quotas),
+        retry_after_s=retry_after_s,
+        error_info=info,
+    )
+
+
+def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
+    try:
+        status: status_pb2.Status | None = rpc_status.from_call(exc)
+    except ValueError:  # details that contradict the status: trust the status alone
+        return None
+    return status
+
+
+Detail = TypeVar(
+    "Detail",
+    error_details_pb2.BadRequest,
+    error_details_pb2.QuotaFailure,
+    error_details_pb2.RetryInfo,
+    error_details_pb2.ErrorInfo,
+)
+
+
+def _unpack(detail: any_pb2.Any, kind: type[Detail]) -> Detail | None:
+    if not detail.Is(kind.DESCRIPTOR):
+        return None
+    message = kind()
+    detail.Unpack(message)
+    return message

@@ -1,0 +1,190 @@
+"""The `fairgate.v1.Admin` servicer: thin handlers over a QuotaStore that translate and delegate.
+
+Every handler first checks that the caller is the admin (the auth interceptor already refuses
+tenant keys; the check keeps the service safe if it is ever served without it). ListTenants
+pages by key: the page token is the last tenant id of the previous page (base64url), so a page
+never repeats or skips a tenant that existed throughout the listing, whatever is created or
+deleted between pages. Quota updates read the tenant's quota, apply the set fields and write
+the result; concurrent updates of one tenant's quota are last-writer-wins.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from fairgate.v1 import admin_pb2 as pb
+from fairgate.v1 import admin_pb2_grpc
+from gateway.admin_views import (
+    field,
+    key_to_proto,
+    quota_from_proto,
+    tenant_to_proto,
+    usage_to_proto,
+)
+from gateway.auth import ADMIN, CALLER
+from gateway.errors import FieldsInvalid, NotFound, PermissionDenied, grpc_edge
+from gateway.jobs.errors import FieldViolation
+from tenants import ApiKey, QuotaStore, Tenant, TenantInvalid, TenantNotFound, TenantQuota
+from tenants.models import check_display_name, check_tenant_id
+
+Context = grpc.aio.ServicerContext[Any, Any]
+TenantDeleted = Callable[[str], Awaitable[None]]
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+
+
+async def _nothing(tenant_id: str) -> None:
+    return None
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(
+        self,
+        store: QuotaStore,
+        default_quota: TenantQuota | None = None,
+        on_tenant_deleted: TenantDeleted = _nothing,
+    ) -> None:
+        """`on_tenant_deleted(tenant_id)` runs after a delete, e.g. to cancel the tenant's jobs."""
+        self.store = store
+        self.default_quota = default_quota or TenantQuota()
+        self.on_tenant_deleted = on_tenant_deleted
+
+    @grpc_edge
+    async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.Tenant:
+        _require_admin()
+        with field("tenant_id"):
+            check_tenant_id(request.tenant_id)
+        with field("display_name"):
+            check_display_name(request.display_name)
+        quota = quota_from_proto(request.quota, self.default_quota)
+        tenant = await self.store.create_tenant(request.tenant_id, request.display_name, quota)
+        return tenant_to_proto(tenant, [])
+
+    @grpc_edge
+    async def GetTenant(self, request: pb.GetTenantRequest, context: Context) -> pb.Tenant:
+        _require_admin()
+        return await self._view(await self.store.get_tenant(request.tenant_id))
+
+    @grpc_edge
+    async def ListTenants(
+        self, request: pb.ListTenantsRequest, context: Context
+    ) -> pb.ListTenantsResponse:
+        _require_admin()
+        size = _page_size(request.page_size)
+        after = _decode_token(request.page_token)
+        rest = [t for t in await self.store.list_tenants() if t.tenant_id > after]
+        page = []
+        for tenant in rest[:size]:
+            try:
+                page.append(await self._view(tenant))
+            except TenantNotFound:  # deleted while we listed
+                continue
+        next_token = _encode_token(rest[size - 1].tenant_id) if len(rest) > size else ""
+        return pb.ListTenantsResponse(tenants=page, next_page_token=next_token)
+
+    @grpc_edge
+    async def UpdateTenant(self, request: pb.UpdateTenantRequest, context: Context) -> pb.Tenant:
+        _require_admin()
+        display_name = request.display_name if request.HasField("display_name") else None
+        if display_name is not None:
+            with field("display_name"):
+                check_display_name(display_name)
+        quota = None
+        if request.HasField("quota"):
+            current = await self.store.get_tenant(request.tenant_id)
+            quota = quota_from_proto(request.quota, current.quota)
+        tenant = await self.store.update_tenant(
+            request.tenant_id, display_name=display_name, quota=quota
+        )
+        return await self._view(tenant)
+
+    @grpc_edge
+    async def DeleteTenant(
+        self, request: pb.DeleteTenantRequest, context: Context
+    ) -> pb.DeleteTenantResponse:
+        _require_admin()
+        await self.store.delete_tenant(request.tenant_id)
+        await self.on_tenant_deleted(request.tenant_id)
+        return pb.DeleteTenantResponse()
+
+    @grpc_edge
+    async def IssueKey(self, request: pb.IssueKeyRequest, context: Context) -> pb.IssueKeyResponse:
+        _require_admin()
+        key_id, plaintext = await self.store.issue_key(request.tenant_id)
+        key = _find_key(await self.store.list_keys(request.tenant_id), key_id, request.tenant_id)
+        # The store keeps no labels yet: the label is echoed here and not listed later.
+        return pb.IssueKeyResponse(key=key_to_proto(key, request.label), plaintext=plaintext)
+
+    @grpc_edge
+    async def RevokeKey(
+        self, request: pb.RevokeKeyRequest, context: Context
+    ) -> pb.RevokeKeyResponse:
+        _require_admin()
+        _find_key(await self.store.list_keys(request.tenant_id), request.key_id, request.tenant_id)
+        if not await self.store.revoke_key(request.key_id):
+            raise NotFound(f"key {request.key_id!r} of tenant {request.tenant_id!r} not found")
+        return pb.RevokeKeyResponse()
+
+    @grpc_edge
+    async def SetWeight(self, request: pb.SetWeightRequest, context: Context) -> pb.Tenant:
+        _require_admin()
+        change = pb.TenantQuota(weight=request.weight)
+        return await self._set_quota(request.tenant_id, change, path="weight")
+
+    @grpc_edge
+    async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.Tenant:
+        _require_admin()
+        return await self._set_quota(request.tenant_id, request.quota, path="quota")
+
+    @grpc_edge
+    async def GetUsage(self, request: pb.GetUsageRequest, context: Context) -> pb.Usage:
+        _require_admin()
+        return usage_to_proto(request.tenant_id, await self.store.usage(request.tenant_id))
+
+    async def _set_quota(self, tenant_id: str, change: pb.TenantQuota, path: str) -> pb.Tenant:
+        current = await self.store.get_tenant(tenant_id)
+        quota = quota_from_proto(change, current.quota, path)
+        return await self._view(await self.store.update_tenant(tenant_id, quota=quota))
+
+    async def _view(self, tenant: Tenant) -> pb.Tenant:
+        return tenant_to_proto(tenant, await self.store.list_keys(tenant.tenant_id))
+
+
+def _require_admin() -> None:
+    if CALLER.get(None) != ADMIN:
+        raise PermissionDenied("the Admin service needs the admin key")
+
+
+def _find_key(keys: list[ApiKey], key_id: str, tenant_id: str) -> ApiKey:
+    for key in keys:
+        if key.key_id == key_id:
+            return key
+    raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found")
+
+
+def _page_size(requested: int) -> int:
+    if requested < 0:
+        raise FieldsInvalid([FieldViolation("page_size", "must be at least 0")])
+    return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def _encode_token(last_tenant_id: str) -> str:
+    return base64.urlsafe_b64encode(last_tenant_id.encode()).decode()
+
+
+def _decode_token(token: str) -> str:
+    """The last tenant id of the previous page; '' (before every id) for the first page."""
+    if not token:
+        return ""
+    try:
+        raw = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
+        return check_tenant_id(raw.decode("utf-8"))
+    except (binascii.Error, UnicodeError, TenantInvalid):
+        raise FieldsInvalid(
+            [FieldViolation("page_token", "not a token from a previous page")]
+        ) from None

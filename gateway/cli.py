@@ -1,0 +1,84 @@
+"""The `fairgate` command: serve, demo, submit, admin and bench subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import runpy
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+
+from gateway.cli_client import register as register_client_commands
+from gateway.settings import load_settings
+
+BENCHES = {
+    "engine": "bench.engine",
+    "sched": "bench.sched",
+    "predictor": "bench.predictor",
+    "gateway": "bench.gateway",
+}
+
+
+def _add_server_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML settings file")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--store", help="'memory' or a redis:// URL")
+    parser.add_argument("--policy")
+    parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct) or a local HF folder")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--num-threads", type=int)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from gateway.server import serve
+
+    await serve(load_settings(args.config, **_overrides(args)))
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from gateway.demo import run_demo
+
+    return await run_demo(load_settings(args.config, **_overrides(args)), jobs_per_tenant=args.jobs)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    names = ("host", "port", "store", "policy", "model", "dtype", "num_threads")
+    return {name: getattr(args, name) for name in names}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairgate", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    _add_server_flags(serve)
+    serve.set_defaults(func=_serve)
+    demo = sub.add_parser("demo", help="a server and three tenants' agent jobs, with progress")
+    _add_server_flags(demo)
+    demo.add_argument("--jobs", type=int, default=3, help="jobs per tenant")
+    demo.set_defaults(func=_demo)
+    bench = sub.add_parser("bench", help="benchmarks (see docs/BENCHMARKS.md)")
+    bench.add_argument("which", choices=sorted(BENCHES))
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
+    register_client_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    if args.command == "bench":
+        sys.argv = [BENCHES[args.which], *args.rest]
+        runpy.run_module(BENCHES[args.which], run_name="__main__")
+        return 0
+    result: int = anyio.run(args.func, args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

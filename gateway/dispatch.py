@@ -1,0 +1,373 @@
+"""The dispatch loop: ready calls go to the engine in policy order, only when it has room.
+
+Jobs join the fair-share policy when submitted; a node whose parents are done is rendered,
+tokenized and handed to the policy as a ready call. The loop asks the policy for the next call
+and dispatches it only when the engine can admit it now (KV for prompt + reservation, a batch
+slot), so the engine's own waiting list stays short and the policy's order is the order that
+runs. Each dispatched call reserves its worst case (prompt + max_tokens) in the quota store,
+then a follower task streams its tokens into the job and, when it ends, settles (or releases)
+the reservation exactly once, tells the policy what it really cost, and releases dependents.
+
+Invariant: every dispatched call's reservation is settled or released exactly once, in a
+`finally` shielded from cancellation; a call refused by a rate limit waits and is retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from opentelemetry import trace
+
+from engine import AsyncEngine, FinishReason, RequestStream, SamplingParams, TokenDelta
+from gateway.job_run import JobRun, NodeState
+from gateway.jobs.template import render_node
+from gateway.prompts import encode_prompt, prompt_text
+from predictor.base import CallFeatures, LengthPredictor
+from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
+from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A ready call and everything needed to run it."""
+
+    call: ReadyCall
+    run: JobRun
+    prompt_ids: list[int]
+    params: SamplingParams
+    reserved_tokens: int
+    model_name: str
+    features: CallFeatures
+    reserve_output: int  # KV the engine sets aside for the output: a high quantile
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchConfig:
+    model_name: str
+    default_temperature: float = 0.7
+    default_top_p: float = 0.9
+    reservation_ttl_s: float = 600.0
+    knee_calls: int | None = None
+    max_model_len: int = 2048
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        policy: Policy,
+        store: QuotaStore,
+        tokenizer: Any,
+        predictor: LengthPredictor,
+        config: DispatchConfig,
+        clock: Callable[[], float] = time.time,
+        on_job_end: Callable[[JobRun], None] = lambda run: None,
+    ) -> None:
+        self.engine = engine
+        self.policy = policy
+        self.store = store
+        self.tokenizer = tokenizer
+        self.predictor = predictor
+        self.config = config
+        self.clock = clock
+        self.on_job_end = on_job_end
+        self.tickets: dict[str, Ticket] = {}
+        self.running: dict[str, RequestStream] = {}
+        self._quotas: dict[str, TenantQuota] = {}
+        self._wake = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._tracer = trace.get_tracer("fairgate")
+        self._job_spans: dict[str, trace.Span] = {}
+        self._followed: dict[str, Ticket] = {}
+
+    async def __aenter__(self) -> Dispatcher:
+        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+        self._tg.start_soon(self._loop)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._tg is not None:
+            self._tg.cancel_scope.cancel()
+            await self._stack.aclose()
+            self._tg = None
+
+    def submit(self, run: JobRun, quota: TenantQuota) -> None:
+        """Add an admitted job: it joins the policy and its roots become ready."""
+        now = self.clock()
+        self._quotas[run.tenant_id] = quota
+        self._job_spans[run.job_id] = self._tracer.start_span(
+            f"invoke_workflow {run.spec.name or run.job_id}",
+            attributes={
+                "gen_ai.operation.name": "invoke_workflow",
+                "gen_ai.provider.name": "fairgate",
+                "fairgate.job.id": run.job_id,
+                "fairgate.tenant.id": run.tenant_id,
+                "fairgate.job.nodes": len(run.nodes),
+            },
+        )
+        info, encoded = self._job_info(run, quota, now)
+        self.policy.add_job(info, now)
+        for node_id in run.start(now):
+            self._make_ready(run, node_id, now, encoded.get(node_id))
+        self._wake.set()
+
+    def running_jobs(self) -> list[JobRun]:
+        """Jobs with a call in the engine or waiting for it."""
+        runs = {id(t.run): t.run for t in self.tickets.values()}
+        runs.update({id(t.run): t.run for t in self._followed.values()})
+        return [r for r in runs.values() if not r.ended]
+
+    def cancel(self, run: JobRun, reason: str = "cancelled") -> None:
+        """Cancel a job: running calls are aborted (their followers release their quota)."""
+        now = self.clock()
+        for node_id in run.cancel(now, reason):
+            self.engine.abort(f"{run.job_id}/{node_id}")
+        self._forget(run, now)
+
+    def _job_info(
+        self, run: JobRun, quota: TenantQuota, now: float
+    ) -> tuple[JobInfo, dict[str, list[int]]]:
+        """Predicted per-node costs: an unrun node's prompt is its template with the inputs
+        filled and its ancestors' outputs empty, plus its parents' predicted outputs.
+        Also returns the roots' encoded prompts, which are already final."""
+        nodes = []
+        predicted: dict[str, float] = {}
+        encoded: dict[str, list[int]] = {}
+        for node_id in run.dag.order:
+            spec = run.nodes[node_id].spec
+            max_tokens = self._max_tokens(spec.sampling.max_tokens, quota)
+            blank = render_node(
+                spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
+            )
+            parents = run.dag.parents[node_id]
+            ids = encode_prompt(self.tokenizer, blank)
+            if not parents:
+                encoded[node_id] = ids
+            prompt = len(ids) + int(sum(predicted[p] for p in parents))
+            features = CallFeatures(
+                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank)
+            )
+            predicted[node_id] = self.predictor.predict(features).mean
+            nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
+        return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes)), encoded
+
+    def _max_tokens(self, asked: int | None, quota: TenantQuota) -> int:
+        return min(asked or quota.default_max_tokens, quota.max_tokens_ceiling)
+
+    def _make_ready(
+        self, run: JobRun, node_id: str, now: float, prompt_ids: list[int] | None = None
+    ) -> None:
+        spec = run.nodes[node_id].spec
+        quota = self._quotas[run.tenant_id]
+        prompt = run.prompt(node_id)
+        if prompt_ids is None:
+            prompt_ids = encode_prompt(self.tokenizer, prompt)
+        max_tokens = self._max_tokens(spec.sampling.max_tokens, quota)
+        max_tokens = min(max_tokens, self.config.max_model_len - len(prompt_ids))
+        too_long = quota.max_prompt_tokens and len(prompt_ids) > quota.max_prompt_tokens
+        if too_long or max_tokens < 1:
+            limit = quota.max_prompt_tokens or self.config.max_model_len
+            reason = f"prompt of {len(prompt_ids)} tokens exceeds the limit of {limit}"
+            self._finish_node(run, node_id, NodeState.FAILED, reason)
+            return
+        sampling = spec.sampling
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=(
+                sampling.temperature
+                if sampling.temperature is not None
+                else self.config.default_temperature
+            ),
+            top_p=sampling.top_p if sampling.top_p is not None else self.config.default_top_p,
+            top_k=sampling.top_k or 0,
+            seed=sampling.seed,
+            stop=sampling.stop,
+        )
+        features = CallFeatures(
+            run.tenant_id, spec.name, len(prompt_ids), max_tokens, prompt_text(prompt)
+        )
+        predicted = self.predictor.predict(features)
+        call = ReadyCall(
+            f"{run.job_id}/{node_id}",
+            run.job_id,
+            run.tenant_id,
+            node_id,
+            len(prompt_ids),
+            predicted.mean,
+            max_tokens,
+        )
+        self.tickets[call.call_id] = Ticket(
+            call,
+            run,
+            prompt_ids,
+            params,
+            reserved_tokens=len(prompt_ids) + max_tokens,
+            model_name=self.config.model_name,
+            features=features,
+            reserve_output=math.ceil(min(predicted.p90, max_tokens)),
+        )
+        self.policy.add_ready(call, now)
+
+    async def _loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            await self._dispatch_ready()
+
+    def _load(self) -> EngineLoad:
+        cap = self.engine.capacity
+        return EngineLoad(cap.num_running + cap.num_waiting, 0, self.config.knee_calls)
+
+    async def _dispatch_ready(self) -> None:
+        while (call := self.policy.peek(self.clock(), self._load())) is not None:
+            ticket = self.tickets[call.call_id]
+            if not self.engine.has_room(call.prompt_tokens + ticket.reserve_output):
+                return  # woken again when a running call ends
+            self.policy.mark_dispatched(call.call_id, self.clock())
+            del self.tickets[call.call_id]
+            if await self._reserve(ticket):
+                self._start(ticket)
+
+    async def _reserve(self, ticket: Ticket) -> bool:
+        call = ticket.call
+        try:
+            await self.store.reserve(
+                call.tenant_id, call.call_id, ticket.reserved_tokens, self.config.reservation_ttl_s
+            )
+        except QuotaExceeded as exc:
+            if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
+                self._finish_node(ticket.run, call.node_id, NodeState.FAILED, str(exc))
+            else:
+                assert self._tg is not None
+                self._tg.start_soon(self._retry_later, ticket, exc.retry_after_s)
+            return False
+        except QuotaUnavailable as exc:
+            reason = f"quota store unavailable: {exc}"
+            self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+            return False
+        return True
+
+    async def _retry_later(self, ticket: Ticket, delay: float) -> None:
+        await anyio.sleep(max(delay, 0.01))
+        if ticket.run.ended:
+            return
+        self.tickets[ticket.call.call_id] = ticket
+        self.policy.add_ready(ticket.call, self.clock())
+        self._wake.set()
+
+    def _start(self, ticket: Ticket) -> None:
+        call = ticket.call
+        stream = self.engine.add_request(
+            ticket.prompt_ids,
+            ticket.params,
+            request_id=call.call_id,
+            priority=self.policy.priority(call.call_id),
+            predicted_output_len=ticket.reserve_output,
+        )
+        self.running[call.call_id] = stream
+        self._followed[call.call_id] = ticket
+        ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
+        assert self._tg is not None
+        self._tg.start_soon(self._follow, ticket, stream)
+
+    async def _follow(self, ticket: Ticket, stream: RequestStream) -> None:
+        call, run = ticket.call, ticket.run
+        last: TokenDelta | None = None
+        produced = 0
+        parent = trace.set_span_in_context(self._job_spans.get(run.job_id, trace.INVALID_SPAN))
+        name = f"chat {self.config.model_name}"
+        with self._tracer.start_as_current_span(name, context=parent) as span:
+            try:
+                async for delta in stream:
+                    produced += len(delta.token_ids)
+                    run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), self.clock())
+                    if not run.ended:  # an ended job has left the policy
+                        self.policy.on_progress(call.call_id, produced, self.clock())
+                    last = delta
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._close_call(ticket, last, produced)
+                    _annotate(span, ticket, last, produced)
+
+    async def _close_call(self, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
+        call, run = ticket.call, ticket.run
+        self.running.pop(call.call_id, None)
+        self._followed.pop(call.call_id, None)
+        finished = last is not None and last.finished
+        try:
+            if finished:
+                await self.store.settle(call.tenant_id, call.call_id, call.prompt_tokens, produced)
+            else:
+                await self.store.release(call.tenant_id, call.call_id)
+        except QuotaUnavailable:
+            pass  # the reservation expires on its own: nothing leaks
+        now = self.clock()
+        if not run.ended:
+            self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
+        if last is not None and last.finished:
+            self.predictor.observe(ticket.features, produced)
+            run.nodes[call.node_id].hit_length = last.finish_reason is FinishReason.LENGTH
+            self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
+        elif not run.ended:
+            self._finish_node(run, call.node_id, NodeState.FAILED, "call aborted by the engine")
+        self._wake.set()
+
+    def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
+        now = self.clock()
+        for ready in run.finish_node(node_id, state, now, reason):
+            self._make_ready(run, ready, now)
+        if run.ended:
+            self._forget(run, now)
+        self._wake.set()
+
+    def _forget(self, run: JobRun, now: float) -> None:
+        self.policy.remove_job(run.job_id, now)
+        for call_id in [c for c, t in self.tickets.items() if t.run is run]:
+            del self.tickets[call_id]
+        span = self._job_spans.pop(run.job_id, None)
+        if span is not None:
+            span.set_attribute("fairgate.job.state", run.state.value)
+            span.end()
+        self.on_job_end(run)
+        assert self._tg is not None
+        self._tg.start_soon(self._end_job, run)
+        self._wake.set()
+
+    async def _end_job(self, run: JobRun) -> None:
+        with anyio.CancelScope(shield=True), contextlib.suppress(QuotaUnavailable):
+            await self.store.finish_job(run.tenant_id, run.job_id)
+
+
+def _annotate(span: trace.Span, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
+    params = ticket.params
+    span.set_attributes(
+        {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": "fairgate",
+            "gen_ai.request.model": ticket.model_name,
+            "gen_ai.request.max_tokens": params.max_tokens,
+            "gen_ai.request.temperature": params.temperature,
+            "gen_ai.request.top_p": params.top_p,
+            "gen_ai.response.id": ticket.call.call_id,
+            "gen_ai.usage.input_tokens": ticket.call.prompt_tokens,
+            "gen_ai.usage.output_tokens": produced,
+            "gen_ai.response.finish_reasons": [
+                (last.finish_reason or FinishReason.ABORT).value if last else "abort"
+            ],
+            "fairgate.tenant.id": ticket.call.tenant_id,
+            "fairgate.job.id": ticket.call.job_id,
+            "fairgate.node.id": ticket.call.node_id,
+            "fairgate.predicted_output_tokens": ticket.call.predicted_output,
+        }
+    )

@@ -1,0 +1,178 @@
+"""The one place where domain errors become gRPC statuses with rich error details.
+
+Handlers raise the packages' own errors; `translate` turns each into a status code, a message
+and google.rpc details (BadRequest, QuotaFailure, RetryInfo, ErrorInfo), and aborts the RPC.
+Anything unexpected is INTERNAL with no internals leaked.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn, TypeVar, cast
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from engine.errors import EngineClosed, InvalidRequest
+from gateway.jobs.errors import FieldViolation, JobInvalid
+from tenants.errors import (
+    AuthFailed,
+    CallClosed,
+    QuotaExceeded,
+    QuotaInvalid,
+    QuotaUnavailable,
+    RequestInvalid,
+    TenantExists,
+    TenantInvalid,
+    TenantNotFound,
+)
+
+log = logging.getLogger(__name__)
+DOMAIN = "fairgate.dev"
+
+
+class FieldsInvalid(ValueError):
+    """Request fields (outside a job spec) with values the server cannot accept."""
+
+    def __init__(self, violations: list[FieldViolation]) -> None:
+        self.violations = violations
+        summary = "; ".join(f"{v.field}: {v.description}" for v in violations)
+        super().__init__(f"invalid request: {summary}")
+
+
+class NotFound(Exception):
+    """The named object does not exist for this caller (other tenants' jobs included)."""
+
+
+class PermissionDenied(Exception):
+    """The caller is known but may not do this."""
+
+
+class Unauthenticated(Exception):
+    """No valid credentials were presented."""
+
+
+class Overloaded(Exception):
+    """The gateway cannot take more work now."""
+
+
+_DOMAIN_ERRORS = (
+    JobInvalid,
+    FieldsInvalid,
+    QuotaExceeded,
+    InvalidRequest,
+    QuotaInvalid,
+    RequestInvalid,
+    TenantInvalid,
+    NotFound,
+    TenantNotFound,
+    TenantExists,
+    CallClosed,
+    AuthFailed,
+    Unauthenticated,
+    PermissionDenied,
+    QuotaUnavailable,
+    Overloaded,
+    EngineClosed,
+)
+
+
+def _pack(*messages: object) -> list[any_pb2.Any]:
+    packed = []
+    for message in messages:
+        detail = any_pb2.Any()
+        detail.Pack(message)  # type: ignore[arg-type]
+        packed.append(detail)
+    return packed
+
+
+def to_status(exc: BaseException) -> status_pb2.Status:
+    """The google.rpc.Status for a domain error."""
+    if isinstance(exc, JobInvalid | FieldsInvalid):
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in exc.violations
+            ]
+        )
+        return _status(code_pb2.INVALID_ARGUMENT, str(exc), bad)
+    if isinstance(exc, QuotaExceeded):
+        return _quota_status(exc)
+    simple: list[tuple[type[BaseException] | tuple[type[BaseException], ...], int]] = [
+        ((InvalidRequest, QuotaInvalid, RequestInvalid, TenantInvalid), code_pb2.INVALID_ARGUMENT),
+        ((NotFound, TenantNotFound), code_pb2.NOT_FOUND),
+        ((TenantExists, CallClosed), code_pb2.ALREADY_EXISTS),
+        ((AuthFailed, Unauthenticated), code_pb2.UNAUTHENTICATED),
+        (PermissionDenied, code_pb2.PERMISSION_DENIED),
+        ((QuotaUnavailable, Overloaded, EngineClosed), code_pb2.UNAVAILABLE),
+    ]
+    for kinds, code in simple:
+        if isinstance(exc, kinds):
+            return _status(code, str(exc) or type(exc).__name__)
+    log.exception("unexpected error", exc_info=exc)
+    return _status(code_pb2.INTERNAL, "internal error")
+
+
+def _quota_status(exc: QuotaExceeded) -> status_pb2.Status:
+    failure = error_details_pb2.QuotaFailure(
+        violations=[
+            error_details_pb2.QuotaFailure.Violation(
+                subject=exc.subject, description=exc.description
+            )
+        ]
+    )
+    info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
+    details: list[object] = [failure, info]
+    if exc.retry_after_s is not None:
+        seconds = max(exc.retry_after_s, 0.0)
+        nanos = int((seconds - math.floor(seconds)) * 1e9)
+        delay = duration_pb2.Duration(seconds=math.floor(seconds), nanos=nanos)
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    return _status(code_pb2.RESOURCE_EXHAUSTED, exc.description, *details)
+
+
+def _status(code: int, message: str, *details: object) -> status_pb2.Status:
+    return status_pb2.Status(code=code, message=message, details=_pack(*details))
+
+
+async def abort_with(
+    context: grpc.aio.ServicerContext[object, object], exc: BaseException
+) -> NoReturn:
+    """Abort the RPC with the status for `exc`."""
+    await context.abort_with_status(rpc_status.to_status(to_status(exc)))
+    raise AssertionError("abort_with_status returned")  # pragma: no cover
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def grpc_edge(method: Method) -> Method:
+    """Translate domain errors raised by a servicer method (unary or server-streaming)."""
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def streaming(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            try:
+                async for response in method(self, request, context):
+                    yield response
+            except _DOMAIN_ERRORS as exc:
+                await abort_with(context, exc)
+
+        return cast(Method, streaming)
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except _DOMAIN_ERRORS as exc:
+            await abort_with(context, exc)
+
+    return cast(Method, unary)

@@ -1,0 +1,37 @@
+"""Jobs: the DAG-of-calls model, its conversion from protos, graph analysis, templates and
+validation. Pure code: no I/O, no clock."""
+
+from gateway.jobs.convert import job_spec_from_proto, job_spec_to_proto
+from gateway.jobs.dag import Dag
+from gateway.jobs.errors import (
+    DagCyclic,
+    DagUnknownNode,
+    FieldViolation,
+    JobInvalid,
+    TemplateUnresolved,
+)
+from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
+from gateway.jobs.template import Reference, RefKind, references, render, render_node
+from gateway.jobs.validation import JobLimits, validate_job
+
+__all__ = [
+    "ChatMessage",
+    "Dag",
+    "DagCyclic",
+    "DagUnknownNode",
+    "FieldViolation",
+    "JobInvalid",
+    "JobLimits",
+    "JobSpec",
+    "NodeSpec",
+    "RefKind",
+    "Reference",
+    "SamplingSpec",
+    "TemplateUnresolved",
+    "job_spec_from_proto",
+    "job_spec_to_proto",
+    "references",
+    "render",
+    "render_node",
+    "validate_job",
+]

@@ -1,0 +1,272 @@
+"""Job validation: every rule a job must keep before it is admitted, all violations at once.
+
+Algorithm: independent checks walk the spec — job fields and inputs, then each node (id,
+dependencies, prompt and template references, sampling), then the graph (cycles, depth,
+fan-out) — and each yields FieldViolations whose `field` is a path relative to JobSpec, e.g.
+`nodes[3].depends_on[0]`. `validate_job` raises JobInvalid with the whole list, or returns.
+Reference rule: a template may use the output of any node it reaches through depends_on (a
+parent or a parent's ancestor); those are exactly the nodes that have finished when it renders.
+Invariant: a job that passes has at least one node, unique well-formed ids, only known
+dependencies and references, no cycle, every limit of JobLimits kept, and every node exactly one
+prompt (a non-blank template or at least one chat message) — so `Dag.of_job` cannot fail on it,
+nor can `template.render_node` once the node's ancestors have outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from gateway.jobs.dag import Dag, ancestors, find_cycles
+from gateway.jobs.errors import FieldViolation, JobInvalid
+from gateway.jobs.model import CHAT_ROLES, JobSpec, NodeSpec, SamplingSpec
+from gateway.jobs.template import IDENTIFIER, RefKind, malformed_placeholders, references
+
+RESERVED_IDS = frozenset({"inputs"})
+_IDENTIFIER = re.compile(IDENTIFIER)
+_CYCLE_SHOWN = 8  # ids of a cycle spelt out in its violation before eliding the rest
+
+
+@dataclass(frozen=True, slots=True)
+class JobLimits:
+    """Caps on a job's shape and settings; build one per tenant from its quota."""
+
+    max_nodes: int = 256
+    max_depth: int = 32  # nodes on the longest dependency chain
+    max_fan_out: int = 128  # nodes depending on one node
+    max_template_chars: int = 32_768  # per template (prompt or one chat message)
+    max_messages_per_node: int = 64
+    max_inputs: int = 128
+    max_input_chars: int = 131_072  # per input value
+    max_id_chars: int = 64  # node ids and input names
+    max_name_chars: int = 128  # job name, node name, idempotency key
+    max_tokens_ceiling: int = 4096
+    max_temperature: float = 2.0
+    max_stop_sequences: int = 8
+    max_stop_chars: int = 128
+    min_priority: int = -1000
+    max_priority: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """The spec with the lookups every check needs; a repeated id maps to its first node."""
+
+    spec: JobSpec
+    limits: JobLimits
+    first_index: Mapping[str, int]  # node id -> index of the first node with it
+    edges: Mapping[str, Sequence[str]]  # node id -> depends_on of that first node
+
+    @classmethod
+    def of(cls, spec: JobSpec, limits: JobLimits) -> _Job:
+        first_index: dict[str, int] = {}
+        for i, node in enumerate(spec.nodes):
+            first_index.setdefault(node.id, i)
+        edges = {node_id: spec.nodes[i].depends_on for node_id, i in first_index.items()}
+        return cls(spec, limits, first_index, edges)
+
+
+def validate_job(spec: JobSpec, limits: JobLimits | None = None) -> None:
+    """Raise JobInvalid listing every violation of the spec; return if there is none."""
+    job = _Job.of(spec, limits or JobLimits())
+    violations = [
+        *_check_job_fields(spec, job.limits),
+        *(v for i, node in enumerate(spec.nodes) for v in _check_node(i, node, job)),
+        *_check_graph(job),
+    ]
+    if violations:
+        raise JobInvalid(violations)
+
+
+def _check_job_fields(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    if not spec.nodes:
+        yield FieldViolation("nodes", "a job needs at least one node")
+    if len(spec.nodes) > limits.max_nodes:
+        yield FieldViolation("nodes", f"{len(spec.nodes)} nodes; at most {limits.max_nodes}")
+    yield from _check_length("name", spec.name, limits.max_name_chars)
+    yield from _check_length("idempotency_key", spec.idempotency_key, limits.max_name_chars)
+    if not limits.min_priority <= spec.priority <= limits.max_priority:
+        yield FieldViolation(
+            "priority", f"must be between {limits.min_priority} and {limits.max_priority}"
+        )
+    yield from _check_inputs(spec.inputs, limits)
+
+
+def _check_inputs(inputs: Mapping[str, str], limits: JobLimits) -> Iterator[FieldViolation]:
+    if len(inputs) > limits.max_inputs:
+        yield FieldViolation("inputs", f"{len(inputs)} inputs; at most {limits.max_inputs}")
+    for name, value in inputs.items():
+        field = f"inputs[{json.dumps(name)}]"
+        if not _is_identifier(name, limits):
+            yield FieldViolation(field, _identifier_rule("an input name", limits))
+        yield from _check_length(field, value, limits.max_input_chars)
+
+
+def _check_node(index: int, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:
+    at = f"nodes[{index}]"
+    yield from _check_id(at, index, node.id, job)
+    yield from _check_length(f"{at}.name", node.name, job.limits.max_name_chars)
+    yield from _check_depends_on(at, node, job.edges)
+    yield from _check_prompt(at, node, job.limits)
+    yield from _check_references(at, node, job)
+    yield from _check_sampling(f"{at}.sampling", node.sampling, job.limits)
+
+
+def _check_id(at: str, index: int, node_id: str, job: _Job) -> Iterator[FieldViolation]:
+    if not _is_identifier(node_id, job.limits):
+        yield FieldViolation(f"{at}.id", _identifier_rule("a node id", job.limits))
+    elif node_id in RESERVED_IDS:
+        yield FieldViolation(f"{at}.id", f"{node_id!r} is reserved")
+    first = job.first_index[node_id]
+    if first != index:
+        yield FieldViolation(f"{at}.id", f"duplicate id {node_id!r} (also nodes[{first}])")
+
+
+def _check_depends_on(
+    at: str, node: NodeSpec, edges: Mapping[str, Sequence[str]]
+) -> Iterator[FieldViolation]:
+    for k, parent in enumerate(node.depends_on):
+        field = f"{at}.depends_on[{k}]"
+        if parent not in edges:
+            yield FieldViolation(field, f"unknown node {parent!r}")
+        elif parent in node.depends_on[:k]:
+            yield FieldViolation(field, f"{parent!r} is listed twice")
+
+
+def _check_prompt(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    if node.prompt_template is not None and node.messages is not None:
+        yield FieldViolation(at, "set prompt_template or chat, not both")
+    elif node.prompt_template is None and node.messages is None:
+        yield FieldViolation(f"{at}.prompt_template", "a node needs prompt_template or chat")
+    elif node.prompt_template is not None and not node.prompt_template.strip():
+        yield FieldViolation(f"{at}.prompt_template", "must not be blank")
+    if node.messages is not None:
+        yield from _check_messages(f"{at}.chat.messages", node, limits)
+    for field, template in node.templates():
+        yield from _check_length(f"{at}.{field}", template, limits.max_template_chars)
+
+
+def _check_messages(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    messages = node.messages or ()
+    if not messages:
+        yield FieldViolation(at, "chat needs at least one message")
+    if len(messages) > limits.max_messages_per_node:
+        yield FieldViolation(
+            at, f"{len(messages)} messages; at most {limits.max_messages_per_node}"
+        )
+    for k, message in enumerate(messages):
+        if message.role not in CHAT_ROLES:
+            yield FieldViolation(
+                f"{at}[{k}].role", f"{message.role!r} is not one of {', '.join(CHAT_ROLES)}"
+            )
+
+
+def _check_references(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:
+    reachable = ancestors(job.edges, node.id)
+    for field, template in node.templates():
+        for placeholder in dict.fromkeys(malformed_placeholders(template)):
+            yield FieldViolation(
+                f"{at}.{field}",
+                f"{placeholder} is not a reference: use {{{{inputs.NAME}}}} or "
+                "{{NODE_ID.output}}",
+            )
+        for ref in dict.fromkeys(references(template)):
+            problem = _reference_problem(ref.kind, ref.name, node.id, job, reachable)
+            if problem:
+                yield FieldViolation(f"{at}.{field}", f"{ref.placeholder}: {problem}")
+
+
+def _reference_problem(
+    kind: RefKind, name: str, node_id: str, job: _Job, reachable: set[str]
+) -> str | None:
+    if kind is RefKind.INPUT:
+        return None if name in job.spec.inputs else f"unknown input {name!r}"
+    if name == node_id:
+        return "a node cannot use its own output"
+    if name not in job.edges:
+        return f"unknown node {name!r}"
+    if name not in reachable:
+        return f"{name!r} is not among this node's dependencies; add it to depends_on"
+    return None
+
+
+def _check_sampling(at: str, sampling: SamplingSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    if sampling.max_tokens is not None and sampling.max_tokens < 1:
+        yield FieldViolation(f"{at}.max_tokens", "must be at least 1")
+    elif sampling.max_tokens is not None and sampling.max_tokens > limits.max_tokens_ceiling:
+        yield FieldViolation(
+            f"{at}.max_tokens",
+            f"{sampling.max_tokens} exceeds the ceiling of {limits.max_tokens_ceiling}",
+        )
+    temperature = sampling.temperature
+    if temperature is not None and not 0.0 <= temperature <= limits.max_temperature:
+        yield FieldViolation(f"{at}.temperature", f"must be between 0 and {limits.max_temperature}")
+    if sampling.top_p is not None and not 0.0 < sampling.top_p <= 1.0:
+        yield FieldViolation(f"{at}.top_p", "must be greater than 0 and at most 1")
+    if sampling.top_k is not None and sampling.top_k < 0:
+        yield FieldViolation(f"{at}.top_k", "must be at least 0 (0 turns top-k off)")
+    if sampling.seed is not None and not 0 <= sampling.seed < 2**64:
+        yield FieldViolation(f"{at}.seed", "must be an unsigned 64-bit integer")
+    yield from _check_stop(f"{at}.stop", sampling.stop, limits)
+
+
+def _check_stop(at: str, stop: Sequence[str], limits: JobLimits) -> Iterator[FieldViolation]:
+    if len(stop) > limits.max_stop_sequences:
+        yield FieldViolation(at, f"{len(stop)} stop strings; at most {limits.max_stop_sequences}")
+    for k, text in enumerate(stop):
+        if not text:
+            yield FieldViolation(f"{at}[{k}]", "must not be empty")
+        yield from _check_length(f"{at}[{k}]", text, limits.max_stop_chars)
+
+
+def _check_graph(job: _Job) -> Iterator[FieldViolation]:
+    known = {node: [p for p in deps if p in job.edges] for node, deps in job.edges.items()}
+    cycles = find_cycles(known)
+    for cycle in cycles:
+        index = job.first_index[cycle[-1]]
+        closing = job.spec.nodes[index].depends_on.index(cycle[0])
+        yield FieldViolation(f"nodes[{index}].depends_on[{closing}]", _describe_cycle(cycle))
+    if cycles or not known:
+        return
+    dag = Dag.build(known)
+    depths = dag.depths()
+    deepest = max(depths, key=depths.__getitem__)
+    if depths[deepest] > job.limits.max_depth:
+        yield FieldViolation(
+            "nodes",
+            f"the longest dependency chain has {depths[deepest]} nodes (ending at "
+            f"{deepest!r}); at most {job.limits.max_depth}",
+        )
+    for node_id, kids in dag.children.items():
+        if len(kids) > job.limits.max_fan_out:
+            yield FieldViolation(
+                f"nodes[{job.first_index[node_id]}]",
+                f"{len(kids)} nodes depend on {node_id!r}; at most {job.limits.max_fan_out}",
+            )
+
+
+def _describe_cycle(cycle: list[str]) -> str:
+    if len(cycle) == 1:
+        return f"{cycle[0]!r} depends on itself"
+    shown = [repr(node) for node in cycle[:_CYCLE_SHOWN]]
+    if len(cycle) > _CYCLE_SHOWN:
+        shown.append(f"... ({len(cycle) - _CYCLE_SHOWN} more)")
+    return "dependency cycle: " + " -> ".join([*shown, repr(cycle[0])])
+
+
+def _is_identifier(text: str, limits: JobLimits) -> bool:
+    return len(text) <= limits.max_id_chars and _IDENTIFIER.fullmatch(text) is not None
+
+
+def _identifier_rule(what: str, limits: JobLimits) -> str:
+    return (
+        f"{what} is 1 to {limits.max_id_chars} letters, digits, '_' or '-', "
+        "starting with a letter or '_'"
+    )
+
+
+def _check_length(field: str, text: str, limit: int) -> Iterator[FieldViolation]:
+    if len(text) > limit:
+        yield FieldViolation(field, f"{len(text)} characters; at most {limit}")

@@ -1,0 +1,61 @@
+"""Tracing and metrics set-up: OpenTelemetry with GenAI semantic-convention attributes.
+
+Spans: the gRPC server span (instrumentation interceptor) -> `invoke_workflow <job>` per job ->
+`chat <model>` per call. OTLP export is on when the standard `OTEL_EXPORTER_OTLP_ENDPOINT`
+(or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other `OTEL_*`
+variables itself. Prometheus metrics live in one registry served on demand.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+TRACER_NAME = "fairgate"
+PROVIDER_NAME = "fairgate"  # gen_ai.provider.name
+
+
+def setup_tracing(exporter: SpanExporter | None = None) -> TracerProvider:
+    """A tracer provider exporting to `exporter`, or over OTLP when the env asks for it."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "fairgate"}))
+    if exporter is None and (
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    ):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    return provider
+
+
+class Metrics:
+    """The gateway's Prometheus metrics, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.jobs = Counter(
+            "fairgate_jobs", "Jobs by final state", ["tenant", "state"], registry=self.registry
+        )
+        self.calls = Counter(
+            "fairgate_calls", "Calls by final state", ["tenant", "state"], registry=self.registry
+        )
+        self.tokens = Counter(
+            "fairgate_output_tokens", "Generated tokens", ["tenant"], registry=self.registry
+        )
+        self.queue_wait = Histogram(
+            "fairgate_call_queue_seconds", "Ready to dispatched", registry=self.registry
+        )
+        self.ready = Gauge(
+            "fairgate_ready_calls", "Calls ready and waiting for the engine", registry=self.registry
+        )
+
+
+def tracer(provider: TracerProvider | None = None) -> trace.Tracer:
+    return (provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)

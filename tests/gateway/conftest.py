@@ -1,0 +1,98 @@
+"""A real gateway on port 0 over the simulated engine, a small real tokenizer and a real store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from engine import EngineConfig, LLMEngine, SimulatedRunner, StepTimeModel
+from fairgate.v1 import gateway_pb2_grpc
+from gateway.server import RunningGateway, running_gateway
+from gateway.settings import Settings
+from gateway.telemetry import setup_tracing
+from tenants import MemoryQuotaStore, TenantQuota
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = ["the quick brown fox jumps over the lazy dog", "summarise these notes in one line"] * 20
+ADMIN_KEY = "fg_admin_test"
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A real byte-level BPE tokenizer (trained on a tiny corpus) with a chat template."""
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def sim_core(step_s: float = 0.0, num_blocks: int = 4096) -> LLMEngine:
+    tokenizer = byte_tokenizer()
+    runner = SimulatedRunner(
+        StepTimeModel(step_s, 0.0),
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        realtime=step_s > 0,
+    )
+    config = EngineConfig(num_blocks=num_blocks, block_size=16, max_model_len=4096)
+    return LLMEngine(
+        config, runner=runner, tokenizer=tokenizer, clock=time.monotonic, num_blocks=num_blocks
+    )
+
+
+@dataclass
+class Harness:
+    gateway: RunningGateway
+    channel: grpc.aio.Channel
+    stub: gateway_pb2_grpc.GatewayStub
+    keys: dict[str, str]
+
+    def auth(self, tenant: str) -> tuple[tuple[str, str]]:
+        return (("authorization", f"Bearer {self.keys[tenant]}"),)
+
+
+@pytest.fixture
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    marker = request.node.get_closest_marker("engine_step_s")
+    step_s = marker.args[0] if marker else 0.0
+    settings = Settings(port=0, admin_key=ADMIN_KEY, policy="justitia", max_model_len=4096)
+    store = MemoryQuotaStore()
+    quotas = {
+        "alpha": TenantQuota(weight=2.0, max_tokens_ceiling=2048),
+        "beta": TenantQuota(max_queued_jobs=1, max_tokens_ceiling=2048),
+    }
+    keys = {}
+    for tenant, quota in quotas.items():
+        await store.create_tenant(tenant, tenant.title(), quota)
+        keys[tenant] = (await store.issue_key(tenant))[1]
+    async with (
+        running_gateway(settings, core=sim_core(step_s), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        yield Harness(gateway, channel, gateway_pb2_grpc.GatewayStub(channel), keys)
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    """Every span the process records (the global tracer provider can be set only once)."""
+    exporter = InMemorySpanExporter()
+    trace.set_tracer_provider(setup_tracing(exporter))
+    return exporter

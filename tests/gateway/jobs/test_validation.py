@@ -1,0 +1,272 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gateway.jobs.errors import FieldViolation, JobInvalid
+from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
+from gateway.jobs.validation import JobLimits, validate_job
+from tests.gateway.jobs.factories import make_chat_node, make_job, make_map_reduce, make_node
+
+
+def violations(spec: JobSpec, limits: JobLimits | None = None) -> list[FieldViolation]:
+    with pytest.raises(JobInvalid) as caught:
+        validate_job(spec, limits)
+    assert caught.value.violations, "JobInvalid must carry its violations"
+    return caught.value.violations
+
+
+def only(spec: JobSpec, limits: JobLimits | None = None) -> FieldViolation:
+    (violation,) = violations(spec, limits)
+    return violation
+
+
+def chain(length: int) -> JobSpec:
+    nodes = [make_node("n0")]
+    nodes += [make_node(f"n{i}", depends_on=(f"n{i - 1}",)) for i in range(1, length)]
+    return make_job(*nodes)
+
+
+def test_good_jobs_pass() -> None:
+    validate_job(make_map_reduce(10))
+    validate_job(make_job(make_chat_node("c", ("system", "Be kind."), ("user", "Hi"))))
+    validate_job(make_job(make_node("solo", sampling=SamplingSpec(max_tokens=4096))))
+
+
+def test_empty_job() -> None:
+    assert only(make_job()) == FieldViolation("nodes", "a job needs at least one node")
+
+
+def test_every_violation_is_reported_at_once() -> None:
+    spec = make_job(
+        make_node("a", "{{inputs.missing}}", depends_on=("ghost",)),
+        make_node("a", "{{b.output}}"),
+        make_node("b", sampling=SamplingSpec(temperature=-1.0, top_p=2.0)),
+        make_node("bad id"),
+    )
+    assert [v.field for v in violations(spec)] == [
+        "nodes[0].depends_on[0]",
+        "nodes[0].prompt_template",
+        "nodes[1].id",
+        "nodes[1].prompt_template",
+        "nodes[2].sampling.temperature",
+        "nodes[2].sampling.top_p",
+        "nodes[3].id",
+    ]
+    with pytest.raises(JobInvalid, match=r"nodes\[0\]\.depends_on\[0\]: unknown node 'ghost'"):
+        validate_job(spec)
+
+
+@pytest.mark.parametrize(
+    ("node_id", "description"),
+    [
+        ("", "letters, digits"),
+        ("has space", "letters, digits"),
+        ("dot.ted", "letters, digits"),
+        ("9lives", "starting with a letter"),
+        ("x" * 65, "1 to 64"),
+        ("inputs", "'inputs' is reserved"),
+    ],
+)
+def test_bad_node_ids(node_id: str, description: str) -> None:
+    violation = only(make_job(make_node(node_id)))
+    assert violation.field == "nodes[0].id"
+    assert description in violation.description
+
+
+def test_duplicate_ids_point_at_the_repeat() -> None:
+    violation = only(make_job(make_node("a"), make_node("b"), make_node("a")))
+    assert violation == FieldViolation("nodes[2].id", "duplicate id 'a' (also nodes[0])")
+
+
+def test_dependencies_unknown_or_repeated() -> None:
+    spec = make_job(make_node("a"), make_node("b", depends_on=("a", "zz", "a")))
+    assert violations(spec) == [
+        FieldViolation("nodes[1].depends_on[1]", "unknown node 'zz'"),
+        FieldViolation("nodes[1].depends_on[2]", "'a' is listed twice"),
+    ]
+
+
+def test_cycle_points_at_the_closing_dependency() -> None:
+    spec = make_job(
+        make_node("a", depends_on=("c",)),
+        make_node("b", depends_on=("a",)),
+        make_node("c", depends_on=("b",)),
+    )
+    assert only(spec) == FieldViolation(
+        "nodes[1].depends_on[0]", "dependency cycle: 'a' -> 'c' -> 'b' -> 'a'"
+    )
+
+
+def test_self_dependency() -> None:
+    spec = make_job(make_node("a", depends_on=("a",)))
+    assert only(spec) == FieldViolation("nodes[0].depends_on[0]", "'a' depends on itself")
+
+
+def test_long_cycle_is_elided() -> None:
+    nodes = [make_node(f"n{i}", depends_on=(f"n{(i + 1) % 20}",)) for i in range(20)]
+    description = only(make_job(*nodes)).description
+    assert description.startswith("dependency cycle: 'n0' -> 'n1' -> ")
+    assert description.endswith("-> ... (12 more) -> 'n0'")
+
+
+def test_references_may_use_any_ancestor() -> None:
+    spec = make_job(
+        make_node("a"),
+        make_node("b", "{{a.output}}", depends_on=("a",)),
+        make_node("c", "{{a.output}} {{b.output}}", depends_on=("b",)),
+    )
+    validate_job(spec)
+
+
+def test_references_to_non_ancestors_own_output_and_unknowns() -> None:
+    spec = make_job(
+        make_node("a"),
+        make_node("b"),
+        make_node("c", "{{b.output}} {{c.output}} {{zz.output}} {{inputs.q}}", depends_on=("a",)),
+    )
+    described = [v.description for v in violations(spec)]
+    assert described == [
+        "{{b.output}}: 'b' is not among this node's dependencies; add it to depends_on",
+        "{{c.output}}: a node cannot use its own output",
+        "{{zz.output}}: unknown node 'zz'",
+        "{{inputs.q}}: unknown input 'q'",
+    ]
+
+
+def test_malformed_placeholder_in_a_chat_message() -> None:
+    spec = make_job(make_chat_node("c", ("system", "ok"), ("user", "{{ topic }}")))
+    violation = only(spec)
+    assert violation.field == "nodes[0].chat.messages[1].content"
+    assert violation.description.startswith("{{ topic }} is not a reference")
+
+
+def test_repeated_bad_reference_is_reported_once() -> None:
+    spec = make_job(make_node("a", "{{inputs.q}} and again {{inputs.q}}"))
+    assert only(spec).description == "{{inputs.q}}: unknown input 'q'"
+
+
+@pytest.mark.parametrize(
+    ("node", "field", "description"),
+    [
+        (NodeSpec(id="a"), "nodes[0].prompt_template", "a node needs prompt_template or chat"),
+        (make_node("a", "  \n"), "nodes[0].prompt_template", "must not be blank"),
+        (
+            NodeSpec(id="a", prompt_template="x", messages=(ChatMessage("user", "y"),)),
+            "nodes[0]",
+            "set prompt_template or chat, not both",
+        ),
+        (NodeSpec(id="a", messages=()), "nodes[0].chat.messages", "at least one message"),
+        (
+            make_chat_node("a", ("robot", "hi")),
+            "nodes[0].chat.messages[0].role",
+            "'robot' is not one of system, user, assistant",
+        ),
+    ],
+)
+def test_prompt_shape(node: NodeSpec, field: str, description: str) -> None:
+    violation = only(make_job(node))
+    assert violation.field == field
+    assert description in violation.description
+
+
+@pytest.mark.parametrize(
+    ("sampling", "field", "description"),
+    [
+        (SamplingSpec(max_tokens=0), "max_tokens", "must be at least 1"),
+        (SamplingSpec(max_tokens=4097), "max_tokens", "4097 exceeds the ceiling of 4096"),
+        (SamplingSpec(temperature=2.5), "temperature", "between 0 and 2.0"),
+        (SamplingSpec(temperature=float("nan")), "temperature", "between 0 and 2.0"),
+        (SamplingSpec(top_p=0.0), "top_p", "greater than 0 and at most 1"),
+        (SamplingSpec(top_p=1.01), "top_p", "greater than 0 and at most 1"),
+        (SamplingSpec(top_k=-1), "top_k", "at least 0"),
+        (SamplingSpec(seed=-1), "seed", "unsigned 64-bit"),
+        (SamplingSpec(stop=("x",) * 9), "stop", "9 stop strings; at most 8"),
+        (SamplingSpec(stop=("ok", "")), "stop[1]", "must not be empty"),
+        (SamplingSpec(stop=("s" * 129,)), "stop[0]", "129 characters; at most 128"),
+    ],
+)
+def test_sampling_ranges(sampling: SamplingSpec, field: str, description: str) -> None:
+    violation = only(make_job(make_node("a", sampling=sampling)))
+    assert violation.field == f"nodes[0].sampling.{field}"
+    assert description in violation.description
+
+
+def test_sampling_edges_pass() -> None:
+    edges = SamplingSpec(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, seed=2**64 - 1)
+    validate_job(make_job(make_node("a", sampling=edges)))
+    validate_job(make_job(make_node("a", sampling=SamplingSpec(temperature=2.0, top_p=1e-9))))
+
+
+def test_tenant_ceiling_comes_from_limits() -> None:
+    spec = make_job(make_node("a", sampling=SamplingSpec(max_tokens=300)))
+    validate_job(spec, JobLimits(max_tokens_ceiling=300))
+    violation = only(spec, JobLimits(max_tokens_ceiling=256))
+    assert violation.description == "300 exceeds the ceiling of 256"
+
+
+def test_node_count_limit() -> None:
+    validate_job(make_map_reduce(9), JobLimits(max_nodes=10))
+    assert only(make_map_reduce(10), JobLimits(max_nodes=10)) == FieldViolation(
+        "nodes", "11 nodes; at most 10"
+    )
+
+
+def test_depth_limit() -> None:
+    validate_job(chain(4), JobLimits(max_depth=4))
+    violation = only(chain(5), JobLimits(max_depth=4))
+    assert violation == FieldViolation(
+        "nodes", "the longest dependency chain has 5 nodes (ending at 'n4'); at most 4"
+    )
+
+
+def test_fan_out_limit() -> None:
+    def fan(width: int) -> JobSpec:
+        kids = [make_node(f"k{i}", depends_on=("root",)) for i in range(width)]
+        return make_job(make_node("x"), make_node("root"), *kids)
+
+    validate_job(fan(3), JobLimits(max_fan_out=3))
+    assert only(fan(4), JobLimits(max_fan_out=3)) == FieldViolation(
+        "nodes[1]", "4 nodes depend on 'root'; at most 3"
+    )
+
+
+def test_template_length_limit() -> None:
+    limits = JobLimits(max_template_chars=10)
+    validate_job(make_job(make_node("a", "x" * 10)), limits)
+    assert only(make_job(make_node("a", "x" * 11)), limits) == FieldViolation(
+        "nodes[0].prompt_template", "11 characters; at most 10"
+    )
+    long_message = make_job(make_chat_node("c", ("user", "y" * 11)))
+    assert only(long_message, limits).field == "nodes[0].chat.messages[0].content"
+
+
+def test_message_count_limit() -> None:
+    spec = make_job(make_chat_node("c", *[("user", "hi")] * 3))
+    validate_job(spec, JobLimits(max_messages_per_node=3))
+    violation = only(spec, JobLimits(max_messages_per_node=2))
+    assert violation == FieldViolation("nodes[0].chat.messages", "3 messages; at most 2")
+
+
+def test_inputs_limits_and_names() -> None:
+    limits = JobLimits(max_inputs=2, max_input_chars=5)
+    spec = make_job(make_node("a"), inputs={"ok": "12345", "bad name": "x", "long": "123456"})
+    assert violations(spec, limits) == [
+        FieldViolation("inputs", "3 inputs; at most 2"),
+        FieldViolation(
+            'inputs["bad name"]',
+            "an input name is 1 to 64 letters, digits, '_' or '-', starting with a letter or '_'",
+        ),
+        FieldViolation('inputs["long"]', "6 characters; at most 5"),
+    ]
+
+
+def test_job_fields() -> None:
+    limits = JobLimits(max_name_chars=4, min_priority=-1, max_priority=1)
+    base = make_job(make_node("a"))
+    validate_job(dataclasses.replace(base, name="abcd", priority=1), limits)
+    spec = dataclasses.replace(base, name="abcde", idempotency_key="k" * 5, priority=2)
+    assert [v.field for v in violations(spec, limits)] == ["name", "idempotency_key", "priority"]
+    long_node_name = make_job(dataclasses.replace(make_node("a"), name="kind5"))
+    assert only(long_node_name, limits).field == "nodes[0].name"

@@ -1,0 +1,198 @@
+"""The Admin service through a real grpc.aio server, the auth interceptor and the real client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+import pytest
+
+from fairgate import (
+    AdminClient,
+    AlreadyExists,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
+from fairgate.v1 import admin_pb2, admin_pb2_grpc
+from gateway.admin_service import AdminService
+from tenants import MemoryQuotaStore, TenantQuota
+from tests.serving import ADMIN_KEY, serving
+
+pytestmark = pytest.mark.anyio
+DEFAULTS = TenantQuota()
+
+
+class Server:
+    def __init__(self, store: MemoryQuotaStore, target: str, deleted: list[str]) -> None:
+        self.store = store
+        self.target = target
+        self.deleted = deleted  # tenants the service reported deleted
+
+    def admin(self, key: str = ADMIN_KEY) -> AdminClient:
+        return AdminClient(self.target, key)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    store = MemoryQuotaStore()
+    deleted: list[str] = []
+
+    async def on_deleted(tenant_id: str) -> None:
+        deleted.append(tenant_id)
+
+    service = AdminService(store, on_tenant_deleted=on_deleted)
+    async with serving(
+        store, lambda s: admin_pb2_grpc.add_AdminServicer_to_server(service, s)
+    ) as t:
+        yield Server(store, t, deleted)
+
+
+async def test_tenant_lifecycle(server: Server) -> None:
+    async with server.admin() as admin:
+        created = await admin.create_tenant(
+            "acme", "Acme Corp", tokens_per_minute=6000, max_tokens_ceiling=1024
+        )
+        assert (created.tenant_id, created.display_name) == ("acme", "Acme Corp")
+        assert created.quota.tokens_per_minute == 6000
+        assert created.quota.max_tokens_ceiling == 1024
+        assert created.quota.default_max_tokens == DEFAULTS.default_max_tokens
+        assert created.quota.weight == DEFAULTS.weight
+        assert created.keys == ()
+        assert created.create_time is not None
+
+        issued = await admin.issue_key("acme", label="ci")
+        assert issued.plaintext.startswith(issued.key.prefix)
+        assert issued.key.label == "ci"
+        assert await server.store.authenticate(issued.plaintext) == "acme"
+        fetched = await admin.get_tenant("acme")
+        assert [k.key_id for k in fetched.keys] == [issued.key.key_id]
+        assert issued.plaintext not in repr(fetched)
+
+        limited = await admin.set_quota("acme", tokens_per_minute=100)
+        assert limited.quota.tokens_per_minute == 100
+        assert limited.quota.max_tokens_ceiling == 1024  # unset fields keep their values
+        weighted = await admin.set_weight("acme", 2.5)
+        assert weighted.quota.weight == 2.5
+        assert weighted.quota.tokens_per_minute == 100
+
+        await server.store.reserve("acme", "call-1", 80, ttl_s=60.0)
+        assert await server.store.settle("acme", "call-1", 30, 20)
+        usage = await admin.get_usage("acme")
+        assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (30, 20, 1)
+        assert usage.active_reservations == 0
+
+        await admin.delete_tenant("acme")
+        assert server.deleted == ["acme"]
+        with pytest.raises(NotFound):
+            await admin.get_tenant("acme")
+    async with server.admin(issued.plaintext) as former:
+        with pytest.raises(Unauthenticated):
+            await former.get_tenant("acme")
+
+
+async def test_update_changes_only_what_is_given(server: Server) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme", "Acme", max_queued_jobs=7)
+        renamed = await admin.update_tenant("acme", display_name="Acme Corp")
+        assert (renamed.display_name, renamed.quota.max_queued_jobs) == ("Acme Corp", 7)
+        requoted = await admin.update_tenant("acme", max_queued_jobs=3, daily_token_budget=10**6)
+        assert requoted.display_name == "Acme Corp"
+        assert (requoted.quota.max_queued_jobs, requoted.quota.daily_token_budget) == (3, 10**6)
+
+
+async def test_list_pages_cover_every_tenant_once_in_order(server: Server) -> None:
+    ids = ["t-e", "t-a", "t-d", "t-c", "t-b"]
+    async with server.admin() as admin:
+        for tenant_id in ids:
+            await admin.create_tenant(tenant_id)
+        first = await admin.list_tenants_page(page_size=2)
+        assert [t.tenant_id for t in first.tenants] == ["t-a", "t-b"]
+        await admin.delete_tenant("t-c")  # between pages: later pages neither skip nor repeat
+        await admin.create_tenant("t-0")  # sorts before the cursor: not on later pages
+        second = await admin.list_tenants_page(page_size=2, page_token=first.next_page_token)
+        assert [t.tenant_id for t in second.tenants] == ["t-d", "t-e"]
+        assert second.next_page_token == ""
+        listed = [t.tenant_id async for t in admin.list_tenants(page_size=1)]
+        assert listed == ["t-0", "t-a", "t-b", "t-d", "t-e"]
+
+
+async def test_revoked_key_stops_working_and_is_scoped_to_its_tenant(server: Server) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        await admin.create_tenant("globex")
+        acme_key = await admin.issue_key("acme")
+        with pytest.raises(NotFound):
+            await admin.revoke_key("globex", acme_key.key.key_id)
+        assert await server.store.authenticate(acme_key.plaintext) == "acme"
+        await admin.revoke_key("acme", acme_key.key.key_id)
+        assert (await admin.get_tenant("acme")).keys == ()
+        with pytest.raises(NotFound):
+            await admin.revoke_key("acme", acme_key.key.key_id)
+    async with server.admin(acme_key.plaintext) as revoked:
+        with pytest.raises(Unauthenticated):
+            await revoked.get_usage("acme")
+
+
+async def test_not_found_and_already_exists(server: Server) -> None:
+    async with server.admin() as admin:
+        with pytest.raises(NotFound, match="nobody"):
+            await admin.get_tenant("nobody")
+        with pytest.raises(NotFound):
+            await admin.get_usage("nobody")
+        with pytest.raises(NotFound):
+            await admin.issue_key("nobody")
+        await admin.create_tenant("acme")
+        with pytest.raises(AlreadyExists):
+            await admin.create_tenant("acme")
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda a: a.create_tenant("not ok!"), "tenant_id"),
+        (lambda a: a.create_tenant("ok", "x" * 500), "display_name"),
+        (lambda a: a.create_tenant("ok", weight=-1.0), "quota"),
+        (lambda a: a.set_quota("acme", default_max_tokens=900, max_tokens_ceiling=800), "quota"),
+        (lambda a: a.set_quota("acme", max_queued_jobs=-2), "quota"),
+        (lambda a: a.set_weight("acme", 0.0), "weight"),
+        (lambda a: a.list_tenants_page(page_size=-1), "page_size"),
+        (lambda a: a.list_tenants_page(page_token="%%not a token%%"), "page_token"),
+        (lambda a: a.list_tenants_page(page_token="bm90IGFuIGlkIQ=="), "page_token"),
+    ],
+)
+async def test_invalid_argument_names_the_field(
+    server: Server, call: Callable[[AdminClient], Awaitable[object]], field: str
+) -> None:
+    async with server.admin() as admin:
+        before = await admin.create_tenant("acme")
+        with pytest.raises(InvalidArgument) as caught:
+            await call(admin)
+        assert [v.field for v in caught.value.field_violations] == [field]
+        assert caught.value.field_violations[0].description
+        assert await admin.get_tenant("acme") == before
+        assert [t.tenant_id async for t in admin.list_tenants()] == ["acme"]
+
+
+async def test_tenant_key_is_refused_on_admin(server: Server) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        key = await admin.issue_key("acme")
+    async with server.admin(key.plaintext) as tenant:
+        with pytest.raises(PermissionDenied):
+            await tenant.get_tenant("acme")
+        with pytest.raises(PermissionDenied):
+            await tenant.create_tenant("mine")
+
+
+async def test_unauthenticated_without_a_valid_key(server: Server) -> None:
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetTenant(admin_pb2.GetTenantRequest(tenant_id="acme"))
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    for key in ("", "wrong-admin-key", "fg_0123456789abcdef_" + "x" * 43):
+        async with server.admin(key) as stranger:
+            with pytest.raises(Unauthenticated):
+                await stranger.list_tenants_page()

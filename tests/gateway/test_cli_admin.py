@@ -1,0 +1,85 @@
+"""`fairgate admin ...` through the real parser, client and a real grpc.aio server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from fairgate.v1 import admin_pb2_grpc
+from gateway.admin_service import AdminService
+from gateway.cli import build_parser
+from tenants import MemoryQuotaStore
+from tests.serving import ADMIN_KEY, serving
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[str]:
+    store = MemoryQuotaStore()
+    service = AdminService(store)
+    async with serving(
+        store, lambda server: admin_pb2_grpc.add_AdminServicer_to_server(service, server)
+    ) as served:
+        yield served
+
+
+class Cli:
+    def __init__(self, target: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.target = target
+        self.capsys = capsys
+
+    async def run(self, *argv: str, key: str = ADMIN_KEY) -> tuple[int, str, str]:
+        args = build_parser().parse_args(
+            ["admin", *argv, "--target", self.target, "--admin-key", key]
+        )
+        code: int = await args.func(args)
+        captured = self.capsys.readouterr()
+        return code, captured.out, captured.err
+
+    async def json(self, *argv: str) -> Any:
+        code, out, err = await self.run(*argv)
+        assert code == 0, err
+        return json.loads(out)
+
+
+async def test_admin_commands_manage_a_tenant(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = Cli(target, capsys)
+    created = await cli.json("tenant", "create", "acme", "--name", "Acme", "--weight", "2")
+    assert created["quota"]["weight"] == 2.0 and created["display_name"] == "Acme"
+    issued = await cli.json("key", "issue", "acme", "--label", "ci")
+    assert issued["plaintext"].startswith(issued["key"]["prefix"])
+    limited = await cli.json("quota", "set", "acme", "--tokens-per-minute", "600")
+    assert limited["quota"]["tokens_per_minute"] == 600 and limited["quota"]["weight"] == 2.0
+    assert (await cli.json("weight", "set", "acme", "0.5"))["quota"]["weight"] == 0.5
+    renamed = await cli.json("tenant", "update", "acme", "--name", "Acme Corp")
+    assert renamed["display_name"] == "Acme Corp"
+    fetched = await cli.json("tenant", "get", "acme")
+    assert [key["key_id"] for key in fetched["keys"]] == [issued["key"]["key_id"]]
+    assert (await cli.json("usage", "acme"))["settled_calls"] == 0
+    await cli.json("tenant", "create", "globex")
+    listed = await cli.json("tenant", "list", "--page-size", "1")
+    assert [tenant["tenant_id"] for tenant in listed] == ["acme", "globex"]
+    assert (await cli.run("key", "revoke", "acme", issued["key"]["key_id"]))[0] == 0
+    assert (await cli.run("tenant", "delete", "acme"))[:2] == (0, "deleted acme\n")
+    code, _, err = await cli.run("tenant", "get", "acme")
+    assert code == 2 and "NOT_FOUND" in err
+
+
+async def test_admin_errors_exit_2_with_details(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli = Cli(target, capsys)
+    code, _, err = await cli.run("tenant", "create", "bad id")
+    assert code == 2 and "INVALID_ARGUMENT" in err and "  tenant_id:" in err
+    await cli.json("tenant", "create", "acme")
+    code, _, err = await cli.run("quota", "set", "acme")
+    assert code == 2 and "--tokens-per-minute" in err
+    issued = await cli.json("key", "issue", "acme")
+    code, _, err = await cli.run("usage", "acme", key=issued["plaintext"])
+    assert code == 2 and "PERMISSION_DENIED" in err

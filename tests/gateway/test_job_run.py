@@ -1,0 +1,70 @@
+import pytest
+
+from gateway.job_run import JobEnded, JobRun, JobState, NodeChanged, NodeState, TokensAdded
+from gateway.jobs.model import JobSpec, NodeSpec
+
+
+def make_run(*nodes: tuple[str, tuple[str, ...]]) -> JobRun:
+    specs = tuple(
+        NodeSpec(
+            id=n,
+            prompt_template=" ".join(f"{{{{{p}.output}}}}" for p in deps) or "go",
+            depends_on=deps,
+        )
+        for n, deps in nodes
+    )
+    return JobRun("job-1", "alpha", JobSpec(nodes=specs), created_at=0.0)
+
+
+def test_nodes_become_ready_when_all_parents_are_done() -> None:
+    run = make_run(("a", ()), ("b", ()), ("c", ("a", "b")))
+    assert run.start(1.0) == ["a", "b"]
+    run.mark_running("a", 3, 1.0)
+    run.add_tokens("a", "alpha", (5, 6), 1.5)
+    assert run.finish_node("a", NodeState.SUCCEEDED, 2.0) == []
+    assert run.finish_node("b", NodeState.CAPPED, 2.5) == ["c"]
+    assert run.prompt("c") == "alpha "
+    assert run.finish_node("c", NodeState.SUCCEEDED, 3.0) == []
+    assert run.state is JobState.SUCCEEDED and run.finished_at == 3.0
+
+
+def test_a_failed_node_fails_its_descendants_and_spares_other_branches() -> None:
+    run = make_run(("a", ()), ("b", ("a",)), ("c", ("b",)), ("x", ()))
+    run.start(0.0)
+    run.finish_node("a", NodeState.FAILED, 1.0, "prompt too long")
+    assert run.nodes["b"].state is NodeState.FAILED
+    assert "parent 'a'" in run.nodes["c"].reason
+    assert not run.ended
+    run.finish_node("x", NodeState.SUCCEEDED, 2.0)
+    assert run.state is JobState.FAILED
+
+
+def test_cancel_returns_running_nodes_and_ends_the_job() -> None:
+    run = make_run(("a", ()), ("b", ("a",)))
+    run.start(0.0)
+    run.mark_running("a", 4, 0.5)
+    assert run.cancel(1.0) == ["a"]
+    assert run.state is JobState.CANCELLED
+    assert {n.state for n in run.nodes.values()} == {NodeState.CANCELLED}
+    assert run.finish_node("a", NodeState.SUCCEEDED, 2.0) == []  # too late: stays cancelled
+
+
+@pytest.mark.anyio
+async def test_event_log_is_gapless_and_replayable() -> None:
+    run = make_run(("a", ()))
+    run.start(0.0)
+    run.mark_running("a", 2, 0.1)
+    run.add_tokens("a", "hi", (1,), 0.2)
+    run.finish_node("a", NodeState.SUCCEEDED, 0.3)
+    events = [e async for e in run.watch()]
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert isinstance(events[-1].body, JobEnded)
+    assert any(isinstance(e.body, TokensAdded) for e in events)
+    changes = [e.body for e in events if isinstance(e.body, NodeChanged)]
+    assert [(c.previous, c.state) for c in changes] == [
+        (NodeState.PENDING, NodeState.READY),
+        (NodeState.READY, NodeState.RUNNING),
+        (NodeState.RUNNING, NodeState.SUCCEEDED),
+    ]
+    tail = [e async for e in run.watch(from_sequence=len(events) - 1)]
+    assert tail == events[-1:]

@@ -1,0 +1,214 @@
+"""The whole gRPC path with a real server on port 0, real clients and the simulated engine."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import code_pb2, error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from fairgate.v1 import gateway_pb2 as pb
+from gateway.jobs.model import ChatMessage
+from gateway.jobs.template import render
+from gateway.prompts import encode_prompt
+from tests.gateway.conftest import Harness
+
+pytestmark = pytest.mark.anyio
+
+
+def node(node_id: str, prompt: str, max_tokens: int = 8, *deps: str) -> pb.NodeSpec:
+    sampling = pb.SamplingSpec(max_tokens=max_tokens)
+    return pb.NodeSpec(id=node_id, prompt_template=prompt, depends_on=deps, sampling=sampling)
+
+
+def map_reduce(n_maps: int = 9) -> pb.JobSpec:
+    maps = [node(f"map_{i}", f"summarise {{{{inputs.doc_{i}}}}}") for i in range(n_maps)]
+    body = " | ".join(f"{{{{map_{i}.output}}}}" for i in range(n_maps))
+    reduce = node("reduce", f"combine: {body}", 8, *(m.id for m in maps))
+    inputs = {f"doc_{i}": f"the quick brown fox number {i}" for i in range(n_maps)}
+    return pb.JobSpec(name="mr", nodes=[*maps, reduce], inputs=inputs)
+
+
+async def run_to_end(h: Harness, tenant: str, spec: pb.JobSpec) -> pb.Job:
+    finished = None
+    async for event in h.stub.RunJob(pb.SubmitJobRequest(job=spec), metadata=h.auth(tenant)):
+        if event.WhichOneof("event") == "job_finished":
+            finished = event.job_finished.job
+    assert finished is not None
+    return finished
+
+
+def status_of(err: grpc.aio.AioRpcError) -> tuple[int, list[object]]:
+    status = rpc_status.from_call(err)
+    assert status is not None
+    details: list[object] = []
+    for any_detail in status.details:
+        for kind in (
+            error_details_pb2.BadRequest,
+            error_details_pb2.RetryInfo,
+            error_details_pb2.QuotaFailure,
+            error_details_pb2.ErrorInfo,
+        ):
+            if any_detail.Is(kind.DESCRIPTOR):
+                message = kind()
+                any_detail.Unpack(message)
+                details.append(message)
+    return status.code, details
+
+
+async def test_map_reduce_job_feeds_mapped_outputs_to_the_reduce_prompt(harness: Harness) -> None:
+    job = await run_to_end(harness, "alpha", map_reduce(9))
+    assert job.state == pb.JOB_STATE_SUCCEEDED and len(job.nodes) == 10
+    nodes = {n.id: n for n in job.nodes}
+    outputs = {i: nodes[i].output for i in nodes if i.startswith("map_")}
+    assert all(nodes[i].output_tokens == 8 for i in outputs)
+    spec = map_reduce(9).nodes[-1].prompt_template
+    rendered = render(spec, {}, outputs)
+    assert all(text in rendered for text in outputs.values())
+    tokenizer = harness.gateway.dispatcher.tokenizer
+    assert nodes["reduce"].prompt_tokens == len(encode_prompt(tokenizer, rendered))
+    assert job.usage.output_tokens == 80
+
+
+@pytest.mark.engine_step_s(0.002)
+async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) -> None:
+    spec = pb.JobSpec(nodes=[node("a", "one", 1500), node("b", "two {{a.output}}", 1500, "a")])
+    job = await harness.stub.SubmitJob(
+        pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha")
+    )
+    watch = harness.stub.WatchJob(
+        pb.WatchJobRequest(job_id=job.job_id), metadata=harness.auth("alpha")
+    )
+    async for event in watch:
+        if event.WhichOneof("event") == "token_delta":
+            break
+    watch.cancel()
+    cancelled = await harness.stub.CancelJob(
+        pb.CancelJobRequest(job_id=job.job_id), metadata=harness.auth("alpha")
+    )
+    assert cancelled.state == pb.JOB_STATE_CANCELLED
+    states = {n.id: n.state for n in cancelled.nodes}
+    assert states == {"a": pb.NODE_STATE_CANCELLED, "b": pb.NODE_STATE_CANCELLED}
+    gateway = harness.gateway
+    core = gateway.engine.core
+    import anyio
+
+    with anyio.fail_after(5):
+        while core.has_unfinished or gateway.dispatcher.running:
+            await anyio.sleep(0.005)
+    blocks = core.block_manager
+    assert blocks.num_free_blocks == blocks.num_blocks
+    usage = await gateway.store.usage("alpha")
+    assert usage.active_reservations == 0 and usage.settled_calls == 0
+    assert usage.queued_jobs == 0
+
+
+async def test_bad_job_is_invalid_argument_with_the_offending_field(harness: Harness) -> None:
+    spec = pb.JobSpec(nodes=[node("a", "x"), node("b", "{{zzz.output}}", 8, "a", "ghost")])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha"))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    code, details = status_of(caught.value)
+    assert code == code_pb2.INVALID_ARGUMENT
+    bad = next(d for d in details if isinstance(d, error_details_pb2.BadRequest))
+    fields = {v.field for v in bad.field_violations}
+    assert "nodes[1].depends_on[1]" in fields
+
+
+async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
+    slow = pb.JobSpec(nodes=[node("a", "one", 2000)])
+    await harness.stub.SubmitJob(pb.SubmitJobRequest(job=slow), metadata=harness.auth("beta"))
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.SubmitJob(pb.SubmitJobRequest(job=slow), metadata=harness.auth("beta"))
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    _, details = status_of(caught.value)
+    kinds = {type(d) for d in details}
+    assert {
+        error_details_pb2.RetryInfo,
+        error_details_pb2.QuotaFailure,
+        error_details_pb2.ErrorInfo,
+    } <= kinds
+    info = next(d for d in details if isinstance(d, error_details_pb2.ErrorInfo))
+    assert info.reason == "QUEUED_JOBS_EXCEEDED"
+
+
+async def test_other_tenants_jobs_are_not_found(harness: Harness) -> None:
+    job = await harness.stub.SubmitJob(
+        pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "x")])), metadata=harness.auth("alpha")
+    )
+    for call in (
+        harness.stub.GetJob(pb.GetJobRequest(job_id=job.job_id), metadata=harness.auth("beta")),
+        harness.stub.CancelJob(
+            pb.CancelJobRequest(job_id=job.job_id), metadata=harness.auth("beta")
+        ),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    mine = await harness.stub.GetJob(
+        pb.GetJobRequest(job_id=job.job_id), metadata=harness.auth("alpha")
+    )
+    assert mine.tenant_id == "alpha"
+
+
+async def test_missing_or_wrong_key_is_unauthenticated(harness: Harness) -> None:
+    request = pb.GetJobRequest(job_id="job-x")
+    for metadata in ((), (("authorization", "Bearer fg_nope_nope"),)):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.stub.GetJob(request, metadata=metadata)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_idempotency_key_returns_the_same_job(harness: Harness) -> None:
+    spec = pb.JobSpec(nodes=[node("a", "x")], idempotency_key="k-1")
+    first = await harness.stub.SubmitJob(
+        pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha")
+    )
+    second = await harness.stub.SubmitJob(
+        pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha")
+    )
+    assert first.job_id == second.job_id
+
+
+async def test_generate_streams_text_then_usage(harness: Harness) -> None:
+    request = pb.GenerateRequest(prompt="say {{hi}}", sampling=pb.SamplingSpec(max_tokens=12))
+    responses = [r async for r in harness.stub.Generate(request, metadata=harness.auth("alpha"))]
+    assert sum(len(r.token_ids) for r in responses) == 12
+    assert responses[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert responses[-1].usage.output_tokens == 12
+    tokenizer = harness.gateway.dispatcher.tokenizer
+    prompt_ids = encode_prompt(tokenizer, (ChatMessage("user", "say {{hi}}"),))
+    assert responses[-1].usage.prompt_tokens == len(prompt_ids)
+
+
+async def test_health_reports_serving(harness: Harness) -> None:
+    stub = health_pb2_grpc.HealthStub(harness.channel)
+    reply = await stub.Check(health_pb2.HealthCheckRequest(service="fairgate.v1.Gateway"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_job_and_call_spans_carry_gen_ai_attributes(
+    spans: InMemorySpanExporter, harness: Harness
+) -> None:
+    job = await run_to_end(harness, "alpha", map_reduce(2))
+    trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
+    mine = [
+        s
+        for s in spans.get_finished_spans()
+        if (s.attributes or {}).get("fairgate.job.id") == job.job_id
+    ]
+    workflow = [s for s in mine if s.name.startswith("invoke_workflow")]
+    chats = [s for s in mine if s.name.startswith("chat ")]
+    assert len(workflow) == 1 and len(chats) == 3
+    assert all(
+        c.parent is not None and c.parent.span_id == workflow[0].context.span_id for c in chats
+    )
+    attrs = chats[0].attributes or {}
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.usage.output_tokens"] == 8
+    assert attrs["gen_ai.request.max_tokens"] == 8
+    server_spans = [s for s in spans.get_finished_spans() if s.name.endswith("/RunJob")]
+    assert server_spans, "the gRPC server span is recorded"
