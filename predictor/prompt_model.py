@@ -1,0 +1,138 @@
+"""The prompt predictor: output length from the prompt's own features, trained offline.
+
+A linear model gives the prompt's central log length `mu = bias + w_dense . dense + v *
+sum(w_hash[bucket])` (see `predictor.features`); each quantile q in `QUANTILES` is
+`expm1(a_q + b_q * mu)`, clipped to `[0, max_tokens]` and made non-decreasing in q. Weights
+live in plain Python lists at inference, which for a few hundred features is faster than
+numpy's per-call overhead. The artifact is one `.npz` (no pickles) whose metadata names the
+feature layout it was trained with. Invariant: a loaded model's feature layout equals the
+running code's, or loading fails.
+
+    python -m predictor.prompt_model train --labels predictor/artifacts/labels_alpaca_eval.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from predictor.base import CallFeatures
+from predictor.distribution import LengthDistribution
+from predictor.errors import ArtifactInvalid, ArtifactMissing
+from predictor.features import DENSE_NAMES, FEATURE_VERSION, HASH_DIM, extract
+
+QUANTILES = (0.5, 0.9, 0.99)
+FORMAT_VERSION = "1"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_model.npz"
+
+
+class PromptModel:
+    def __init__(
+        self,
+        dense_weights: np.ndarray,
+        hash_weights: np.ndarray,
+        bias: float,
+        heads: np.ndarray,
+        meta: dict[str, str],
+    ) -> None:
+        if dense_weights.shape != (len(DENSE_NAMES),) or hash_weights.shape != (HASH_DIM,):
+            raise ArtifactInvalid("weights do not match the feature layout")
+        if heads.shape != (len(QUANTILES), 2):
+            raise ArtifactInvalid(f"expected {len(QUANTILES)} quantile heads (a, b)")
+        self.dense_weights = dense_weights.astype(np.float64)
+        self.hash_weights = hash_weights.astype(np.float64)
+        self.bias = float(bias)
+        self.heads = heads.astype(np.float64)
+        self.meta = dict(meta)
+        self._dense = [float(w) for w in self.dense_weights]
+        self._hash = [float(w) for w in self.hash_weights]
+        self._heads = [(float(a), float(b)) for a, b in self.heads]
+
+    def point(self, text: str, prompt_tokens: int) -> float:
+        """The prompt's central log1p length, mu."""
+        f = extract(text, prompt_tokens)
+        total = self.bias + sum(w * x for w, x in zip(self._dense, f.dense, strict=True))
+        hashed = self._hash
+        return total + f.hashed_value * sum(hashed[i] for i in f.hashed)
+
+    def distribution(self, mu: float, max_tokens: int) -> LengthDistribution:
+        """The length law for a prompt whose central log1p length is `mu`."""
+        cap = float(max_tokens)
+        levels, low = [], 0.0
+        for a, b in self._heads:
+            low = min(max(math.expm1(a + b * mu), low), cap)
+            levels.append(low)
+        return LengthDistribution.from_quantiles(*levels)
+
+    def predict(self, call: CallFeatures) -> LengthDistribution:
+        return self.distribution(self.point(call.prompt_text, call.prompt_tokens), call.max_tokens)
+
+    def observe(self, call: CallFeatures, true_len: int) -> None:
+        """A static model: online correction is the history predictor's job."""
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {**self.meta, "format": FORMAT_VERSION, "layout": _layout()}
+        with path.open("wb") as f:
+            np.savez_compressed(
+                f,
+                dense_weights=self.dense_weights.astype(np.float32),
+                hash_weights=self.hash_weights.astype(np.float32),
+                bias=np.array(self.bias),
+                heads=self.heads,
+                meta=np.array(json.dumps(meta, sort_keys=True)),
+            )
+
+    @classmethod
+    def load(cls, path: Path = DEFAULT_ARTIFACT) -> PromptModel:
+        if not path.is_file():
+            raise ArtifactMissing(f"{path} not found: run `python -m predictor.prompt_model train`")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                arrays = [data[k] for k in ("dense_weights", "hash_weights", "bias", "heads")]
+        except (OSError, KeyError, ValueError) as exc:
+            raise ArtifactInvalid(f"{path}: {exc}") from exc
+        if meta.get("format") != FORMAT_VERSION or meta.get("layout") != _layout():
+            raise ArtifactInvalid(f"{path} was trained with another feature layout: retrain it")
+        dense_w, hash_w, bias, heads = arrays
+        return cls(dense_w, hash_w, float(bias), heads, meta)
+
+
+def _layout() -> str:
+    return f"v{FEATURE_VERSION}:hash{HASH_DIM}:" + ",".join(DENSE_NAMES)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m predictor.prompt_model")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("train", help="fit the prompt model on the training split of labels")
+    cmd.add_argument("--labels", type=Path, action="append", required=True)
+    cmd.add_argument("--data", type=Path, default=Path("../shared/data"))
+    cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
+    cmd.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
+    cmd.add_argument("--all", action="store_true", help="also train on the held-out prompts")
+    cmd.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from predictor.training import train, training_examples
+
+    examples, sources = training_examples(
+        args.labels, args.data, prompt_files=args.prompts, include_held_out=args.all
+    )
+    model, report = train(examples, seed=args.seed, meta={"labels": sources})
+    model.save(args.out)
+    best = f"{report.damp:g}/{report.hash_scale:g}"
+    print(
+        f"trained on {report.num_prompts} prompts ({report.num_samples} samples); "
+        f"damp/hash_scale {best}, out-of-fold tau {report.cv_tau[best]:.3f}; wrote {args.out} "
+        f"({args.out.stat().st_size // 1024} KiB)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Offline training of the prompt model from length labels.
+
+Point model: ridge regression of a prompt's central log length (the mean of `log1p` over its
+sampled lengths) on standardised dense features, hashed n-grams (scaled by `hash_scale`) and a
+large constant column that carries an almost unpenalised intercept, solved by LSQR. The ridge
+strength and hash scale are chosen by k-fold cross-validation *by prompt* for Kendall's tau.
+Quantile heads: for each level q in (0.5, 0.9, 0.99), `log1p(length) ~ a_q + b_q * mu(x)` fitted
+by pinball loss on every individual sample against the out-of-fold point `mu(x)`, so the
+spread learnt is the honest spread on unseen prompts: for each slope on a grid the best
+intercept is the q-quantile of the residuals, and the slope with the lowest loss wins.
+Invariant: no prompt's samples ever fit the point model that predicts its out-of-fold `mu`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from predictor.errors import NotEnoughData
+from predictor.features import DENSE_NAMES, HASH_DIM, PromptFeatures, extract
+from predictor.labels import is_held_out, read_labels
+from predictor.metrics import kendall_tau
+from predictor.prompt_model import QUANTILES, PromptModel
+from predictor.sources import jsonl_prompts, resolve
+
+DAMPS = (0.3, 1.0, 3.0)
+HASH_SCALES = (0.0, 1.0, 3.0)
+SLOPES = np.linspace(0.0, 2.0, 201)
+_CONSTANT = 30.0  # value of the intercept column: its weight is tiny, so ridge barely shrinks it
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    text: str
+    prompt_tokens: int
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainReport:
+    damp: float
+    hash_scale: float
+    cv_tau: dict[str, float]  # "damp/hash_scale" -> mean out-of-fold Kendall tau
+    num_prompts: int
+    num_samples: int
+
+
+def training_examples(
+    label_paths: Sequence[Path],
+    data_dir: Path,
+    *,
+    prompt_files: Sequence[Path] = (),
+    include_held_out: bool = False,
+) -> tuple[list[Example], str]:
+    """Labelled prompts joined to their texts (from the built-in sources or `prompt_files`),
+    held-out prompts left out unless asked, and a description of the labels for metadata."""
+    rows = [row for path in label_paths for row in read_labels(path)]
+    rows = [r for r in rows if include_held_out or not is_held_out(r.prompt_id)]
+    extra = [p for path in prompt_files for p in jsonl_prompts(path)]
+    texts = resolve((r.prompt_id for r in rows), data_dir, extra)
+    generators = sorted({r.generator for r in rows})
+    sources = "; ".join(f"{p.name}" for p in label_paths) + " by " + ", ".join(generators)
+    return [Example(texts[r.prompt_id], r.prompt_tokens, r.lengths) for r in rows], sources
+
+
+def train(
+    examples: Sequence[Example],
+    *,
+    damps: Sequence[float] = DAMPS,
+    hash_scales: Sequence[float] = HASH_SCALES,
+    folds: int = 5,
+    seed: int = 0,
+    meta: dict[str, str] | None = None,
+) -> tuple[PromptModel, TrainReport]:
+    if len(examples) < 2 * folds:
+        raise NotEnoughData(f"need at least {2 * folds} labelled prompts, got {len(examples)}")
+    feats = [extract(e.text, e.prompt_tokens) for e in examples]
+    dense = np.array([f.dense for f in feats])
+    mean, scale = dense.mean(axis=0), dense.std(axis=0)
+    scale[scale == 0] = 1.0
+    target = np.array([np.mean(np.log1p(e.lengths)) for e in examples])
+    fold_of = np.random.default_rng(seed).permutation(len(examples)) % folds
+    cv_tau, best, best_oof = {}, (-2.0, 0.0, 0.0), np.zeros(len(examples))
+    for damp in damps:
+        for hash_scale in hash_scales:
+            design = _design(feats, mean, scale, hash_scale)
+            oof = _out_of_fold(design, target, fold_of, damp)
+            tau = kendall_tau(list(oof), [float(np.median(e.lengths)) for e in examples])
+            cv_tau[f"{damp:g}/{hash_scale:g}"] = tau
+            if tau > best[0]:
+                best, best_oof = (tau, damp, hash_scale), oof
+    _, damp, hash_scale = best
+    coef = _ridge(_design(feats, mean, scale, hash_scale), target, damp)
+    heads = tuple(_quantile_head(best_oof, examples, q) for q in QUANTILES)
+    model = _fold_standardisation(coef, mean, scale, hash_scale, heads, meta or {})
+    report = TrainReport(
+        damp, hash_scale, cv_tau, len(examples), sum(len(e.lengths) for e in examples)
+    )
+    return model, report
+
+
+def _design(
+    feats: Sequence[PromptFeatures], mean: np.ndarray, scale: np.ndarray, hash_scale: float
+) -> object:
+    from scipy import sparse
+
+    dense = (np.array([f.dense for f in feats]) - mean) / scale
+    rows = np.repeat(np.arange(len(feats)), [len(f.hashed) for f in feats])
+    cols = np.concatenate([np.asarray(f.hashed, dtype=np.int64) for f in feats])
+    vals = np.repeat([f.hashed_value * hash_scale for f in feats], [len(f.hashed) for f in feats])
+    hashed = sparse.csr_matrix((vals, (rows, cols)), shape=(len(feats), HASH_DIM))
+    constant = np.full((len(feats), 1), _CONSTANT)
+    return sparse.hstack([sparse.csr_matrix(dense), hashed, constant], format="csr")
+
+
+def _ridge(design: object, target: np.ndarray, damp: float) -> np.ndarray:
+    from scipy.sparse.linalg import lsqr
+
+    coef: np.ndarray = lsqr(design, target, damp=damp, atol=1e-10, btol=1e-10)[0]
+    return coef
+
+
+def _out_of_fold(
+    design: object, target: np.ndarray, fold_of: np.ndarray, damp: float
+) -> np.ndarray:
+    matrix = design  # scipy sparse matrices are untyped here
+    oof = np.zeros(len(target))
+    for fold in np.unique(fold_of):
+        train, test = fold_of != fold, fold_of == fold
+        coef = _ridge(matrix[train], target[train], damp)  # type: ignore[index]
+        oof[test] = matrix[test] @ coef  # type: ignore[index]
+    return oof
+
+
+def _quantile_head(mu: np.ndarray, examples: Sequence[Example], q: float) -> tuple[float, float]:
+    """(a, b) minimising the pinball loss of `a + b * mu` over every individual sample."""
+    counts = [len(e.lengths) for e in examples]
+    z = np.repeat(mu, counts)
+    y = np.log1p(np.concatenate([np.asarray(e.lengths, dtype=np.float64) for e in examples]))
+    residuals = y[None, :] - SLOPES[:, None] * z[None, :]
+    intercepts = np.quantile(residuals, q, axis=1)
+    err = residuals - intercepts[:, None]
+    loss = np.mean(np.maximum(q * err, (q - 1) * err), axis=1)
+    best = int(np.argmin(loss))
+    return float(intercepts[best]), float(SLOPES[best])
+
+
+def _fold_standardisation(
+    coef: np.ndarray,
+    mean: np.ndarray,
+    scale: np.ndarray,
+    hash_scale: float,
+    heads: tuple[tuple[float, float], ...],
+    meta: dict[str, str],
+) -> PromptModel:
+    k = len(DENSE_NAMES)
+    dense_w = coef[:k] / scale
+    bias = float(coef[-1] * _CONSTANT - np.dot(dense_w, mean))
+    hash_w = coef[k : k + HASH_DIM] * hash_scale
+    assert math.isfinite(bias), "ridge produced a non-finite intercept"
+    return PromptModel(dense_w, hash_w, bias, np.array(heads), meta)

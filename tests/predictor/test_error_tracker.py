@@ -1,0 +1,79 @@
+import math
+import random
+
+import pytest
+
+from predictor.distribution import LengthDistribution
+from predictor.error_tracker import ErrorTracker
+from predictor.errors import InvalidCall
+
+PRED = LengthDistribution.from_quantiles(100, 200, 400)
+
+
+def test_unknown_tenant_is_not_conservative() -> None:
+    stats = ErrorTracker().stats("nobody")
+    assert (stats.count, stats.p90_coverage, stats.conservative) == (0, 1.0, False)
+
+
+def test_accurate_predictions_keep_normal_mode() -> None:
+    tracker = ErrorTracker(min_samples=5)
+    for n in (90, 100, 110, 150, 180, 100):
+        tracker.record("t", PRED, n)
+    stats = tracker.stats("t")
+    assert stats.p90_coverage == 1.0
+    assert stats.mean_abs_log_error == pytest.approx(
+        sum(abs(math.log1p(n) - math.log1p(100)) for n in (90, 100, 110, 150, 180, 100)) / 6
+    )
+    assert not tracker.conservative("t")
+    assert tracker.planning_length("t", PRED) == 100
+    assert tracker.planning_quantile("t") == 0.5
+
+
+def test_large_error_switches_to_p90_after_min_samples() -> None:
+    tracker = ErrorTracker(min_samples=5, error_threshold=0.9, coverage_floor=0.0)
+    for i in range(5):
+        tracker.record("t", PRED, 10 if i % 2 else 1000)
+        assert tracker.conservative("t") is (i == 4)
+    assert tracker.planning_length("t", PRED) == 200
+    assert tracker.planning_quantile("t") == 0.9
+    assert not tracker.conservative("other")
+
+
+def test_low_coverage_alone_switches_to_conservative() -> None:
+    tracker = ErrorTracker(min_samples=4, error_threshold=100.0, coverage_floor=0.75)
+    for n in (300, 300, 100, 100):
+        tracker.record("t", PRED, n)
+    assert tracker.stats("t").p90_coverage == 0.5
+    assert tracker.conservative("t")
+
+
+def test_window_slides_and_running_sums_match_a_recount() -> None:
+    tracker = ErrorTracker(window=10, min_samples=10)
+    rng = random.Random(3)
+    history = []
+    for _ in range(500):
+        n = rng.randint(0, 1000)
+        history.append(n)
+        tracker.record("t", PRED, n)
+        recent = history[-10:]
+        stats = tracker.stats("t")
+        expected = sum(abs(math.log1p(x) - math.log1p(100)) for x in recent) / len(recent)
+        assert stats.mean_abs_log_error == pytest.approx(expected)
+        assert stats.p90_coverage == sum(x <= 200 for x in recent) / len(recent)
+    for _ in range(10):
+        tracker.record("t", PRED, 100)
+    assert not tracker.conservative("t")  # the bad past has slid out
+
+
+def test_tenants_are_bounded() -> None:
+    tracker = ErrorTracker(max_tenants=3)
+    for i in range(10):
+        tracker.record(f"t{i}", PRED, 100)
+    assert tracker.stats("t0").count == 0 and tracker.stats("t9").count == 1
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(InvalidCall):
+        ErrorTracker(window=5, min_samples=6)
+    with pytest.raises(InvalidCall):
+        ErrorTracker().record("t", PRED, -3)

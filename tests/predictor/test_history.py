@@ -1,0 +1,97 @@
+import math
+import random
+
+import numpy as np
+import pytest
+
+from predictor.base import CallFeatures
+from predictor.distribution import LengthDistribution
+from predictor.errors import InvalidCall
+from predictor.history import HistoryPredictor
+
+PRIOR = LengthDistribution.from_quantiles(100, 300, 500)
+
+
+def call(
+    tenant: str = "t", node: str = "n", max_tokens: int = 1000, prompt: int = 50
+) -> CallFeatures:
+    return CallFeatures(tenant, node, prompt_tokens=prompt, max_tokens=max_tokens)
+
+
+def test_no_history_gives_the_prior_capped_at_max_tokens() -> None:
+    h = HistoryPredictor(PRIOR)
+    assert h.predict(call()) == PRIOR
+    capped = h.predict(call(max_tokens=200))
+    assert capped.p90 == 200 and capped.p99 == 200
+
+
+def test_node_history_wins_once_it_has_enough_calls() -> None:
+    h = HistoryPredictor(PRIOR, min_count=3)
+    for n in (10, 20, 30):
+        h.observe(call(node="short"), n)
+    for n in (400, 500, 600):
+        h.observe(call(node="long"), n)
+    short, long_ = h.predict(call(node="short")), h.predict(call(node="long"))
+    assert short.p50 == 20 and long_.p50 == 500
+    assert short.p90 == pytest.approx(np.quantile([10, 20, 30], 0.9))
+
+
+def test_fallback_goes_node_then_tenant_then_global_then_prior() -> None:
+    h = HistoryPredictor(PRIOR, min_count=2)
+    h.observe(call(tenant="a", node="x"), 10)
+    assert h.predict(call(tenant="a", node="x")) == PRIOR  # one call is not enough anywhere
+    h.observe(call(tenant="a", node="y"), 30)
+    assert h.predict(call(tenant="a", node="x")).p50 == 20  # tenant a: 10 and 30
+    assert h.predict(call(tenant="b", node="x")).p50 == 20  # global: same two calls
+    h.observe(call(tenant="b", node="z"), 1000)
+    assert h.predict(call(tenant="a", node="new")).p50 == 20
+    assert h.predict(call(tenant="b", node="new")).p50 == 30  # global median of 10, 30, 1000
+
+
+def test_mean_is_an_exponential_moving_average() -> None:
+    h = HistoryPredictor(PRIOR, alpha=0.5, min_count=1)
+    for n in (100, 200, 0):
+        h.observe(call(), n)
+    assert h.predict(call()).mean == pytest.approx(75)  # 100, then 150, then 75
+
+
+def test_window_forgets_old_lengths() -> None:
+    h = HistoryPredictor(PRIOR, window=4, min_count=1)
+    for n in (1000, 1000, 1000, 1000, 5, 5, 5, 5):
+        h.observe(call(), n)
+    assert h.predict(call()).p99 == 5
+
+
+def test_keys_are_bounded_by_lru_eviction() -> None:
+    h = HistoryPredictor(PRIOR, max_keys=5, min_count=1)
+    for i in range(50):
+        h.observe(call(tenant=f"t{i}", node=f"n{i}"), i)
+    assert len(h._stats) <= 5
+    assert h.predict(call(tenant="t49", node="n49")).p50 == 49
+    assert h.profile("t0") is None and h.profile("t49") is not None
+
+
+def test_a_call_without_node_name_uses_and_feeds_its_tenant_key_once() -> None:
+    h = HistoryPredictor(PRIOR, min_count=2)
+    h.observe(call(node=""), 10)
+    assert h.predict(call(node="")) == PRIOR  # counted once, not twice
+
+
+def test_profile_tracks_log_moments_of_prompt_and_output() -> None:
+    h = HistoryPredictor(PRIOR, alpha=0.05)
+    rng = random.Random(0)
+    for _ in range(2000):
+        h.observe(call(prompt=rng.randint(90, 110)), rng.randint(180, 220))
+    profile = h.profile("t")
+    assert profile is not None and profile.count == 2000
+    assert profile.mean_log_output == pytest.approx(math.log1p(200), abs=0.02)
+    assert profile.output_z(200) == pytest.approx(0, abs=0.3)
+    assert profile.output_z(2000) > 5  # floor on std keeps the scale sane
+    assert profile.prompt_z(100) == pytest.approx(0, abs=0.3)
+
+
+def test_invalid_settings_and_lengths_are_refused() -> None:
+    with pytest.raises(InvalidCall):
+        HistoryPredictor(PRIOR, alpha=0)
+    with pytest.raises(InvalidCall):
+        HistoryPredictor(PRIOR).observe(call(), -1)
