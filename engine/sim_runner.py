@@ -6,7 +6,9 @@ GEMMs) and a cost per token of context read by attention,
     t = overhead_s + per_token_s * num_batched_tokens + per_context_token_s * sum(context)
 
 fitted by least squares to measured steps of the real engine. Sampled tokens are a hash of
-the request id and position, never an end-of-sequence id, so lengths are set by max_tokens.
+the request id and position, never an end-of-sequence id, so lengths are set by max_tokens,
+unless a request was given a true output length: then it emits end-of-sequence there (so a
+request can carry a large max_tokens and still stop where the trace says it did).
 """
 
 from __future__ import annotations
@@ -69,13 +71,21 @@ class SimulatedRunner:
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset({eos_token_id})
         self._eos = eos_token_id
+        self._lengths: dict[str, int] = {}
+
+    def set_output_length(self, request_id: str, num_tokens: int) -> None:
+        """Make the request's `num_tokens`-th output token an end-of-sequence."""
+        self._lengths[request_id] = num_tokens
 
     def execute(self, plan: StepPlan) -> StepOutput:
         sampled = {}
         for seq in plan.seqs:
             if seq.sample:
                 pos = seq.start_pos + len(seq.token_ids)
-                sampled[seq.request_id] = self._token(seq.request_id, pos)
+                ends = self._lengths.get(seq.request_id) == seq.num_output_tokens + 1
+                sampled[seq.request_id] = self._eos if ends else self._token(seq.request_id, pos)
+        for request_id in plan.freed_ids:
+            self._lengths.pop(request_id, None)
         elapsed = self.model.plan_time(plan)
         if self.realtime:
             time.sleep(elapsed)

@@ -104,3 +104,19 @@ def test_prefix_cache_hit_skips_computed_blocks() -> None:
     plan = sched.schedule()
     assert plan.seqs[0].start_pos == 8 and len(plan.seqs[0].token_ids) == 2
     assert second.num_cached_tokens == 8
+
+
+def test_simulated_runner_stops_at_a_given_true_length() -> None:
+    from engine.sampling import SamplingParams
+    from tests.engine.factories import make_sim_engine
+
+    llm = make_sim_engine(num_blocks=64)
+    rid = llm.add_request([1, 2, 3], SamplingParams(max_tokens=100), detokenize=False)
+    llm.runner.set_output_length(rid, 7)  # type: ignore[attr-defined]
+    finished = []
+    while llm.has_unfinished:
+        finished += [out.request for out in llm.step() if out.finished]
+    assert len(finished) == 1 and finished[0] is not None
+    assert finished[0].num_output_tokens == 7
+    assert finished[0].finish_reason is FinishReason.STOP
+    assert llm.block_manager.num_free_blocks == 64
