@@ -4,7 +4,10 @@ Each step has a token budget. Running requests go first (a decode costs one toke
 unfinished prompt a chunk of it), in priority order; then waiting requests are admitted in
 priority order while the budget, the sequence cap and the KV pool allow. Admission reserves KV
 by `ReserveMode`: the known tokens only (vLLM), prompt + max_tokens (worst case), or prompt +
-the predicted output length; a request that outgrows its reservation extends lazily. When a
+the predicted output length. A reservation is a promise, not an allocation: a request is
+admitted only while the free blocks cover every running request's unallocated reservation plus
+its own, and blocks are allocated as tokens arrive; a request that outgrows its reservation
+extends lazily from whatever is free. When a
 running request cannot get a block, the running request with the lowest priority (then the
 newest) is preempted by recompute: its blocks are freed and it waits again with its output so
 far. No request is ever skipped past: admission stops at the first one that does not fit.
@@ -93,8 +96,9 @@ class Scheduler:
     def capacity(self) -> Capacity:
         """KV blocks and sequence slots left once every waiting request is admitted."""
         waiting_blocks = sum(self.blocks.blocks_for(r.num_tokens) for r in self.waiting)
+        promised = waiting_blocks + self._outstanding_blocks()
         return Capacity(
-            free_blocks=self.blocks.num_free_blocks - waiting_blocks,
+            free_blocks=self.blocks.num_free_blocks - promised,
             free_seqs=self.config.max_num_seqs - len(self.running) - len(self.waiting),
             num_running=len(self.running),
             num_waiting=len(self.waiting),
@@ -175,9 +179,13 @@ class Scheduler:
             cached = self.blocks.find_cached_prefix(request.all_token_ids)
             num_cached = len(cached) * self.blocks.block_size
             num_new = min(request.num_tokens - num_cached, budget)
-            target = self._admission_tokens(request, num_cached + num_new)
-            if not self.blocks.allocate_slots(request, target, cached):
+            reserve = self._admission_tokens(request, num_cached + num_new)
+            headroom = self.blocks.num_free_blocks - self._outstanding_blocks()
+            if self.blocks.blocks_for(reserve) - len(cached) > headroom:
                 break
+            if not self.blocks.allocate_slots(request, num_cached + num_new, cached):
+                break
+            request.reserved_tokens = reserve
             self.waiting.pop(0)
             if request.status is RequestStatus.PREEMPTED:
                 request.num_recomputed_tokens += request.num_tokens - num_cached
@@ -189,8 +197,15 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _outstanding_blocks(self) -> int:
+        """Blocks promised to running requests' reservations but not yet allocated."""
+        return sum(
+            max(self.blocks.blocks_for(r.reserved_tokens) - len(r.block_ids), 0)
+            for r in self.running
+        )
+
     def _admission_tokens(self, request: Request, scheduled_end: int) -> int:
-        """Tokens of KV to hold at admission, by reservation mode."""
+        """Tokens of KV to set aside at admission, by reservation mode."""
         mode = self.config.reserve_mode
         params = request.params
         if mode is ReserveMode.NONE:

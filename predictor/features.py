@@ -34,7 +34,7 @@ _CUE_PHRASES: dict[str, str] = {
     "brainstorm top|give me|come up|a few",
     "detail": "detail detailed elaborate comprehensive thorough thoroughly|in depth|step by",
     "explain": "explain describe discuss why|how do|how does|how can|how to|how would",
-    "brief": "brief briefly short concise concisely summary summarize summarise tl;dr|"
+    "brief": "brief briefly short concise concisely summary summarize summarise tldr|"
     "in a|a sentence|one sentence",
     "one_word": "|one word|single word|yes or|true or|only the|just the|answer only",
     "choose": "classify categorize categorise choose select identify rate|which one|which of",

@@ -7,6 +7,9 @@ serving model's tokenizer; `lengths` are output tokens of independent samples, e
 is what a predicted distribution must cover. Invariant: rows read back equal rows written, and
 every row has at least one length within `[0, max_tokens]`.
 
+Pooled prefill hidden vectors (for the `hidden` predictor) live beside the labels in an
+`.npz` of `ids` and a float16 `vectors` matrix, one row per id.
+
 The train/test split is by prompt, never by row: a prompt is held out when the CRC-32 of its
 id is divisible by `HELD_OUT_EVERY`, so every tool agrees on the split without a file.
 """
@@ -19,6 +22,8 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from predictor.errors import LabelsInvalid
 
@@ -90,3 +95,24 @@ def read_labels(path: Path) -> list[LabelRow]:
     if len(set(ids)) != len(ids):
         raise LabelsInvalid(f"{path} labels some prompt twice")
     return rows
+
+
+def write_hidden(path: Path, vectors: dict[str, list[float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ids = sorted(vectors)
+    matrix = np.array([vectors[i] for i in ids], dtype=np.float16)
+    with path.open("wb") as f:
+        np.savez_compressed(f, ids=np.array(ids), vectors=matrix)
+
+
+def read_hidden(path: Path) -> dict[str, tuple[float, ...]]:
+    if not path.is_file():
+        raise LabelsInvalid(f"{path} not found")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            ids, matrix = data["ids"], data["vectors"].astype(np.float64)
+    except (OSError, KeyError, ValueError) as exc:
+        raise LabelsInvalid(f"{path}: {exc}") from exc
+    if matrix.ndim != 2 or len(ids) != len(matrix):
+        raise LabelsInvalid(f"{path}: expected one vector per id")
+    return {str(i): tuple(float(x) for x in row) for i, row in zip(ids, matrix, strict=True)}

@@ -2,7 +2,9 @@
 
 A linear model gives the prompt's central log length `mu = bias + w_dense . dense + v *
 sum(w_hash[bucket])` (see `predictor.features`); each quantile q in `QUANTILES` is
-`expm1(a_q + b_q * mu)`, clipped to `[0, max_tokens]` and made non-decreasing in q. Weights
+`expm1(a_q + b_q * mu)`, clipped to `[0, max_tokens]` and made non-decreasing in q. The
+`hidden` variant (trained with pooled prefill hidden vectors) adds `w_hidden . (h - mean)`
+once the call is prefilled (`refine`); before that it predicts as if `h` were the mean. Weights
 live in plain Python lists at inference, which for a few hundred features is faster than
 numpy's per-call overhead. The artifact is one `.npz` (no pickles) whose metadata names the
 feature layout it was trained with. Invariant: a loaded model's feature layout equals the
@@ -23,12 +25,14 @@ import numpy as np
 
 from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
-from predictor.errors import ArtifactInvalid, ArtifactMissing
+from predictor.errors import ArtifactInvalid, ArtifactMissing, InvalidCall
 from predictor.features import DENSE_NAMES, FEATURE_VERSION, HASH_DIM, extract
 
 QUANTILES = (0.5, 0.9, 0.99)
 FORMAT_VERSION = "1"
 DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_model.npz"
+HIDDEN_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_hidden_model.npz"
+_ARRAYS = ("dense_weights", "hash_weights", "bias", "heads", "hidden_weights", "hidden_mean")
 
 
 class PromptModel:
@@ -39,9 +43,15 @@ class PromptModel:
         bias: float,
         heads: np.ndarray,
         meta: dict[str, str],
+        hidden_weights: np.ndarray | None = None,
+        hidden_mean: np.ndarray | None = None,
     ) -> None:
         if dense_weights.shape != (len(DENSE_NAMES),) or hash_weights.shape != (HASH_DIM,):
             raise ArtifactInvalid("weights do not match the feature layout")
+        self.hidden_weights = np.zeros(0) if hidden_weights is None else hidden_weights
+        self.hidden_mean = np.zeros(0) if hidden_mean is None else hidden_mean
+        if self.hidden_weights.ndim != 1 or self.hidden_weights.shape != self.hidden_mean.shape:
+            raise ArtifactInvalid("hidden weights and mean must be vectors of one size")
         if heads.shape != (len(QUANTILES), 2):
             raise ArtifactInvalid(f"expected {len(QUANTILES)} quantile heads (a, b)")
         self.dense_weights = dense_weights.astype(np.float64)
@@ -72,6 +82,19 @@ class PromptModel:
     def predict(self, call: CallFeatures) -> LengthDistribution:
         return self.distribution(self.point(call.prompt_text, call.prompt_tokens), call.max_tokens)
 
+    @property
+    def hidden_size(self) -> int:
+        """Length of the hidden vector `refine` takes; 0 for a prompt-only model."""
+        return len(self.hidden_weights)
+
+    def refine(self, call: CallFeatures, hidden: Sequence[float]) -> LengthDistribution:
+        """The prediction once the call is prefilled and its pooled hidden vector is known."""
+        if len(hidden) != self.hidden_size:
+            raise InvalidCall(f"hidden vector of {len(hidden)}, model takes {self.hidden_size}")
+        shift = float(np.dot(self.hidden_weights, np.asarray(hidden) - self.hidden_mean))
+        mu = self.point(call.prompt_text, call.prompt_tokens) + shift
+        return self.distribution(mu, call.max_tokens)
+
     def observe(self, call: CallFeatures, true_len: int) -> None:
         """A static model: online correction is the history predictor's job."""
 
@@ -81,10 +104,12 @@ class PromptModel:
         with path.open("wb") as f:
             np.savez_compressed(
                 f,
-                dense_weights=self.dense_weights.astype(np.float32),
-                hash_weights=self.hash_weights.astype(np.float32),
+                dense_weights=self.dense_weights,
+                hash_weights=self.hash_weights,
                 bias=np.array(self.bias),
                 heads=self.heads,
+                hidden_weights=self.hidden_weights,
+                hidden_mean=self.hidden_mean,
                 meta=np.array(json.dumps(meta, sort_keys=True)),
             )
 
@@ -95,13 +120,13 @@ class PromptModel:
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
-                arrays = [data[k] for k in ("dense_weights", "hash_weights", "bias", "heads")]
+                arrays = [data[k] for k in _ARRAYS]
         except (OSError, KeyError, ValueError) as exc:
             raise ArtifactInvalid(f"{path}: {exc}") from exc
         if meta.get("format") != FORMAT_VERSION or meta.get("layout") != _layout():
             raise ArtifactInvalid(f"{path} was trained with another feature layout: retrain it")
-        dense_w, hash_w, bias, heads = arrays
-        return cls(dense_w, hash_w, float(bias), heads, meta)
+        dense_w, hash_w, bias, heads, hidden_w, hidden_mean = arrays
+        return cls(dense_w, hash_w, float(bias), heads, meta, hidden_w, hidden_mean)
 
 
 def _layout() -> str:
@@ -115,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     cmd.add_argument("--labels", type=Path, action="append", required=True)
     cmd.add_argument("--data", type=Path, default=Path("../shared/data"))
     cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
+    cmd.add_argument(
+        "--hidden", type=Path, action="append", default=[], help="pooled hidden vectors (.npz)"
+    )
     cmd.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
     cmd.add_argument("--all", action="store_true", help="also train on the held-out prompts")
     cmd.add_argument("--seed", type=int, default=0)
@@ -122,15 +150,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     from predictor.training import train, training_examples
 
     examples, sources = training_examples(
-        args.labels, args.data, prompt_files=args.prompts, include_held_out=args.all
+        args.labels,
+        args.data,
+        prompt_files=args.prompts,
+        hidden_files=args.hidden,
+        include_held_out=args.all,
     )
     model, report = train(examples, seed=args.seed, meta={"labels": sources})
     model.save(args.out)
-    best = f"{report.damp:g}/{report.hash_scale:g}"
+    best = f"{report.damp:g}/{report.hash_scale:g}/{report.hidden_scale:g}"
     print(
         f"trained on {report.num_prompts} prompts ({report.num_samples} samples); "
-        f"damp/hash_scale {best}, out-of-fold tau {report.cv_tau[best]:.3f}; wrote {args.out} "
-        f"({args.out.stat().st_size // 1024} KiB)"
+        f"damp/hash_scale/hidden_scale {best}, out-of-fold tau {report.cv_tau[best]:.3f}; "
+        f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)"
     )
 
 

@@ -89,7 +89,8 @@ class Replay:
                 self._prefill_step()
             else:
                 self._decode_stretch()
-        return [Estimate(t, c) for t, c in zip(self.ttft, self.completion, strict=True)]
+        real = zip(self.ttft[: self.num_real], self.completion[: self.num_real], strict=True)
+        return [Estimate(t, c) for t, c in real]
 
     def _arrive(self) -> None:
         while self.load is not None and self.next_arrival <= self.time:

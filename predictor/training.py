@@ -1,9 +1,11 @@
 """Offline training of the prompt model from length labels.
 
 Point model: ridge regression of a prompt's central log length (the mean of `log1p` over its
-sampled lengths) on standardised dense features, hashed n-grams (scaled by `hash_scale`) and a
-large constant column that carries an almost unpenalised intercept, solved by LSQR. The ridge
-strength and hash scale are chosen by k-fold cross-validation *by prompt* for Kendall's tau.
+sampled lengths) on standardised dense features, hashed n-grams (scaled by `hash_scale`), for
+the `hidden` variant the standardised pooled prefill hidden vector (scaled by `hidden_scale`),
+and a large constant column that carries an almost unpenalised intercept, solved by LSQR. The
+ridge strength and the scales are chosen by k-fold cross-validation *by prompt* for Kendall's
+tau.
 Quantile heads: for each level q in (0.5, 0.9, 0.99), `log1p(length) ~ a_q + b_q * mu(x)` fitted
 by pinball loss on every individual sample against the out-of-fold point `mu(x)`, so the
 spread learnt is the honest spread on unseen prompts: for each slope on a grid the best
@@ -13,6 +15,7 @@ Invariant: no prompt's samples ever fit the point model that predicts its out-of
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,13 +25,14 @@ import numpy as np
 
 from predictor.errors import NotEnoughData
 from predictor.features import DENSE_NAMES, HASH_DIM, PromptFeatures, extract
-from predictor.labels import is_held_out, read_labels
+from predictor.labels import is_held_out, read_hidden, read_labels
 from predictor.metrics import kendall_tau
 from predictor.prompt_model import QUANTILES, PromptModel
 from predictor.sources import jsonl_prompts, resolve
 
 DAMPS = (0.3, 1.0, 3.0)
 HASH_SCALES = (0.0, 1.0, 3.0)
+HIDDEN_SCALES = (0.1, 0.3, 1.0)
 SLOPES = np.linspace(0.0, 2.0, 201)
 _CONSTANT = 30.0  # value of the intercept column: its weight is tiny, so ridge barely shrinks it
 
@@ -38,13 +42,15 @@ class Example:
     text: str
     prompt_tokens: int
     lengths: tuple[int, ...]
+    hidden: tuple[float, ...] = ()  # pooled prefill hidden vector, for the hidden variant
 
 
 @dataclass(frozen=True, slots=True)
 class TrainReport:
     damp: float
     hash_scale: float
-    cv_tau: dict[str, float]  # "damp/hash_scale" -> mean out-of-fold Kendall tau
+    hidden_scale: float  # 0 without hidden vectors
+    cv_tau: dict[str, float]  # "damp/hash_scale/hidden_scale" -> out-of-fold Kendall tau
     num_prompts: int
     num_samples: int
 
@@ -54,17 +60,26 @@ def training_examples(
     data_dir: Path,
     *,
     prompt_files: Sequence[Path] = (),
+    hidden_files: Sequence[Path] = (),
     include_held_out: bool = False,
 ) -> tuple[list[Example], str]:
-    """Labelled prompts joined to their texts (from the built-in sources or `prompt_files`),
-    held-out prompts left out unless asked, and a description of the labels for metadata."""
+    """Labelled prompts joined to their texts (from the built-in sources or `prompt_files`)
+    and, given `hidden_files`, to their hidden vectors (prompts without one are left out);
+    held-out prompts are left out unless asked. Also a description of the labels."""
     rows = [row for path in label_paths for row in read_labels(path)]
     rows = [r for r in rows if include_held_out or not is_held_out(r.prompt_id)]
+    vectors = {k: v for path in hidden_files for k, v in read_hidden(path).items()}
+    if hidden_files:
+        rows = [r for r in rows if r.prompt_id in vectors]
     extra = [p for path in prompt_files for p in jsonl_prompts(path)]
     texts = resolve((r.prompt_id for r in rows), data_dir, extra)
     generators = sorted({r.generator for r in rows})
     sources = "; ".join(f"{p.name}" for p in label_paths) + " by " + ", ".join(generators)
-    return [Example(texts[r.prompt_id], r.prompt_tokens, r.lengths) for r in rows], sources
+    examples = [
+        Example(texts[r.prompt_id], r.prompt_tokens, r.lengths, vectors.get(r.prompt_id, ()))
+        for r in rows
+    ]
+    return examples, sources
 
 
 def train(
@@ -72,43 +87,50 @@ def train(
     *,
     damps: Sequence[float] = DAMPS,
     hash_scales: Sequence[float] = HASH_SCALES,
+    hidden_scales: Sequence[float] = HIDDEN_SCALES,
     folds: int = 5,
     seed: int = 0,
     meta: dict[str, str] | None = None,
 ) -> tuple[PromptModel, TrainReport]:
+    """Fit on `examples`; with hidden vectors on every example, the hidden variant."""
     if len(examples) < 2 * folds:
         raise NotEnoughData(f"need at least {2 * folds} labelled prompts, got {len(examples)}")
     feats = [extract(e.text, e.prompt_tokens) for e in examples]
-    dense = np.array([f.dense for f in feats])
+    hidden = np.array([e.hidden for e in examples], dtype=np.float64)
+    if hidden.ndim != 2 or hidden.shape[1] == 0:
+        hidden, hidden_scales = np.zeros((len(examples), 0)), (0.0,)
+    dense = np.hstack([np.array([f.dense for f in feats]), hidden])
     mean, scale = dense.mean(axis=0), dense.std(axis=0)
-    scale[scale == 0] = 1.0
+    scale[scale < 1e-8] = 1.0  # (near-)constant columns: leave them unscaled, not blown up
     target = np.array([np.mean(np.log1p(e.lengths)) for e in examples])
+    medians = [float(np.median(e.lengths)) for e in examples]
     fold_of = np.random.default_rng(seed).permutation(len(examples)) % folds
-    cv_tau, best, best_oof = {}, (-2.0, 0.0, 0.0), np.zeros(len(examples))
-    for damp in damps:
-        for hash_scale in hash_scales:
-            design = _design(feats, mean, scale, hash_scale)
-            oof = _out_of_fold(design, target, fold_of, damp)
-            tau = kendall_tau(list(oof), [float(np.median(e.lengths)) for e in examples])
-            cv_tau[f"{damp:g}/{hash_scale:g}"] = tau
-            if tau > best[0]:
-                best, best_oof = (tau, damp, hash_scale), oof
-    _, damp, hash_scale = best
-    coef = _ridge(_design(feats, mean, scale, hash_scale), target, damp)
+    cv_tau, best, best_oof = {}, (-2.0, 0.0, 0.0, 0.0), np.zeros(len(examples))
+    for damp, hash_scale, hidden_scale in itertools.product(damps, hash_scales, hidden_scales):
+        design = _design(feats, (dense - mean) / scale, hash_scale, hidden_scale)
+        oof = _out_of_fold(design, target, fold_of, damp)
+        tau = kendall_tau(list(oof), medians)
+        cv_tau[f"{damp:g}/{hash_scale:g}/{hidden_scale:g}"] = tau
+        if tau > best[0]:
+            best, best_oof = (tau, damp, hash_scale, hidden_scale), oof
+    _, damp, hash_scale, hidden_scale = best
+    coef = _ridge(_design(feats, (dense - mean) / scale, hash_scale, hidden_scale), target, damp)
     heads = tuple(_quantile_head(best_oof, examples, q) for q in QUANTILES)
-    model = _fold_standardisation(coef, mean, scale, hash_scale, heads, meta or {})
-    report = TrainReport(
-        damp, hash_scale, cv_tau, len(examples), sum(len(e.lengths) for e in examples)
-    )
+    scales = np.concatenate([np.ones(len(DENSE_NAMES)), np.full(hidden.shape[1], hidden_scale)])
+    model = _fold_standardisation(coef, mean, scale / scales, hash_scale, heads, meta or {})
+    num_samples = sum(len(e.lengths) for e in examples)
+    report = TrainReport(damp, hash_scale, hidden_scale, cv_tau, len(examples), num_samples)
     return model, report
 
 
 def _design(
-    feats: Sequence[PromptFeatures], mean: np.ndarray, scale: np.ndarray, hash_scale: float
+    feats: Sequence[PromptFeatures], standard: np.ndarray, hash_scale: float, hidden_scale: float
 ) -> object:
+    """[standardised dense | hidden * hidden_scale | hashed * hash_scale | constant]."""
     from scipy import sparse
 
-    dense = (np.array([f.dense for f in feats]) - mean) / scale
+    k = len(DENSE_NAMES)
+    dense = np.hstack([standard[:, :k], standard[:, k:] * hidden_scale])
     rows = np.repeat(np.arange(len(feats)), [len(f.hashed) for f in feats])
     cols = np.concatenate([np.asarray(f.hashed, dtype=np.int64) for f in feats])
     vals = np.repeat([f.hashed_value * hash_scale for f in feats], [len(f.hashed) for f in feats])
@@ -157,9 +179,14 @@ def _fold_standardisation(
     heads: tuple[tuple[float, float], ...],
     meta: dict[str, str],
 ) -> PromptModel:
-    k = len(DENSE_NAMES)
-    dense_w = coef[:k] / scale
-    bias = float(coef[-1] * _CONSTANT - np.dot(dense_w, mean))
-    hash_w = coef[k : k + HASH_DIM] * hash_scale
+    """Weights on raw features: dense and hidden columns were `(x - mean) / scale`.
+
+    The dense features' means go into the bias; the hidden means stay apart, so a prediction
+    without a hidden vector is the one at the training mean vector.
+    """
+    k, width = len(DENSE_NAMES), len(mean)
+    weights = coef[:width] / scale
+    bias = float(coef[-1] * _CONSTANT - np.dot(weights[:k], mean[:k]))
+    hash_w = coef[width : width + HASH_DIM] * hash_scale
     assert math.isfinite(bias), "ridge produced a non-finite intercept"
-    return PromptModel(dense_w, hash_w, bias, np.array(heads), meta)
+    return PromptModel(weights[:k], hash_w, bias, np.array(heads), meta, weights[k:], mean[k:])

@@ -63,16 +63,30 @@ def test_preempts_lowest_priority_newest_and_recomputes() -> None:
     assert sched.blocks.num_free_blocks == 4
 
 
-def test_reserve_modes_hold_different_amounts_at_admission() -> None:
-    held = {}
+def test_reserve_modes_promise_different_amounts_and_allocate_lazily() -> None:
+    promised = {}
     for mode in ReserveMode:
         sched = make_scheduler(num_blocks=64, block_size=4, reserve_mode=mode)
         req = make_request("a", prompt_len=8, max_tokens=40)
         req.predicted_output_len = 12
         sched.add(req)
         sched.schedule()
-        held[mode] = len(req.block_ids)
-    assert held == {ReserveMode.NONE: 2, ReserveMode.PREDICTED: 5, ReserveMode.MAX: 12}
+        assert len(req.block_ids) == 2  # only the prompt is allocated
+        promised[mode] = 64 - sched.capacity().free_blocks
+    assert promised == {ReserveMode.NONE: 2, ReserveMode.PREDICTED: 5, ReserveMode.MAX: 12}
+
+
+def test_admission_respects_other_requests_reservations() -> None:
+    sched = make_scheduler(num_blocks=8, block_size=4, reserve_mode=ReserveMode.PREDICTED)
+    first = make_request("first", prompt_len=4, max_tokens=40, arrival=0.0)
+    first.predicted_output_len = 20  # promises 6 of the 8 blocks
+    second = make_request("second", prompt_len=8, max_tokens=4, arrival=1.0)
+    second.predicted_output_len = 4  # needs 3 blocks: only 2 are unpromised
+    sched.add(first)
+    sched.add(second)
+    plan = sched.schedule()
+    assert [s.request_id for s in plan.seqs] == ["first"]
+    assert sched.blocks.num_free_blocks == 7
 
 
 def test_admission_stops_at_first_request_that_does_not_fit() -> None:

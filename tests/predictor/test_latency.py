@@ -128,3 +128,17 @@ def test_impossible_states_are_refused(state: EngineState) -> None:
 def test_settings_where_decodes_overflow_a_step_are_refused() -> None:
     with pytest.raises(InvalidCall):
         LatencyModel(STEP, token_budget=8, max_num_seqs=8)
+
+
+def test_expected_load_is_the_mean_of_recent_arrivals() -> None:
+    model = LatencyModel(STEP, token_budget=BUDGET, max_num_seqs=SEQS, arrival_window=3)
+    assert model.expected_load() is None
+    model.observe_arrival(1.0, 100, 10)
+    assert model.expected_load() is None
+    for now, prompt, output in [(2.0, 200, 20), (3.0, 300, 30), (5.0, 400, 40)]:
+        model.observe_arrival(now, prompt, output)
+    load = model.expected_load()
+    assert load is not None
+    assert (load.gap_s, load.prompt_tokens, load.output_tokens) == (1.5, 300, 30)  # last three
+    with pytest.raises(InvalidCall):
+        model.observe_arrival(4.0, 1, 1)

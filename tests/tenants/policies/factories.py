@@ -61,4 +61,3 @@ def dispatch_all(policy: Policy, now: float = 0.0) -> list[str]:
         policy.mark_dispatched(call.call_id, now)
         order.append(call.call_id)
     return order
-

@@ -73,8 +73,9 @@ class ToyEngine:
             parents = [f"n{p}" for p in range(k) if self.rng.random() < 0.35][:2]
             true = self.rng.randint(1, 40)
             predicted = true * math.exp(self.rng.gauss(0, 0.6))
-            nodes.append(NodeCost(f"n{k}", tuple(parents), self.rng.randint(0, 300), predicted,
-                                  48, true))
+            nodes.append(
+                NodeCost(f"n{k}", tuple(parents), self.rng.randint(0, 300), predicted, 48, true)
+            )
         return JobInfo(job_id, tenant, WEIGHTS[tenant], step * STEP_S, tuple(nodes))
 
     def submit(self, info: JobInfo, step: int) -> None:
@@ -121,8 +122,10 @@ class ToyEngine:
 
     def past_knee(self, load: EngineLoad) -> bool:
         knee = load.knee_calls
-        return isinstance(self.policy, JustitiaPolicy) and knee is not None and (
-            load.running_calls >= knee
+        return (
+            isinstance(self.policy, JustitiaPolicy)
+            and knee is not None
+            and (load.running_calls >= knee)
         )
 
     def check_holding_back(self, load: EngineLoad) -> None:
@@ -214,8 +217,13 @@ def chain_job(job_id: str, tenant: str, calls: int, prompt: int, output: int, st
 
 @pytest.mark.parametrize(
     ("name", "kwargs"),
-    [("fcfs", {}), ("vtc", {}), ("justitia", {}), ("las", {"starvation_wait": 5.0}),
-     ("sjf-oracle", {})],
+    [
+        ("fcfs", {}),
+        ("vtc", {}),
+        ("justitia", {}),
+        ("las", {"starvation_wait": 5.0}),
+        ("sjf-oracle", {}),
+    ],
 )
 def test_a_flood_of_small_jobs_starves_a_long_chain_only_under_sjf(
     name: str, kwargs: dict[str, float]
