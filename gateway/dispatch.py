@@ -15,7 +15,6 @@ Invariant: every dispatched call's reservation is settled or released exactly on
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,11 +24,12 @@ import anyio
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 
-from engine import AsyncEngine, FinishReason, RequestStream, SamplingParams, TokenDelta
+from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
+from gateway.calls import CallPlan, CallPlanner, CallRefused
 from gateway.job_run import JobRun, NodeState
 from gateway.jobs.template import render_node
 from gateway.prompts import encode_prompt, prompt_text
-from predictor.base import CallFeatures, LengthPredictor
+from predictor.base import CallFeatures
 from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
 from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall
 
@@ -41,21 +41,20 @@ class Ticket:
     call: ReadyCall
     run: JobRun
     prompt_ids: list[int]
-    params: SamplingParams
-    reserved_tokens: int
+    plan: CallPlan
     model_name: str
-    features: CallFeatures
-    reserve_output: int  # KV the engine sets aside for the output: a high quantile
+
+    @property
+    def quota_tokens(self) -> int:
+        """The worst case reserved in the quota store: prompt + enforced max_tokens."""
+        return len(self.prompt_ids) + self.plan.params.max_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     model_name: str
-    default_temperature: float = 0.7
-    default_top_p: float = 0.9
     reservation_ttl_s: float = 600.0
     knee_calls: int | None = None
-    max_model_len: int = 2048
 
 
 class Dispatcher:
@@ -65,7 +64,7 @@ class Dispatcher:
         policy: Policy,
         store: QuotaStore,
         tokenizer: Any,
-        predictor: LengthPredictor,
+        planner: CallPlanner,
         config: DispatchConfig,
         clock: Callable[[], float] = time.time,
         on_job_end: Callable[[JobRun], None] = lambda run: None,
@@ -74,7 +73,7 @@ class Dispatcher:
         self.policy = policy
         self.store = store
         self.tokenizer = tokenizer
-        self.predictor = predictor
+        self.planner = planner
         self.config = config
         self.clock = clock
         self.on_job_end = on_job_end
@@ -146,7 +145,7 @@ class Dispatcher:
         encoded: dict[str, list[int]] = {}
         for node_id in run.dag.order:
             spec = run.nodes[node_id].spec
-            max_tokens = self._max_tokens(spec.sampling.max_tokens, quota)
+            max_tokens = self.planner.max_tokens(spec, quota)
             blank = render_node(
                 spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
             )
@@ -158,65 +157,38 @@ class Dispatcher:
             features = CallFeatures(
                 run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank)
             )
-            predicted[node_id] = self.predictor.predict(features).mean
+            predicted[node_id] = self.planner.predictor.predict(features).mean
             nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
         return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes)), encoded
-
-    def _max_tokens(self, asked: int | None, quota: TenantQuota) -> int:
-        return min(asked or quota.default_max_tokens, quota.max_tokens_ceiling)
 
     def _make_ready(
         self, run: JobRun, node_id: str, now: float, prompt_ids: list[int] | None = None
     ) -> None:
         spec = run.nodes[node_id].spec
-        quota = self._quotas[run.tenant_id]
         prompt = run.prompt(node_id)
         if prompt_ids is None:
             prompt_ids = encode_prompt(self.tokenizer, prompt)
-        max_tokens = self._max_tokens(spec.sampling.max_tokens, quota)
-        max_tokens = min(max_tokens, self.config.max_model_len - len(prompt_ids))
-        too_long = quota.max_prompt_tokens and len(prompt_ids) > quota.max_prompt_tokens
-        if too_long or max_tokens < 1:
-            limit = quota.max_prompt_tokens or self.config.max_model_len
-            reason = f"prompt of {len(prompt_ids)} tokens exceeds the limit of {limit}"
-            self._finish_node(run, node_id, NodeState.FAILED, reason)
+        try:
+            plan = self.planner.plan(
+                run.tenant_id,
+                spec,
+                prompt_text(prompt),
+                len(prompt_ids),
+                self._quotas[run.tenant_id],
+            )
+        except CallRefused as exc:
+            self._finish_node(run, node_id, NodeState.FAILED, str(exc))
             return
-        sampling = spec.sampling
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=(
-                sampling.temperature
-                if sampling.temperature is not None
-                else self.config.default_temperature
-            ),
-            top_p=sampling.top_p if sampling.top_p is not None else self.config.default_top_p,
-            top_k=sampling.top_k or 0,
-            seed=sampling.seed,
-            stop=sampling.stop,
-        )
-        features = CallFeatures(
-            run.tenant_id, spec.name, len(prompt_ids), max_tokens, prompt_text(prompt)
-        )
-        predicted = self.predictor.predict(features)
         call = ReadyCall(
             f"{run.job_id}/{node_id}",
             run.job_id,
             run.tenant_id,
             node_id,
             len(prompt_ids),
-            predicted.mean,
-            max_tokens,
+            plan.policy_output,
+            plan.params.max_tokens,
         )
-        self.tickets[call.call_id] = Ticket(
-            call,
-            run,
-            prompt_ids,
-            params,
-            reserved_tokens=len(prompt_ids) + max_tokens,
-            model_name=self.config.model_name,
-            features=features,
-            reserve_output=math.ceil(min(predicted.p90, max_tokens)),
-        )
+        self.tickets[call.call_id] = Ticket(call, run, prompt_ids, plan, self.config.model_name)
         self.policy.add_ready(call, now)
 
     async def _loop(self) -> None:
@@ -232,7 +204,7 @@ class Dispatcher:
     async def _dispatch_ready(self) -> None:
         while (call := self.policy.peek(self.clock(), self._load())) is not None:
             ticket = self.tickets[call.call_id]
-            if not self.engine.has_room(call.prompt_tokens + ticket.reserve_output):
+            if not self.engine.has_room(call.prompt_tokens + ticket.plan.reserve_output):
                 return  # woken again when a running call ends
             self.policy.mark_dispatched(call.call_id, self.clock())
             del self.tickets[call.call_id]
@@ -243,7 +215,7 @@ class Dispatcher:
         call = ticket.call
         try:
             await self.store.reserve(
-                call.tenant_id, call.call_id, ticket.reserved_tokens, self.config.reservation_ttl_s
+                call.tenant_id, call.call_id, ticket.quota_tokens, self.config.reservation_ttl_s
             )
         except QuotaExceeded as exc:
             if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
@@ -270,10 +242,10 @@ class Dispatcher:
         call = ticket.call
         stream = self.engine.add_request(
             ticket.prompt_ids,
-            ticket.params,
+            ticket.plan.params,
             request_id=call.call_id,
             priority=self.policy.priority(call.call_id),
-            predicted_output_len=ticket.reserve_output,
+            predicted_output_len=ticket.plan.reserve_output,
         )
         self.running[call.call_id] = stream
         self._followed[call.call_id] = ticket
@@ -316,9 +288,13 @@ class Dispatcher:
         if not run.ended:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
         if last is not None and last.finished:
-            self.predictor.observe(ticket.features, produced)
-            run.nodes[call.node_id].hit_length = last.finish_reason is FinishReason.LENGTH
-            self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
+            self.planner.predictor.observe(ticket.plan.features, produced)
+            hit_length = last.finish_reason is FinishReason.LENGTH
+            run.nodes[call.node_id].hit_length = hit_length
+            if hit_length and ticket.plan.cap_reason:
+                self._finish_node(run, call.node_id, NodeState.CAPPED, ticket.plan.cap_reason)
+            else:
+                self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
         elif not run.ended:
             self._finish_node(run, call.node_id, NodeState.FAILED, "call aborted by the engine")
         self._wake.set()
@@ -350,7 +326,7 @@ class Dispatcher:
 
 
 def _annotate(span: trace.Span, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
-    params = ticket.params
+    params = ticket.plan.params
     span.set_attributes(
         {
             "gen_ai.operation.name": "chat",

@@ -24,12 +24,14 @@ from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
+from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.engine_setup import build_engine_core
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import Settings
 from gateway.telemetry import setup_tracing
+from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
 from predictor.history import HistoryPredictor
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
@@ -82,21 +84,18 @@ async def running_gateway(
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
     jobs = JobRegistry()
-    config = DispatchConfig(
-        model_name=settings.model,
-        default_temperature=settings.default_temperature,
-        default_top_p=settings.default_top_p,
-        reservation_ttl_s=settings.reservation_ttl_s,
-        max_model_len=settings.max_model_len,
+    config = DispatchConfig(model_name=settings.model, reservation_ttl_s=settings.reservation_ttl_s)
+    defaults = CallDefaults(
+        settings.default_temperature, settings.default_top_p, settings.max_model_len
     )
+    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), defaults)
     policy = make_policy(settings.policy)
-    predictor = HistoryPredictor(LENGTH_PRIOR)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
         engine = await stack.enter_async_context(AsyncEngine(core))
         dispatcher = await stack.enter_async_context(
             Dispatcher(
-                engine, policy, store, core.tokenizer, predictor, config, on_job_end=jobs.ended
+                engine, policy, store, core.tokenizer, planner, config, on_job_end=jobs.ended
             )
         )
         server, health_servicer = _build_server(settings, store, jobs, dispatcher)
@@ -127,6 +126,7 @@ def _build_server(
         options=server_options(settings),
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(jobs, dispatcher, store), server)
+
     async def cancel_jobs_of(tenant_id: str) -> None:
         for run in dispatcher.running_jobs():
             if run.tenant_id == tenant_id:

@@ -1,0 +1,96 @@
+"""From a ready node to a call the engine can run: limits, sampling, prediction and the guard.
+
+`CallPlanner.plan` applies the tenant's limits (prompt size, max_tokens ceiling, context
+length), fills sampling defaults, predicts the output length and lets the anomaly guard
+(OWASP LLM10, DESIGN.md §7) judge the call: a flagged call is capped at a tail quantile of its
+prediction, reserves KV at that cap and looks more expensive to the fair-share policy (so it
+yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine import SamplingParams
+from gateway.jobs.model import NodeSpec
+from predictor.anomaly import AnomalyGuard
+from predictor.base import CallFeatures
+from predictor.history import HistoryPredictor
+from tenants import TenantQuota
+
+
+@dataclass(frozen=True, slots=True)
+class CallDefaults:
+    temperature: float = 0.7
+    top_p: float = 0.9
+    max_model_len: int = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class CallPlan:
+    params: SamplingParams
+    features: CallFeatures
+    policy_output: float  # the predicted length the policy orders by (guard penalty applied)
+    reserve_output: int  # KV the engine sets aside for the output
+    cap_reason: str = ""  # set when the guard capped max_tokens below what was asked
+
+
+class CallRefused(Exception):
+    """The call breaks a tenant limit; its node fails with this reason."""
+
+
+class CallPlanner:
+    def __init__(
+        self,
+        predictor: HistoryPredictor,
+        guard: AnomalyGuard | None = None,
+        defaults: CallDefaults | None = None,
+    ) -> None:
+        self.predictor = predictor
+        self.guard = guard
+        self.defaults = defaults or CallDefaults()
+
+    def max_tokens(self, spec: NodeSpec, quota: TenantQuota) -> int:
+        return min(spec.sampling.max_tokens or quota.default_max_tokens, quota.max_tokens_ceiling)
+
+    def plan(
+        self,
+        tenant_id: str,
+        spec: NodeSpec,
+        prompt_text: str,
+        prompt_tokens: int,
+        quota: TenantQuota,
+    ) -> CallPlan:
+        """Raises CallRefused when the prompt is over the tenant's or the model's limit."""
+        max_tokens = min(self.max_tokens(spec, quota), self.defaults.max_model_len - prompt_tokens)
+        limit = quota.max_prompt_tokens
+        if (limit and prompt_tokens > limit) or max_tokens < 1:
+            shown = limit if limit and prompt_tokens > limit else self.defaults.max_model_len
+            raise CallRefused(f"prompt of {prompt_tokens} tokens exceeds the limit of {shown}")
+        features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text)
+        predicted = self.predictor.predict(features)
+        policy_output, reserve, cap_reason = predicted.mean, min(predicted.p90, max_tokens), ""
+        if self.guard is not None:
+            verdict = self.guard.assess(features, predicted, self.predictor.profile(tenant_id))
+            if verdict.flagged:
+                policy_output *= verdict.priority_penalty
+                reserve = verdict.cap_tokens
+                if verdict.cap_tokens < max_tokens:
+                    max_tokens = verdict.cap_tokens
+                    cap_reason = f"capped at {max_tokens} tokens: " + ", ".join(verdict.reasons)
+        sampling = spec.sampling
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=(
+                sampling.temperature
+                if sampling.temperature is not None
+                else self.defaults.temperature
+            ),
+            top_p=sampling.top_p if sampling.top_p is not None else self.defaults.top_p,
+            top_k=sampling.top_k or 0,
+            seed=sampling.seed,
+            stop=sampling.stop,
+        )
+        return CallPlan(params, features, policy_output, math.ceil(reserve), cap_reason)
