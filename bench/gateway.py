@@ -1,0 +1,115 @@
+"""`fairgate bench gateway`: what the gateway itself costs per call, through the whole gRPC path.
+
+The engine is the simulated runner with instant steps (tokens cost nothing), quotas live in a
+real Redis, and real gRPC clients send single-call `Generate` requests of one output token. So
+everything measured is gateway: auth, validation, job admission, policy, quota reserve and
+settle, engine bookkeeping, streaming. Two figures:
+- throughput: `--clients` concurrent clients send `--calls` calls in all; calls/s;
+- added latency: one client, calls one after another (no queueing); p50 / p99 of the time from
+  sending a call to its last response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+import anyio
+import grpc
+import numpy as np
+
+from fairgate.v1 import gateway_pb2 as pb
+from fairgate.v1 import gateway_pb2_grpc
+from gateway.server import running_gateway
+from gateway.settings import Settings
+from tenants import RedisQuotaStore, TenantQuota
+
+
+async def _one_call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]]) -> float:
+    request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
+    start = time.perf_counter()
+    async for _ in stub.Generate(request, metadata=metadata):
+        pass
+    return time.perf_counter() - start
+
+
+async def measure(
+    redis_url: str, calls: int, clients: int, latency_calls: int
+) -> dict[str, object]:
+    prefix = f"fgbench-{uuid.uuid4().hex[:8]}"
+    store = RedisQuotaStore(redis_url, prefix=prefix)
+    settings = Settings(port=0, simulated_engine=True, policy="justitia", max_num_seqs=256)
+    tenants = [f"t{i}" for i in range(4)]
+    async with running_gateway(settings, store=store) as gateway:
+        keys = []
+        for tenant in tenants:
+            await store.create_tenant(tenant, tenant, TenantQuota())
+            keys.append((("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),))
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            for _ in range(50):  # warm-up: connections, script loading, code paths
+                await _one_call(stub, keys[0])
+            latencies = [await _one_call(stub, keys[i % 4]) for i in range(latency_calls)]
+            per_client = calls // clients
+
+            async def client(i: int) -> None:
+                for _ in range(per_client):
+                    await _one_call(stub, keys[i % 4])
+
+            start = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for i in range(clients):
+                    tg.start_soon(client, i)
+            elapsed = time.perf_counter() - start
+        for tenant in tenants:
+            usage = await store.usage(tenant)
+            assert usage.active_reservations == 0, "a reservation leaked"
+            await store.delete_tenant(tenant)
+    ms = np.array(latencies) * 1e3
+    return {
+        "calls_per_s": per_client * clients / elapsed,
+        "added_latency_ms": {
+            "p50": float(np.percentile(ms, 50)),
+            "p99": float(np.percentile(ms, 99)),
+        },
+        "clients": clients,
+        "calls": per_client * clients,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--latency-calls", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    runs = [
+        anyio.run(measure, args.redis, args.calls, args.clients, args.latency_calls)
+        for _ in range(args.repeats)
+    ]
+    result = {
+        "calls_per_s": statistics.median(float(r["calls_per_s"]) for r in runs),  # type: ignore[arg-type]
+        "added_latency_ms": {
+            q: statistics.median(r["added_latency_ms"][q] for r in runs)  # type: ignore[index]
+            for q in ("p50", "p99")
+        },
+        "runs": runs,
+    }
+    print(
+        f"gateway: {result['calls_per_s']:.0f} calls/s with {args.clients} clients; "
+        f"added latency p50 {result['added_latency_ms']['p50']:.2f} ms, "  # type: ignore[index]
+        f"p99 {result['added_latency_ms']['p99']:.2f} ms (median of {args.repeats} runs)"
+    )  # type: ignore[index]
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+// Paged KV on CPU. fg_paged_write_*: store a step's keys and values into their slots.
+// fg_paged_decode_*: each query row (one new token of one sequence) attends to the first
+// context_lens[r] positions stored in its KV pages, without gathering the pages first.
+//
+// Layouts (one layer): q [R, H, D]; k_cache [NB, KH, D, BS], keys transposed inside a block so
+// that one block's BS scores are a single vector accumulated over d; v_cache [NB, KH, BS, D];
+// block_tables [R, max_blocks] int32; context_lens [R] int32; out [R, H, D]. Query head h reads
+// KV head h / G with G = H / KH, as in HuggingFace's repeat_kv; the G heads of one KV head are
+// computed together so each page is read once. BS must be 16, D 64 or 128, G at most 8.
+// Softmax is exact two-pass (max, then exp and sum) in fp32; bf16 inputs are widened to fp32.
+// Built with GCC vector extensions so the compiler picks AVX-512 or AVX2 for the host CPU.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int kBlock = 16;
+typedef float v16 __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
+
+inline v16 load16(const uint16_t* p) {
+  v16h h; std::memcpy(&h, p, sizeof h);
+  v16u u = __builtin_convertvector(h, v16u) << 16;
+  v16 v; std::memcpy(&v, &u, sizeof v); return v;
+}
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(uint16_t x) {
+  uint32_t u = static_cast<uint32_t>(x) << 16; float f; std::memcpy(&f, &u, sizeof f); return f;
+}
+
+inline void store(float* p, float x) { *p = x; }
+
+inline void store(uint16_t* p, float x) {  // round to nearest even
+  uint32_t u; std::memcpy(&u, &x, sizeof u);
+  *p = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// exp(x) for x <= 0: Cody-Waite reduction and a degree-6 polynomial (Cephes expf), about 1 ulp.
+inline v16 vexp(v16 x) {
+  const v16 lo = v16{} - 87.f;
+  x = x < lo ? lo : x;
+  // round(x / ln 2) for x <= 0: truncation toward zero of (x / ln 2 - 0.5), all in vector registers
+  const v16i ni = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v16i);
+  const v16 n = __builtin_convertvector(ni, v16);
+  const v16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const v16i e = (ni + 127) << 23;
+  v16 scale; std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
+struct Shape {
+  int64_t heads, kv_heads, max_blocks;
+};
+
+// The `G` query heads sharing one KV head, for one row: each key and value block is loaded once
+// and used by all G heads. Scores over all blocks first, then softmax, then the weighted values.
+template <typename T, int D, int G>
+void attend_group(const T* q, float scale, const T* k_head, const T* v_head, int64_t block_stride,
+                  const int32_t* table, int64_t ctx, std::vector<float>& scores, T* out) {
+  constexpr int C = D / kBlock;
+  const int64_t nblk = (ctx + kBlock - 1) / kBlock, span = nblk * kBlock;
+  float qf[G][D];
+  for (int g = 0; g < G; ++g)
+    for (int d = 0; d < D; ++d) qf[g][d] = to_float(q[g * D + d]) * scale;
+  scores.resize(G * span);
+  v16 vmax[G];
+  for (int g = 0; g < G; ++g) vmax[g] = v16{} - INFINITY;
+  for (int64_t j = 0; j < nblk; ++j) {
+    const T* kt = k_head + table[j] * block_stride;
+    v16 even[G] = {}, odd[G] = {};
+    for (int d = 0; d < D; d += 2) {
+      const v16 k0 = load16(kt + d * kBlock), k1 = load16(kt + (d + 1) * kBlock);
+      for (int g = 0; g < G; ++g) {
+        even[g] += qf[g][d] * k0;
+        odd[g] += qf[g][d + 1] * k1;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      v16 s = even[g] + odd[g];
+      for (int64_t t = ctx - j * kBlock; t < kBlock; ++t) s[t] = -INFINITY;
+      vmax[g] = s > vmax[g] ? s : vmax[g];
+      std::memcpy(scores.data() + g * span + j * kBlock, &s, sizeof s);
+    }
+  }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) {
+    float m = -INFINITY;
+    for (int i = 0; i < kBlock; ++i) m = std::max(m, vmax[g][i]);
+    v16 vsum{};
+    float* sg = scores.data() + g * span;
+    for (int64_t i = 0; i < span; i += kBlock) {
+      const v16 p = vexp(load16(sg + i) - m);
+      vsum += p;
+      std::memcpy(sg + i, &p, sizeof p);
+    }
+    float sum = 0.f;
+    for (int i = 0; i < kBlock; ++i) sum += vsum[i];
+    inv_sum[g] = 1.f / sum;
+  }
+  // Value rows are read in order; the accumulators of kTile vectors per head stay in registers.
+  constexpr int kTile = C < 4 ? C : 4;
+  v16 acc[G][C] = {};
+  for (int64_t j = 0; j < nblk; ++j) {
+    const T* vb = v_head + table[j] * block_stride;
+    const int64_t n = std::min<int64_t>(kBlock, ctx - j * kBlock);
+    const float* p = scores.data() + j * kBlock;
+    for (int c0 = 0; c0 < C; c0 += kTile) {
+      v16 a[G][kTile];
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < kTile; ++c) a[g][c] = acc[g][c0 + c];
+      for (int64_t t = 0; t < n; ++t) {
+        for (int c = 0; c < kTile; ++c) {
+          const v16 v = load16(vb + t * D + (c0 + c) * kBlock);
+          for (int g = 0; g < G; ++g) a[g][c] += p[g * span + t] * v;
+        }
+      }
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < kTile; ++c) acc[g][c0 + c] = a[g][c];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < kBlock; ++i) store(out + g * D + c * kBlock + i, acc[g][c][i] * inv_sum[g]);
+}
+
+template <typename T, int D, int G>
+void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
+            const int32_t* context_lens, int64_t rows, Shape s, float scale, T* out,
+            int num_threads) {
+  const int64_t head_stride = int64_t{kBlock} * D, block_stride = s.kv_heads * head_stride;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scores;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < rows * s.kv_heads; ++item) {
+      const int64_t r = item / s.kv_heads, kh = item % s.kv_heads;
+      const int64_t first = (r * s.heads + kh * G) * D;
+      attend_group<T, D, G>(q + first, scale, k_cache + kh * head_stride,
+                            v_cache + kh * head_stride, block_stride,
+                            block_tables + r * s.max_blocks, context_lens[r], scores, out + first);
+    }
+  }
+}
+
+template <typename T, int D>
+int dispatch_group(const T* q, const T* k, const T* v, const int32_t* tables,
+                   const int32_t* lens, int64_t rows, Shape s, float scale, T* out, int threads) {
+  switch (s.heads / s.kv_heads) {
+    case 1: decode<T, D, 1>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 2: decode<T, D, 2>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 3: decode<T, D, 3>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 4: decode<T, D, 4>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 5: decode<T, D, 5>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 6: decode<T, D, 6>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 7: decode<T, D, 7>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    case 8: decode<T, D, 8>(q, k, v, tables, lens, rows, s, scale, out, threads); return 0;
+    default: return 1;
+  }
+}
+
+template <typename T>
+int dispatch(const T* q, const T* k, const T* v, const int32_t* tables, const int32_t* lens,
+             int64_t rows, Shape s, int64_t head_dim, float scale, T* out, int threads) {
+  switch (head_dim) {
+    case 64: return dispatch_group<T, 64>(q, k, v, tables, lens, rows, s, scale, out, threads);
+    case 128: return dispatch_group<T, 128>(q, k, v, tables, lens, rows, s, scale, out, threads);
+    default: return 1;
+  }
+}
+
+template <typename T>
+void write(const T* k, int64_t k_row_stride, const T* v, int64_t v_row_stride,
+           const int64_t* blocks, const int64_t* offsets, int64_t tokens, int64_t kv_heads,
+           int64_t head_dim, T* k_cache, T* v_cache) {
+  const int64_t head_stride = kBlock * head_dim, block_stride = kv_heads * head_stride;
+  for (int64_t t = 0; t < tokens; ++t) {
+    T* kb = k_cache + blocks[t] * block_stride + offsets[t];
+    T* vb = v_cache + blocks[t] * block_stride + offsets[t] * head_dim;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const T* krow = k + t * k_row_stride + h * head_dim;
+      const T* vrow = v + t * v_row_stride + h * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) kb[h * head_stride + d * kBlock] = krow[d];
+      std::memcpy(vb + h * head_stride, vrow, head_dim * sizeof(T));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// k, v: [tokens, kv_heads, head_dim] with unit strides inside a row; rows k_row_stride apart.
+void fg_paged_write_f32(const float* k, int64_t k_row_stride, const float* v,
+                        int64_t v_row_stride, const int64_t* blocks, const int64_t* offsets,
+                        int64_t tokens, int64_t kv_heads, int64_t head_dim, float* k_cache,
+                        float* v_cache) {
+  write(k, k_row_stride, v, v_row_stride, blocks, offsets, tokens, kv_heads, head_dim, k_cache,
+        v_cache);
+}
+
+void fg_paged_write_bf16(const uint16_t* k, int64_t k_row_stride, const uint16_t* v,
+                         int64_t v_row_stride, const int64_t* blocks, const int64_t* offsets,
+                         int64_t tokens, int64_t kv_heads, int64_t head_dim, uint16_t* k_cache,
+                         uint16_t* v_cache) {
+  write(k, k_row_stride, v, v_row_stride, blocks, offsets, tokens, kv_heads, head_dim, k_cache,
+        v_cache);
+}
+
+// Returns 0 on success, 1 when head_dim or heads / kv_heads is not one the kernel is built for.
+int fg_paged_decode_f32(const float* q, const float* k_cache, const float* v_cache,
+                        const int32_t* block_tables, const int32_t* context_lens, int64_t rows,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_blocks,
+                        float scale, float* out, int num_threads) {
+  return dispatch(q, k_cache, v_cache, block_tables, context_lens, rows,
+                  Shape{heads, kv_heads, max_blocks}, head_dim, scale, out, num_threads);
+}
+
+int fg_paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                         const int32_t* block_tables, const int32_t* context_lens, int64_t rows,
+                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_blocks,
+                         float scale, uint16_t* out, int num_threads) {
+  return dispatch(q, k_cache, v_cache, block_tables, context_lens, rows,
+                  Shape{heads, kv_heads, max_blocks}, head_dim, scale, out, num_threads);
+}
+
+}  // extern "C"

@@ -1,0 +1,87 @@
+"""Token choice from last-position logits: greedy, temperature, top-k, top-p, per-request seeds.
+
+Algorithm: greedy rows take the argmax (the whole batch in one call when every row is greedy).
+Sampled rows are divided by their temperature, cut to their top-k and top-p sets (top-k first,
+then the smallest prefix of the sorted distribution whose mass reaches top_p, never empty), and
+drawn by inverse CDF with one uniform number per row. A seeded row's uniform comes from a
+generator seeded with (seed, output index), so its draw depends only on its own logits, seed and
+position, never on the rest of the batch; unseeded rows share the sampler's generator.
+Invariant: a returned token always has non-zero probability under the row's filtered distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.sampling import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(seed: int, index: int) -> int:
+    """splitmix64 of (seed, index): well-spread generator seeds for consecutive indices."""
+    z = (seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # manual_seed takes a non-negative int below 2**63
+
+
+class Sampler:
+    def __init__(self, seed: int | None = None) -> None:
+        self._generator = torch.Generator()
+        if seed is None:
+            self._generator.seed()
+        else:
+            self._generator.manual_seed(seed)
+
+    def __call__(
+        self,
+        logits: torch.Tensor,  # [N, V]
+        params: list[SamplingParams],
+        output_index: list[int],  # tokens each row's request has generated so far
+    ) -> list[int]:
+        if all(p.greedy for p in params):
+            return logits.argmax(-1).tolist()
+        tokens = logits.argmax(-1)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        chosen = [params[i] for i in rows]
+        uniforms = torch.stack([self._uniform(params[i], output_index[i]) for i in rows])
+        probs = _filtered_probs(logits[rows].float(), chosen)
+        tokens[rows] = _draw(probs, uniforms.to(probs.device))
+        return tokens.tolist()
+
+    def _uniform(self, params: SamplingParams, index: int) -> torch.Tensor:
+        if params.seed is None:
+            return torch.rand((), generator=self._generator, dtype=torch.float64)
+        generator = torch.Generator().manual_seed(_mix(params.seed, index))
+        return torch.rand((), generator=generator, dtype=torch.float64)
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Probabilities after temperature, with tokens outside the top-k / top-p sets zeroed."""
+    temps = torch.tensor([p.temperature for p in params], device=logits.device)
+    probs = torch.softmax(logits / temps[:, None], dim=-1)
+    vocab = logits.shape[-1]
+    top_k = [min(p.top_k, vocab) for p in params]
+    if any(k > 0 for k in top_k):
+        largest = probs.topk(max(top_k), dim=-1).values
+        kth = torch.tensor([max(k, 1) - 1 for k in top_k], device=logits.device)
+        threshold = largest.gather(1, kth[:, None])
+        threshold[torch.tensor(top_k, device=logits.device) == 0] = 0.0
+        probs = torch.where(probs >= threshold, probs, 0.0)
+    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
+    if bool((top_p < 1).any()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        total = sorted_probs.sum(-1, keepdim=True)
+        sorted_probs = torch.where(mass_before < top_p[:, None] * total, sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+    return probs
+
+
+def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: the first token whose cumulative mass exceeds u * total."""
+    cdf = probs.double().cumsum(-1)
+    targets = (uniforms * cdf[:, -1])[:, None]
+    picked = torch.searchsorted(cdf, targets, right=True)[:, 0]
+    return picked.clamp_(max=probs.shape[-1] - 1)

@@ -1,0 +1,117 @@
+"""The sampler: greedy, filters, seeded reproducibility and the shape of its distributions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.sampler import Sampler
+from engine.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def random_logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def probs_logits(probs: list[float]) -> torch.Tensor:
+    return torch.tensor([[math.log(p) for p in probs]])
+
+
+def draw_many(params: SamplingParams, logits: torch.Tensor, n: int) -> list[int]:
+    """n draws of one row, each a different output index of a seeded request."""
+    sampler = Sampler()
+    return [sampler(logits, [params], [i])[0] for i in range(n)]
+
+
+def test_greedy_takes_the_argmax_of_every_row() -> None:
+    logits = random_logits(6)
+    assert Sampler(seed=0)(logits, [GREEDY] * 6, [0] * 6) == logits.argmax(-1).tolist()
+
+
+def test_greedy_rows_stay_greedy_beside_sampled_rows() -> None:
+    logits = random_logits(4)
+    params = [
+        GREEDY,
+        SamplingParams(temperature=1.0, seed=1),
+        GREEDY,
+        SamplingParams(temperature=2),
+    ]
+    got = Sampler(seed=0)(logits, params, [0] * 4)
+    argmax = logits.argmax(-1).tolist()
+    assert (got[0], got[2]) == (argmax[0], argmax[2])
+
+
+def test_top_k_one_equals_greedy() -> None:
+    logits = random_logits(8, seed=3)
+    params = [SamplingParams(temperature=1.5, top_k=1)] * 8
+    assert Sampler(seed=0)(logits, params, list(range(8))) == logits.argmax(-1).tolist()
+
+
+def test_seeded_draw_depends_only_on_seed_index_and_logits() -> None:
+    logits = random_logits(5, seed=4)
+    seeded = SamplingParams(temperature=1.0, seed=42)
+    alone = [Sampler()(logits[2:3], [seeded], [i])[0] for i in range(20)]
+    others = [
+        SamplingParams(temperature=0.7),
+        GREEDY,
+        seeded,
+        SamplingParams(temperature=1, seed=7),
+    ]
+    in_batch = []
+    for i in range(20):
+        params = [
+            others[0],
+            others[1],
+            seeded,
+            others[3],
+            SamplingParams(temperature=1.3, top_p=0.9),
+        ]
+        in_batch.append(Sampler()(logits, params, [3, 9, i, 1, 0])[2])
+    assert in_batch == alone
+    assert len(set(alone)) > 1  # the output index moves the draw
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p_and_renormalises() -> None:
+    logits = probs_logits([0.5, 0.3, 0.15, 0.05])
+    draws = draw_many(SamplingParams(temperature=1.0, top_p=0.7, seed=0), logits, 4000)
+    assert set(draws) <= {0, 1}
+    share = draws.count(0) / len(draws)
+    assert abs(share - 0.5 / 0.8) < 0.03  # 4 standard deviations of a binomial share
+
+
+def test_top_p_never_empties_the_set() -> None:
+    logits = probs_logits([0.9, 0.05, 0.05])
+    assert set(draw_many(SamplingParams(temperature=1.0, top_p=0.01, seed=0), logits, 200)) == {0}
+
+
+def test_top_k_restricts_to_the_k_most_likely() -> None:
+    logits = probs_logits([0.1, 0.4, 0.2, 0.3])
+    draws = draw_many(SamplingParams(temperature=1.0, top_k=2, seed=0), logits, 2000)
+    assert set(draws) == {1, 3}
+    assert abs(draws.count(1) / len(draws) - 0.4 / 0.7) < 0.045
+
+
+def test_temperature_one_follows_the_softmax() -> None:
+    probs = [0.4, 0.3, 0.2, 0.1]
+    draws = draw_many(SamplingParams(temperature=1.0, seed=5), probs_logits(probs), 5000)
+    for token, p in enumerate(probs):
+        sd = math.sqrt(p * (1 - p) / len(draws))
+        assert abs(draws.count(token) / len(draws) - p) < 4 * sd
+
+
+def test_low_temperature_concentrates_on_the_argmax() -> None:
+    logits = probs_logits([0.3, 0.4, 0.3])  # at T = 0.05 the middle token has odds e^5.75 : 2
+    draws = draw_many(SamplingParams(temperature=0.05, seed=0), logits, 300)
+    assert draws.count(1) >= 290
+
+
+def test_unseeded_sampler_seed_reproduces_its_stream() -> None:
+    logits = random_logits(3, seed=6)
+    params = [SamplingParams(temperature=1.0)] * 3
+    first, second = Sampler(seed=11), Sampler(seed=11)
+    assert [first(logits, params, [0] * 3) for _ in range(5)] == [
+        second(logits, params, [0] * 3) for _ in range(5)
+    ]
