@@ -269,6 +269,7 @@ class Dispatcher:
                     last = delta
             finally:
                 with anyio.CancelScope(shield=True):
+                    await stream.aclose()  # aborts the request if it has not finished
                     await self._close_call(ticket, last, produced)
                     _annotate(span, ticket, last, produced)
 

@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FAIRGATE_", extra="forbid", frozen=True)
 
     host: str = "127.0.0.1"
-    port: int = Field(50051, ge=0, le=65535)
+    port: int = Field(default=50051, ge=0, le=65535)
     store: str = "memory"  # "memory" or a redis:// URL
     admin_key: str = "fg_admin_local_dev"  # change it for anything but a local demo
     policy: str = "justitia"
@@ -31,18 +31,18 @@ class Settings(BaseSettings):
     model: str = "default"
     dtype: Literal["float32", "bfloat16"] = "float32"
     num_threads: int | None = None
-    kv_cache_mb: int = Field(512, ge=1)
-    max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(512, ge=16)
-    max_model_len: int = Field(2048, ge=64)
+    kv_cache_mb: int = Field(default=512, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int = Field(default=512, ge=16)
+    max_model_len: int = Field(default=2048, ge=64)
     reserve_mode: Literal["none", "max", "predicted"] = "predicted"
     simulated_engine: bool = False  # instant synthetic tokens (gateway benchmarks)
     # calls
-    default_temperature: float = Field(0.7, ge=0.0)
-    default_top_p: float = Field(0.9, gt=0.0, le=1.0)
-    reservation_ttl_s: float = Field(600.0, gt=0.0)
+    default_temperature: float = Field(default=0.7, ge=0.0)
+    default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
+    reservation_ttl_s: float = Field(default=600.0, gt=0.0)
     max_message_bytes: int = 16 * 1024 * 1024
-    grace_s: float = Field(5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
+    grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
 
     @classmethod
     def settings_customise_sources(
