@@ -4,9 +4,9 @@ Workload: AlpacaEval prompts with SmolLM2's chat template, true output lengths d
 Azure conversation trace (numpy `default_rng(seed)`), every request with max_tokens = 1024, all
 submitted at once, up to 256 running at once (vLLM's default max_num_seqs). KV budget: a third
 of the worst case of a 64-request batch, `64 * (mean prompt + max_tokens) / 3` tokens. The
-engine is the real scheduler and block manager with the simulated runner (step time from a
-model calibrated on the real engine: `bench/calibration/*.json`), which stops each request at
-its true length.
+engine is the real scheduler and block manager with the simulated runner (the scheduling
+study's step models: `cpu`, or a file measured by `python -m bench.sim.calibrate`, and `gpu`),
+which stops each request at its true length.
 
 Three admission modes: reserve nothing ahead (vLLM), prompt + max_tokens (worst case), prompt +
 predicted length, the last with oracle predictions and with ±50% multiplicative noise
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.calibrate import DEFAULT_OUT, load_step_model
+from bench.sim.regime import CPU_STEP_MODEL, GPU_STEP_MODEL, load_step_model
 from bench.workloads.engine_workload import build_engine_workload, sample_output_lens
 from engine import (
     EngineConfig,
@@ -101,7 +101,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=256)  # vLLM's default
     parser.add_argument("--batch", type=int, default=64, help="the batch whose worst case sizes KV")
-    parser.add_argument("--step-model", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--step-model",
+        default="cpu",
+        help="'cpu' (the study's cpu regime), 'gpu' (its memory-bound GPU model) or a JSON file "
+        "written by `python -m bench.sim.calibrate`",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -116,7 +121,8 @@ def main() -> None:
     mean_prompt = sum(map(len, prompts)) / len(prompts)
     budget_tokens = args.batch * (mean_prompt + MAX_TOKENS) / 3
     num_blocks = int(budget_tokens // BLOCK_SIZE)
-    step_model = load_step_model(args.step_model)
+    named = {"cpu": CPU_STEP_MODEL, "gpu": GPU_STEP_MODEL}
+    step_model = named.get(args.step_model) or load_step_model(Path(args.step_model))
     cases = [
         ("reserve-nothing", ReserveMode.NONE, None),
         ("reserve-max", ReserveMode.MAX, None),
@@ -135,7 +141,7 @@ def main() -> None:
     base = next(o for o in outcomes if o.mode == "reserve-max").throughput_tok_s
     print(
         f"{args.requests} requests, max_tokens {MAX_TOKENS}, KV budget {num_blocks} blocks "
-        f"({num_blocks * BLOCK_SIZE} tokens), step model {args.step_model.name}"
+        f"({num_blocks * BLOCK_SIZE} tokens), step model {args.step_model}"
     )
     header = ("mode", "tok/s", "vs max", "concurrency", "preemptions", "recomputed")
     print("".join(f"{h:>13}" if i else f"{h:<20}" for i, h in enumerate(header)))

@@ -64,7 +64,6 @@ class LLMEngine:
         self._detok: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
         self.last_step_s = 0.0
-        self.last_plan: StepPlan | None = None  # what the latest step ran (calibration, stats)
 
     def now(self) -> float:
         return self._clock() if self._clock is not None else self.virtual_time
@@ -130,7 +129,6 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        self.last_plan = plan
         start = time.perf_counter()
         output = self.runner.execute(plan)
         self.last_step_s = time.perf_counter() - start

@@ -1,0 +1,90 @@
+"""Measure the real engine's step time on this machine and fit the cpu regime's step model.
+
+Runs a few plans through `engine.model_runner.ModelRunner` on the default model (decode batches
+of 1 to 32 sequences at contexts of 256 and 1024 tokens, and prefill chunks of 128 to 512
+tokens), takes the median of `repeats` timings each, and fits `StepTimeModel.fit` (least squares
+on batched tokens and context tokens). Writes the JSON that `bench.sched --cpu-step-model` reads.
+The model's KV content is garbage: only time is measured. Invariant: the fit is of measured
+steps only; nothing is assumed.
+
+    python -m bench.sim.calibrate --out cpu_step_model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine import EngineConfig, SamplingParams, ScheduledSeq, StepPlan, StepTimeModel
+
+BLOCK = 16
+PARAMS = SamplingParams(max_tokens=64)
+DECODES = ((1, 256), (4, 256), (16, 256), (32, 256), (1, 1024), (8, 1024), (16, 1024))
+PREFILLS = (128, 256, 512)
+
+
+def decode_plan(batch: int, context: int) -> StepPlan:
+    per = -(-context // BLOCK)
+    seqs = [
+        ScheduledSeq(
+            f"d{i}", [100 + i], context - 1, list(range(i * per, (i + 1) * per)), True, PARAMS, 1
+        )
+        for i in range(batch)
+    ]
+    return StepPlan(seqs, batch)
+
+
+def prefill_plan(tokens: int) -> StepPlan:
+    ids = [(7 * j) % 30000 + 10 for j in range(tokens)]
+    seq = ScheduledSeq("p0", ids, 0, list(range(-(-tokens // BLOCK))), True, PARAMS, 0)
+    return StepPlan([seq], tokens)
+
+
+def measure(repeats: int, threads: int | None) -> list[tuple[int, int, float]]:
+    from engine.loader import resolve_model
+    from engine.model_runner import ModelRunner
+
+    config = EngineConfig(num_threads=threads, max_model_len=2048)
+    runner = ModelRunner(resolve_model("default"), config, num_blocks=32 * 64 + 64)
+    plans = [decode_plan(b, c) for b, c in DECODES] + [prefill_plan(t) for t in PREFILLS]
+    samples = []
+    for plan in plans:
+        runner.execute(plan)  # warm-up
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            runner.execute(plan)
+            times.append(time.perf_counter() - start)
+        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
+        samples.append((plan.num_batched_tokens, context, statistics.median(times)))
+        print(
+            f"tokens {plan.num_batched_tokens:4d} context {context:6d}: "
+            f"{samples[-1][2] * 1e3:8.1f} ms",
+            flush=True,
+        )
+    return samples
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.sim.calibrate", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    model = StepTimeModel.fit(measure(args.repeats, args.threads))
+    data = {
+        "overhead_s": model.overhead_s,
+        "per_token_s": model.per_token_s,
+        "per_context_token_s": model.per_context_token_s,
+    }
+    args.out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

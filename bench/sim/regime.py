@@ -1,0 +1,94 @@
+"""Engine regimes of the study: a step-time model and how big the engine is.
+
+`gpu`: a memory-bound decode engine (an H100-class GPU serving a mid-size model): a step costs a
+fixed 15 ms (reading the weights), 20 µs per batched token (prefill compute) and 0.01 µs per
+context token (KV reads), so a decode step is nearly flat in batch size; the KV pool holds
+`kv_calls = 32` average calls of the workload and is the binding limit (no sequence cap that
+binds). `cpu`: this machine's engine, compute-bound: the step model is measured (a JSON file with
+`overhead_s`, `per_token_s`, `per_context_token_s`) or the placeholder `CPU_STEP_MODEL`; the KV
+pool holds 64 average calls, 128 sequences, 512 batched tokens a step (the engine's defaults).
+Its knee is the decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote:
+`B / (o + B k) >= e / k`, i.e. `B = ceil(o k^-1 e / (1 - e))` with `k = per_token_s +
+per_context_token_s * mean_context`, the mean context a decoding call reads. Invariant: every
+regime admits by `ReserveMode.PREDICTED` and its pool holds any single call of the workload.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.sim.errors import StepModelInvalid
+from engine import EngineConfig, ReserveMode, StepTimeModel
+
+GPU_STEP_MODEL = StepTimeModel(overhead_s=0.015, per_token_s=2e-5, per_context_token_s=1e-8)
+# Placeholder for SmolLM2-135M fp32 on this machine's 2 cores, until a measured file is given
+# (docs/BENCHMARKS.md, "Fair scheduling", says where the numbers come from).
+CPU_STEP_MODEL = StepTimeModel(overhead_s=0.05, per_token_s=0.004, per_context_token_s=3e-6)
+KNEE_EFFICIENCY = 0.8
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Regime:
+    name: str
+    step_model: StepTimeModel
+    kv_calls: float  # KV pool size, in average calls (prompt + output) of the workload
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    use_knee: bool  # justitia is told the knee (a compute-bound engine)
+
+    def num_blocks(self, mean_call_tokens: float, largest_call_tokens: int) -> int:
+        tokens = max(self.kv_calls * mean_call_tokens, 2.0 * largest_call_tokens)
+        return math.ceil(tokens / BLOCK_SIZE)
+
+    def engine_config(self, max_model_len: int, num_blocks: int) -> EngineConfig:
+        return EngineConfig(
+            block_size=BLOCK_SIZE,
+            num_blocks=num_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_cache=False,  # synthetic prompt tokens share nothing
+            reserve_mode=ReserveMode.PREDICTED,
+        )
+
+    def knee_calls(self, mean_context: float) -> int | None:
+        if not self.use_knee:
+            return None
+        return knee_calls(self.step_model, mean_context)
+
+
+def knee_calls(model: StepTimeModel, mean_context: float) -> int:
+    per_call = model.per_token_s + model.per_context_token_s * mean_context
+    if per_call <= 0:
+        return 1
+    ratio = KNEE_EFFICIENCY / (1.0 - KNEE_EFFICIENCY)
+    return max(1, math.ceil(model.overhead_s / per_call * ratio))
+
+
+def gpu_regime() -> Regime:
+    return Regime("gpu", GPU_STEP_MODEL, 32.0, 1024, 8192, use_knee=False)
+
+
+def cpu_regime(step_model: StepTimeModel = CPU_STEP_MODEL) -> Regime:
+    return Regime("cpu", step_model, 64.0, 128, 512, use_knee=True)
+
+
+def load_step_model(path: Path) -> StepTimeModel:
+    """A step model from a JSON object with overhead_s, per_token_s, per_context_token_s."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        model = StepTimeModel(
+            float(data["overhead_s"]),
+            float(data["per_token_s"]),
+            float(data.get("per_context_token_s", 0.0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StepModelInvalid(f"{path}: {exc!r}") from exc
+    coefficients = (model.overhead_s, model.per_token_s, model.per_context_token_s)
+    if not all(math.isfinite(c) and c >= 0 for c in coefficients) or model.overhead_s <= 0:
+        raise StepModelInvalid(f"{path}: coefficients must be finite, >= 0, overhead > 0")
+    return model

@@ -1,0 +1,258 @@
+"""Discrete-event simulation of the gateway's dispatch loop over the real engine core.
+
+The clock is the engine's virtual time (`LLMEngine.now()`: the simulated runner's modelled step
+times add up). Each turn of the loop: release what is due (job arrivals, whose root calls become
+ready after their think delay; calls whose parents finished plus their think delay), dispatch
+like `gateway/dispatch.py` does (the policy's `peek(now, EngineLoad(running + waiting, 0,
+knee))` answer goes to the engine only while `has_room(prompt + reserve)` holds, with the
+engine priority `policy.priority(call)` and a reservation of the predicted output), then one
+engine step whose tokens go to the policy (`on_progress`, `on_finished`); an idle engine jumps
+the clock to the next event. The real scheduler and block manager decide batching, KV and
+preemption. Invariant: every job that arrives finishes, each of its calls is dispatched exactly
+once, and a job leaves the policy when its last call finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bench.sim.errors import SimulationStuck
+from bench.sim.runner import TraceRunner
+from bench.workloads.format import Job, Node
+from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
+from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
+
+Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    config: EngineConfig
+    step_model: StepTimeModel
+    knee_calls: int | None  # told to the policy; None: no knee
+
+
+@dataclass(slots=True)
+class SimResult:
+    policy: str
+    finish: dict[str, float]  # job id -> finish time
+    output_tokens: int = 0
+    work: float = 0.0  # KV token-time of the finished calls
+    steps: int = 0
+    end_time: float = 0.0
+    busy_s: float = 0.0  # time spent in engine steps
+    preemptions: int = 0
+    # KV token-time served, and seconds, over steps taken while a ready call had no room
+    saturated_work: float = 0.0
+    saturated_s: float = 0.0
+    saturated_steps: int = 0
+    # (time, cumulative KV token-time served per tenant), at most one snapshot per `record_s`
+    service: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _JobState:
+    job: Job
+    nodes: dict[str, Node]
+    children: dict[str, list[str]]
+    parents_left: dict[str, int]
+    calls_left: int
+
+
+class Simulation:
+    def __init__(
+        self,
+        jobs: Sequence[Job],
+        policy: Policy,
+        setup: EngineSetup,
+        predictions: Predictions,
+        record_s: float | None = None,
+        stop_after_work: float | None = None,
+    ) -> None:
+        self.runner = TraceRunner(setup.step_model)
+        self.engine = LLMEngine(setup.config, runner=self.runner)
+        self.policy = policy
+        self.knee = setup.knee_calls
+        self.predictions = predictions
+        self.record_s = record_s
+        self.stop_after_work = stop_after_work  # a capacity probe stops once this much is done
+        self.arrivals = sorted(jobs, key=lambda j: (j.arrival, j.job_id), reverse=True)
+        self.timers: list[tuple[float, int, str, str]] = []  # (due, seq, job id, node id)
+        self.seq = 0
+        self.states: dict[str, _JobState] = {}
+        self.ready: dict[str, tuple[ReadyCall, int]] = {}  # call id -> (call, reserve)
+        self.produced: dict[str, int] = {}  # running call id -> tokens so far
+        self.served: dict[str, float] = defaultdict(float)
+        self.blocked = False  # the last dispatch left a ready call for want of room
+        self.result = SimResult(policy.name, {})
+
+    def run(self) -> SimResult:
+        total = len(self.arrivals)
+        while self.arrivals or self.timers or self.ready or self.engine.has_unfinished:
+            if self.stop_after_work is not None and self.result.work >= self.stop_after_work:
+                break
+            now = self.engine.now()
+            self._release(now)
+            self._dispatch(now)
+            if self.engine.has_unfinished:
+                before = self.engine.virtual_time
+                self._step()
+                if self.engine.virtual_time == before:
+                    raise SimulationStuck(f"t={now:.3f}s: the engine admits none of its calls")
+                continue
+            due = [t for t in (self._next_arrival(), self._next_timer()) if t is not None]
+            if not due:
+                raise SimulationStuck(f"t={now:.3f}s: {len(self.ready)} ready calls never fit")
+            self.engine.virtual_time = max(now, min(due))
+        self.result.end_time = self.engine.now()
+        self.result.preemptions = self.engine.scheduler.num_preemptions
+        self._snapshot(force=True)
+        assert self.stop_after_work is not None or len(self.result.finish) == total
+        return self.result
+
+    def _next_arrival(self) -> float | None:
+        return self.arrivals[-1].arrival if self.arrivals else None
+
+    def _next_timer(self) -> float | None:
+        return self.timers[0][0] if self.timers else None
+
+    def _release(self, now: float) -> None:
+        while self.arrivals and self.arrivals[-1].arrival <= now:
+            self._arrive(self.arrivals.pop(), now)
+        while self.timers and self.timers[0][0] <= now:
+            _, _, job_id, node_id = heapq.heappop(self.timers)
+            self._make_ready(self.states[job_id], node_id, now)
+
+    def _arrive(self, job: Job, now: float) -> None:
+        children: dict[str, list[str]] = {n.node_id: [] for n in job.nodes}
+        for node in job.nodes:
+            for parent in set(node.parents):
+                children[parent].append(node.node_id)
+        nodes = {n.node_id: n for n in job.nodes}
+        parents_left = {n.node_id: len(set(n.parents)) for n in job.nodes}
+        state = _JobState(job, nodes, children, parents_left, len(job.nodes))
+        self.states[job.job_id] = state
+        costs = tuple(
+            NodeCost(
+                n.node_id,
+                n.parents,
+                n.prompt_tokens,
+                self.predictions[job.job_id, n.node_id],
+                n.max_tokens,
+                n.output_tokens,
+            )
+            for n in job.nodes
+        )
+        self.policy.add_job(JobInfo(job.job_id, job.tenant, job.weight, job.arrival, costs), now)
+        for node in job.nodes:
+            if not node.parents:
+                self._schedule(state, node.node_id, job.arrival, now)
+
+    def _schedule(self, state: _JobState, node_id: str, since: float, now: float) -> None:
+        due = since + state.nodes[node_id].think_s
+        if due <= now:
+            self._make_ready(state, node_id, now)
+        else:
+            heapq.heappush(self.timers, (due, self.seq, state.job.job_id, node_id))
+            self.seq += 1
+
+    def _make_ready(self, state: _JobState, node_id: str, now: float) -> None:
+        job, node = state.job, state.nodes[node_id]
+        predicted = self.predictions[job.job_id, node_id]
+        call = ReadyCall(
+            f"{job.job_id}/{node_id}",
+            job.job_id,
+            job.tenant,
+            node_id,
+            node.prompt_tokens,
+            predicted,
+            node.max_tokens,
+        )
+        self.ready[call.call_id] = (call, math.ceil(min(predicted, node.max_tokens)))
+        self.policy.add_ready(call, now)
+
+    def _load(self) -> EngineLoad:
+        cap = self.engine.scheduler.capacity()
+        return EngineLoad(cap.num_running + cap.num_waiting, 0, self.knee)
+
+    def _has_room(self, num_tokens: int) -> bool:
+        cap = self.engine.scheduler.capacity()
+        blocks = self.engine.block_manager.blocks_for(num_tokens)
+        return cap.free_seqs > 0 and cap.free_blocks >= blocks
+
+    def _dispatch(self, now: float) -> None:
+        self.blocked = False
+        while (call := self.policy.peek(now, self._load())) is not None:
+            _, reserve = self.ready[call.call_id]
+            if not self._has_room(call.prompt_tokens + reserve):
+                self.blocked = True
+                return
+            self.policy.mark_dispatched(call.call_id, now)
+            del self.ready[call.call_id]
+            node = self.states[call.job_id].nodes[call.node_id]
+            self.runner.expect(call.call_id, node.output_tokens)
+            self.engine.add_request(
+                [1] * call.prompt_tokens,
+                SamplingParams(max_tokens=node.max_tokens),
+                request_id=call.call_id,
+                priority=self.policy.priority(call.call_id),
+                predicted_output_len=reserve,
+                detokenize=False,
+            )
+            self.produced[call.call_id] = 0
+
+    def _step(self) -> None:
+        start = self.engine.now()
+        outputs = self.engine.step()
+        now = self.engine.now()
+        self.result.steps += 1
+        self.result.busy_s += now - start
+        step_work = 0.0
+        for out in outputs:
+            call_id = out.request_id
+            job_id, node_id = call_id.rsplit("/", 1)
+            state = self.states[job_id]
+            prompt = state.nodes[node_id].prompt_tokens
+            produced = self.produced[call_id] + len(out.new_token_ids)
+            work = (prompt + produced) * len(out.new_token_ids)
+            self.served[state.job.tenant] += work
+            step_work += work
+            self.result.output_tokens += len(out.new_token_ids)
+            if out.finished:
+                del self.produced[call_id]
+                self.result.work += kv_token_time(prompt, produced)
+                self.policy.on_finished(call_id, prompt, produced, now)
+                self._node_done(state, node_id, now)
+            else:
+                self.produced[call_id] = produced
+                self.policy.on_progress(call_id, produced, now)
+        if self.blocked:
+            self.result.saturated_work += step_work
+            self.result.saturated_s += now - start
+            self.result.saturated_steps += 1
+        self._snapshot()
+
+    def _node_done(self, state: _JobState, node_id: str, now: float) -> None:
+        state.calls_left -= 1
+        if state.calls_left == 0:
+            job_id = state.job.job_id
+            self.policy.remove_job(job_id, now)
+            self.result.finish[job_id] = now
+            del self.states[job_id]
+            return
+        for child in state.children[node_id]:
+            state.parents_left[child] -= 1
+            if state.parents_left[child] == 0:
+                self._schedule(state, child, now, now)
+
+    def _snapshot(self, force: bool = False) -> None:
+        if self.record_s is None:
+            return
+        now = self.engine.now()
+        last = self.result.service[-1][0] if self.result.service else -math.inf
+        if force or now - last >= self.record_s:
+            self.result.service.append((now, dict(self.served)))

@@ -1,0 +1,204 @@
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from bench.sched import main as sched_main
+from bench.sim.metrics import jain_index, run_metrics
+from bench.sim.predictions import Predictions, noisy, oracle
+from bench.sim.reference import solo_call_seconds
+from bench.sim.simulator import EngineSetup, Simulation
+from bench.workloads.format import Job, Node, write_workload
+from engine import EngineConfig, ReserveMode, StepTimeModel
+from tenants.policies import POLICY_NAMES, EngineLoad, kv_token_time, make_policy
+
+MODEL = StepTimeModel(overhead_s=0.01, per_token_s=0.001, per_context_token_s=1e-6)
+BUDGET = 256
+
+
+def make_setup(num_blocks: int = 64, knee: int | None = None) -> EngineSetup:
+    config = EngineConfig(
+        block_size=16,
+        num_blocks=num_blocks,
+        max_num_seqs=16,
+        max_num_batched_tokens=BUDGET,
+        max_model_len=1024,
+        enable_prefix_cache=False,
+        reserve_mode=ReserveMode.PREDICTED,
+    )
+    return EngineSetup(config, MODEL, knee)
+
+
+def single(job_id: str, tenant: str, prompt: int, output: int, arrival: float = 0.0) -> Job:
+    return Job(job_id, tenant, 1.0, arrival, "chat", (Node("n", (), prompt, output, 512),))
+
+
+def simulate(
+    jobs: list[Job], policy: str, setup: EngineSetup, predictions: Predictions | None = None
+) -> Simulation:
+    sim = Simulation(jobs, make_policy(policy), setup, predictions or oracle(jobs))
+    sim.run()
+    return sim
+
+
+def test_jobs_arriving_together_finish_in_justitia_order() -> None:
+    sizes = {"a": 200, "b": 20, "c": 120, "d": 60}  # output tokens; one call fits at a time
+    jobs = [single(f"job-{t}", t, 100, d) for t, d in sizes.items()]
+    setup = make_setup(num_blocks=20)
+    finish = simulate(jobs, "justitia", setup).result.finish
+    assert sorted(finish, key=finish.__getitem__) == ["job-b", "job-d", "job-c", "job-a"]
+    fcfs = simulate(jobs, "fcfs", setup).result.finish
+    assert sorted(fcfs, key=fcfs.__getitem__) == ["job-a", "job-b", "job-c", "job-d"]
+
+
+def test_a_lone_call_takes_its_solo_time() -> None:
+    job = single("j", "t", 300, 40)  # a prompt of two chunks
+    finish = simulate([job], "fcfs", make_setup()).result.finish["j"]
+    assert finish == pytest.approx(solo_call_seconds(job.nodes[0], MODEL, BUDGET))
+
+
+def test_a_child_waits_for_its_parents_and_its_think_delay() -> None:
+    plan = Node("plan", (), 50, 10, 64)
+    left = Node("left", ("plan",), 60, 30, 64, think_s=2.0)
+    right = Node("right", ("plan",), 60, 5, 64)
+    join = Node("join", ("left", "right"), 80, 8, 64, think_s=1.0)
+    job = Job("j", "t", 1.0, 3.0, "dag", (plan, left, right, join))
+    finish = simulate([job], "justitia", make_setup()).result.finish["j"]
+
+    def solo(n: Node) -> float:
+        return solo_call_seconds(n, MODEL, BUDGET)
+
+    # The right branch ends during the left one's think: every call runs alone.
+    assert solo(right) < 2.0
+    assert finish == pytest.approx(3.0 + solo(plan) + 2.0 + solo(left) + 1.0 + solo(join))
+
+
+def random_workload(seed: int, count: int = 30) -> list[Job]:
+    """Fan-out/fan-in jobs of three tenants (weights 1, 2, 3), some with think delays."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        nodes = [
+            Node(
+                f"m{k}",
+                (),
+                rng.randint(20, 200),
+                rng.randint(1, 60),
+                64,
+                think_s=rng.choice([0.0, 0.0, 0.3]),
+            )
+            for k in range(rng.randint(1, 4))
+        ]
+        if len(nodes) > 1:
+            nodes.append(Node("r", tuple(n.node_id for n in nodes), 100, rng.randint(1, 30), 64))
+        tenant = i % 3
+        jobs.append(
+            Job(f"j{i:02d}", f"t{tenant}", 1.0 + tenant, rng.uniform(0.0, 3.0), "x", tuple(nodes))
+        )
+    return jobs
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@pytest.mark.parametrize("noise", [None, 0.8])
+def test_everything_finishes_and_no_block_leaks(policy: str, noise: float | None) -> None:
+    jobs = random_workload(seed=len(policy))
+    predictions = oracle(jobs) if noise is None else noisy(jobs, noise, seed=1)
+    sim = simulate(jobs, policy, make_setup(num_blocks=40), predictions=predictions)
+    assert set(sim.result.finish) == {j.job_id for j in jobs}
+    for job in jobs:
+        assert sim.result.finish[job.job_id] > job.arrival
+    blocks = sim.engine.block_manager
+    blocks.check_invariants()
+    assert blocks.num_free_blocks == blocks.num_blocks
+    assert not sim.engine.has_unfinished
+    sim.policy.check_invariants()  # type: ignore[attr-defined]
+    assert sim.policy.peek(sim.engine.now(), EngineLoad(0, 0, None)) is None
+    assert sim.result.output_tokens == sum(n.output_tokens for j in jobs for n in j.nodes)
+    if noise is None:
+        assert sim.result.preemptions == 0  # exact reservations never run out
+
+
+def test_underpredicted_calls_grow_and_get_preempted_yet_finish() -> None:
+    jobs = [single(f"j{i}", f"t{i}", 40, 200) for i in range(6)]
+    lowball = {key: 1.0 for key in oracle(jobs)}
+    sim = simulate(jobs, "vtc", make_setup(num_blocks=30), predictions=lowball)
+    assert sim.result.preemptions > 0
+    assert len(sim.result.finish) == 6
+
+
+def test_the_knee_holds_back_all_but_the_pampered_job() -> None:
+    jobs = [single("small", "a", 100, 20), single("big", "b", 100, 200)]
+    free = simulate(jobs, "justitia", make_setup()).result.finish
+    kneed = simulate(jobs, "justitia", make_setup(knee=1)).result.finish
+    assert kneed["small"] <= free["small"]
+    assert kneed["big"] > free["big"]  # it waited for the small job to finish
+    assert kneed["big"] > kneed["small"]
+
+
+def test_service_snapshots_add_up_to_the_kv_token_time_served() -> None:
+    jobs = [single("x", "a", 100, 30), single("y", "b", 50, 10, arrival=0.2)]
+    sim = Simulation(jobs, make_policy("fcfs"), make_setup(), oracle(jobs), record_s=0.05)
+    result = sim.run()
+    times = [t for t, _ in result.service]
+    assert times == sorted(times) and len(times) > 2
+    final = result.service[-1][1]
+    assert final["a"] == kv_token_time(100, 30) and final["b"] == kv_token_time(50, 10)
+
+
+def test_study_writes_the_issue_schema(tmp_path: Path) -> None:
+    rng = random.Random(0)
+    jobs = [
+        Job(
+            f"j{i:02d}",
+            f"t{i % 3}",
+            1.0,
+            0.1 * i,
+            "fan",
+            tuple(Node(f"m{k}", (), rng.randint(30, 90), rng.randint(5, 40), 64) for k in range(3)),
+        )
+        for i in range(40)
+    ]
+    workload = tmp_path / "w.jsonl"
+    write_workload(workload, jobs)
+    out_json = tmp_path / "s.json"
+    args = [
+        "--workload",
+        str(workload),
+        "--regimes",
+        "gpu",
+        "--loads",
+        "0.9",
+        "--policies",
+        "fcfs",
+        "justitia",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        str(out_json),
+    ]
+    assert sched_main(args) == 0
+    summary = json.loads(out_json.read_text())
+    assert set(summary) == {"headline", "cells", "cpu_knee", "attack_slowdown_honest"}
+    assert set(summary["headline"]) == {"avg_jct", "noisy_avg_jct", "bound_violations", "jobs"}
+    assert set(summary["headline"]["avg_jct"]) == {"fcfs", "justitia"}
+    assert summary["headline"]["jobs"] == 40
+    (cell,) = summary["cells"]
+    assert set(cell) == {"regime", "load", "avg_jct", "p99_jct", "throughput", "bound_violations"}
+    assert summary["cpu_knee"] is None  # no cpu regime in this run
+    assert isinstance(summary["attack_slowdown_honest"], float)
+    for name in ("results.md", "details.json", "service.png", "jct_cdf.png", "workload.jsonl"):
+        assert (tmp_path / "out" / name).stat().st_size > 0
+
+
+def test_metrics_count_bound_violations_and_jain() -> None:
+    jobs = [single("x", "a", 100, 30), single("y", "b", 50, 10, arrival=1.0)]
+    result = simulate(jobs, "fcfs", make_setup()).result
+    gps = {"x": result.finish["x"] - 0.5, "y": result.finish["y"] - 0.01}
+    solo = {"x": 0.1, "y": 0.1}
+    metrics = run_metrics(jobs, result, gps, delta=0.1, solo_jct=solo)
+    assert metrics.violations_by_tenant == {"a": 1, "b": 0}
+    assert metrics.bound_violations == 1
+    assert metrics.avg_jct == pytest.approx((result.finish["x"] + result.finish["y"] - 1.0) / 2)
+    assert jain_index([2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert jain_index([1.0, 0.0]) == pytest.approx(0.5)
