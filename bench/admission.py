@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -151,7 +151,7 @@ def main() -> None:
             f"{o.mean_concurrency:>13.1f}{o.preemptions:>13}{o.recomputed_tokens:>13}"
         )
     if args.json:
-        args.json.write_text(json.dumps([o.__dict__ for o in outcomes], indent=2))
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=2))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 The engine is the simulated runner with instant steps (tokens cost nothing), quotas live in a
 real Redis, and real gRPC clients send single-call `Generate` requests of one output token. So
 everything measured is gateway: auth, validation, job admission, policy, quota reserve and
-settle, engine bookkeeping, streaming. Two figures:
+settle, engine bookkeeping, streaming. The gateway runs in this process and the clients in
+another, so each has one of the machine's two cores. Two figures:
 - throughput: `--clients` concurrent clients send `--calls` calls in all; calls/s;
 - added latency: one client, calls one after another (no queueing); p50 / p99 of the time from
   sending a call to its last response.
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
@@ -47,38 +50,55 @@ class GatewayRun:
     calls: int
 
 
+async def load_client(
+    port: int, keys: list[str], calls: int, clients: int, latency_calls: int
+) -> tuple[list[float], float, int]:
+    """The load generator: sequential calls (latency), then `clients` concurrent ones."""
+    metadata = [(("authorization", f"Bearer {key}"),) for key in keys]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        for _ in range(50):  # warm-up: connections, script loading, code paths
+            await _one_call(stub, metadata[0])
+        latencies = [await _one_call(stub, metadata[i % len(keys)]) for i in range(latency_calls)]
+        per_client = calls // clients
+
+        async def client(i: int) -> None:
+            for _ in range(per_client):
+                await _one_call(stub, metadata[i % len(keys)])
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(clients):
+                tg.start_soon(client, i)
+        return latencies, time.perf_counter() - start, per_client * clients
+
+
+def _client_process(args: tuple[int, list[str], int, int, int], out: Any) -> None:
+    out.put(anyio.run(load_client, *args))
+
+
 async def measure(redis_url: str, calls: int, clients: int, latency_calls: int) -> GatewayRun:
-    prefix = f"fgbench-{uuid.uuid4().hex[:8]}"
-    store = RedisQuotaStore(redis_url, prefix=prefix)
+    """One run: the gateway in this process, the clients in another (the machine's other core)."""
+    store = RedisQuotaStore(redis_url, prefix=f"fgbench-{uuid.uuid4().hex[:8]}")
     settings = Settings(port=0, simulated_engine=True, policy="justitia", max_num_seqs=256)
     tenants = [f"t{i}" for i in range(4)]
     async with running_gateway(settings, store=store) as gateway:
         keys = []
         for tenant in tenants:
             await store.create_tenant(tenant, tenant, TenantQuota())
-            keys.append((("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-            for _ in range(50):  # warm-up: connections, script loading, code paths
-                await _one_call(stub, keys[0])
-            latencies = [await _one_call(stub, keys[i % 4]) for i in range(latency_calls)]
-            per_client = calls // clients
-
-            async def client(i: int) -> None:
-                for _ in range(per_client):
-                    await _one_call(stub, keys[i % 4])
-
-            start = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for i in range(clients):
-                    tg.start_soon(client, i)
-            elapsed = time.perf_counter() - start
+            keys.append((await store.issue_key(tenant))[1])
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        job = (gateway.port, keys, calls, clients, latency_calls)
+        process = context.Process(target=_client_process, args=(job, results))
+        process.start()
+        latencies, elapsed, done = await anyio.to_thread.run_sync(results.get)
+        await anyio.to_thread.run_sync(process.join)
         for tenant in tenants:
             usage = await store.usage(tenant)
             assert usage.active_reservations == 0, "a reservation leaked"
             await store.delete_tenant(tenant)
     ms = np.array(latencies) * 1e3
-    done = per_client * clients
     p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
     return GatewayRun(done / elapsed, p50, p99, clients, done)
 
