@@ -113,7 +113,7 @@ class ModelRunner:
             return {}
         seqs = [plan.seqs[batch.seq_order[j]] for j in packed]
         rows = torch.tensor([batch.last_rows[j] for j in packed], device=self.device)
-        logits = self.decoder.logits(hidden[rows]).float()
+        logits = self.decoder.logits(hidden[rows])
         tokens = self.sampler(logits, [s.params for s in seqs], [s.num_output_tokens for s in seqs])
         return {s.request_id: t for s, t in zip(seqs, tokens, strict=True)}
 

@@ -36,7 +36,7 @@ class Sampler:
 
     def __call__(
         self,
-        logits: torch.Tensor,  # [N, V]
+        logits: torch.Tensor,  # [N, V], any float dtype (argmax needs no upcast)
         params: list[SamplingParams],
         output_index: list[int],  # tokens each row's request has generated so far
     ) -> list[int]:

@@ -6,7 +6,8 @@
 // that one block's BS scores are a single vector accumulated over d; v_cache [NB, KH, BS, D];
 // block_tables [R, max_blocks] int32; context_lens [R] int32; out [R, H, D]. Query head h reads
 // KV head h / G with G = H / KH, as in HuggingFace's repeat_kv; the G heads of one KV head are
-// computed together so each page is read once. BS must be 16, D 64 or 128, G at most 8.
+// computed together so each page is read once, and rows are spread over the OpenMP threads.
+// BS must be 16, D 64 or 128, G at most 8.
 // Softmax is exact two-pass (max, then exp and sum) in fp32; bf16 inputs are widened to fp32.
 // Built with GCC vector extensions so the compiler picks AVX-512 or AVX2 for the host CPU.
 
@@ -68,92 +69,113 @@ struct Shape {
   int64_t heads, kv_heads, max_blocks;
 };
 
-// The `G` query heads sharing one KV head, for one row: each key and value block is loaded once
-// and used by all G heads. Scores over all blocks first, then softmax, then the weighted values.
+// Per-thread buffers of one row's attention, reused across rows.
+struct Workspace {
+  std::vector<float> q;  // [H][D] the row's queries, widened and scaled
+  std::vector<float> scores;  // [H][span]: scores, then softmax numerators
+  std::vector<float> inv_sum;  // [H]
+  std::vector<v16> vmax;  // [H]
+  std::vector<v16> acc;  // [H][D / kBlock]
+};
+
+// One row against its pages: block by block, all KV heads of a block in turn, so a block's keys
+// (and later its values) are one contiguous read; the G query heads of a KV head share each load.
+// Scores over all blocks first, then softmax, then the weighted values.
 template <typename T, int D, int G>
-void attend_group(const T* q, float scale, const T* k_head, const T* v_head, int64_t block_stride,
-                  const int32_t* table, int64_t ctx, std::vector<float>& scores, T* out) {
+void attend_row(const T* q, float scale, const T* k_cache, const T* v_cache, int64_t kv_heads,
+                const int32_t* table, int64_t ctx, Workspace& ws, T* out) {
   constexpr int C = D / kBlock;
-  const int64_t nblk = (ctx + kBlock - 1) / kBlock, span = nblk * kBlock;
-  float qf[G][D];
-  for (int g = 0; g < G; ++g)
-    for (int d = 0; d < D; ++d) qf[g][d] = to_float(q[g * D + d]) * scale;
-  scores.resize(G * span);
-  v16 vmax[G];
-  for (int g = 0; g < G; ++g) vmax[g] = v16{} - INFINITY;
+  const int64_t head_stride = int64_t{kBlock} * D, block_stride = kv_heads * head_stride;
+  const int64_t nblk = (ctx + kBlock - 1) / kBlock, span = nblk * kBlock, H = kv_heads * G;
+  std::vector<float>& scores = ws.scores;
+  scores.resize(H * span);
+  ws.inv_sum.resize(H);
+  ws.vmax.resize(H);
+  ws.acc.resize(H * C);
+  v16* vmax = ws.vmax.data();
+  v16* acc = ws.acc.data();
+  float* inv_sum = ws.inv_sum.data();
+  ws.q.resize(H * D);
+  for (int64_t i = 0; i < H * D; ++i) ws.q[i] = to_float(q[i]) * scale;
+  for (int64_t h = 0; h < H; ++h) vmax[h] = v16{} - INFINITY;
+  for (int64_t i = 0; i < H * C; ++i) acc[i] = v16{};
   for (int64_t j = 0; j < nblk; ++j) {
-    const T* kt = k_head + table[j] * block_stride;
-    v16 even[G] = {}, odd[G] = {};
-    for (int d = 0; d < D; d += 2) {
-      const v16 k0 = load16(kt + d * kBlock), k1 = load16(kt + (d + 1) * kBlock);
+    const T* kb = k_cache + table[j] * block_stride;
+    for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      const T* kt = kb + kh * head_stride;
+      const float* qh = ws.q.data() + kh * G * D;
+      v16 even[G] = {}, odd[G] = {};
+      for (int d = 0; d < D; d += 2) {
+        const v16 k0 = load16(kt + d * kBlock), k1 = load16(kt + (d + 1) * kBlock);
+        for (int g = 0; g < G; ++g) {
+          even[g] += qh[g * D + d] * k0;
+          odd[g] += qh[g * D + d + 1] * k1;
+        }
+      }
       for (int g = 0; g < G; ++g) {
-        even[g] += qf[g][d] * k0;
-        odd[g] += qf[g][d + 1] * k1;
+        const int64_t h = kh * G + g;
+        v16 s = even[g] + odd[g];
+        for (int64_t t = ctx - j * kBlock; t < kBlock; ++t) s[t] = -INFINITY;
+        vmax[h] = s > vmax[h] ? s : vmax[h];
+        std::memcpy(scores.data() + h * span + j * kBlock, &s, sizeof s);
       }
     }
-    for (int g = 0; g < G; ++g) {
-      v16 s = even[g] + odd[g];
-      for (int64_t t = ctx - j * kBlock; t < kBlock; ++t) s[t] = -INFINITY;
-      vmax[g] = s > vmax[g] ? s : vmax[g];
-      std::memcpy(scores.data() + g * span + j * kBlock, &s, sizeof s);
-    }
   }
-  float inv_sum[G];
-  for (int g = 0; g < G; ++g) {
+  for (int64_t h = 0; h < H; ++h) {
     float m = -INFINITY;
-    for (int i = 0; i < kBlock; ++i) m = std::max(m, vmax[g][i]);
+    for (int i = 0; i < kBlock; ++i) m = std::max(m, vmax[h][i]);
     v16 vsum{};
-    float* sg = scores.data() + g * span;
+    float* sh = scores.data() + h * span;
     for (int64_t i = 0; i < span; i += kBlock) {
-      const v16 p = vexp(load16(sg + i) - m);
+      const v16 p = vexp(load16(sh + i) - m);
       vsum += p;
-      std::memcpy(sg + i, &p, sizeof p);
+      std::memcpy(sh + i, &p, sizeof p);
     }
     float sum = 0.f;
     for (int i = 0; i < kBlock; ++i) sum += vsum[i];
-    inv_sum[g] = 1.f / sum;
+    inv_sum[h] = 1.f / sum;
   }
-  // Value rows are read in order; the accumulators of kTile vectors per head stay in registers.
   constexpr int kTile = C < 4 ? C : 4;
-  v16 acc[G][C] = {};
   for (int64_t j = 0; j < nblk; ++j) {
-    const T* vb = v_head + table[j] * block_stride;
+    const T* vblock = v_cache + table[j] * block_stride;
     const int64_t n = std::min<int64_t>(kBlock, ctx - j * kBlock);
-    const float* p = scores.data() + j * kBlock;
-    for (int c0 = 0; c0 < C; c0 += kTile) {
-      v16 a[G][kTile];
-      for (int g = 0; g < G; ++g)
-        for (int c = 0; c < kTile; ++c) a[g][c] = acc[g][c0 + c];
-      for (int64_t t = 0; t < n; ++t) {
-        for (int c = 0; c < kTile; ++c) {
-          const v16 v = load16(vb + t * D + (c0 + c) * kBlock);
-          for (int g = 0; g < G; ++g) a[g][c] += p[g * span + t] * v;
+    for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      const T* vb = vblock + kh * head_stride;
+      const float* p = scores.data() + kh * G * span + j * kBlock;
+      v16* ah = acc + kh * G * C;
+      for (int c0 = 0; c0 < C; c0 += kTile) {
+        v16 a[G][kTile];
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < kTile; ++c) a[g][c] = ah[g * C + c0 + c];
+        for (int64_t t = 0; t < n; ++t) {
+          for (int c = 0; c < kTile; ++c) {
+            const v16 v = load16(vb + t * D + (c0 + c) * kBlock);
+            for (int g = 0; g < G; ++g) a[g][c] += p[g * span + t] * v;
+          }
         }
+        for (int g = 0; g < G; ++g)
+          for (int c = 0; c < kTile; ++c) ah[g * C + c0 + c] = a[g][c];
       }
-      for (int g = 0; g < G; ++g)
-        for (int c = 0; c < kTile; ++c) acc[g][c0 + c] = a[g][c];
     }
   }
-  for (int g = 0; g < G; ++g)
+  for (int64_t h = 0; h < H; ++h)
     for (int c = 0; c < C; ++c)
-      for (int i = 0; i < kBlock; ++i) store(out + g * D + c * kBlock + i, acc[g][c][i] * inv_sum[g]);
+      for (int i = 0; i < kBlock; ++i)
+        store(out + h * D + c * kBlock + i, acc[h * C + c][i] * inv_sum[h]);
 }
 
 template <typename T, int D, int G>
 void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block_tables,
             const int32_t* context_lens, int64_t rows, Shape s, float scale, T* out,
             int num_threads) {
-  const int64_t head_stride = int64_t{kBlock} * D, block_stride = s.kv_heads * head_stride;
 #pragma omp parallel num_threads(num_threads)
   {
-    std::vector<float> scores;
+    Workspace ws;
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < rows * s.kv_heads; ++item) {
-      const int64_t r = item / s.kv_heads, kh = item % s.kv_heads;
-      const int64_t first = (r * s.heads + kh * G) * D;
-      attend_group<T, D, G>(q + first, scale, k_cache + kh * head_stride,
-                            v_cache + kh * head_stride, block_stride,
-                            block_tables + r * s.max_blocks, context_lens[r], scores, out + first);
+    for (int64_t r = 0; r < rows; ++r) {
+      attend_row<T, D, G>(q + r * s.heads * D, scale, k_cache, v_cache, s.kv_heads,
+                          block_tables + r * s.max_blocks, context_lens[r], ws,
+                          out + r * s.heads * D);
     }
   }
 }

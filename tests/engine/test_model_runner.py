@@ -26,20 +26,21 @@ PROMPT_LENS = [1, 7, 16, 17, 40, 70]
 class BlockTables:
     """A trivial allocator: each request's table grows from a shared counter, never freed."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = BLOCK_SIZE) -> None:
+        self.block_size = block_size
         self._next = 0
         self.tables: dict[str, list[int]] = {}
 
     def covering(self, request_id: str, num_tokens: int) -> list[int]:
         table = self.tables.setdefault(request_id, [])
-        while len(table) * BLOCK_SIZE < num_tokens:
+        while len(table) * self.block_size < num_tokens:
             table.append(self._next)
             self._next += 1
         return list(table)
 
 
-def make_runner(path: Path, num_blocks: int = 96) -> ModelRunner:
-    config = EngineConfig(block_size=BLOCK_SIZE, num_threads=2, max_model_len=512)
+def make_runner(path: Path, num_blocks: int = 96, block_size: int = BLOCK_SIZE) -> ModelRunner:
+    config = EngineConfig(block_size=block_size, num_threads=2, max_model_len=512)
     return ModelRunner(path, config, num_blocks=num_blocks)
 
 
@@ -55,7 +56,7 @@ def runner_generate(
     tokens = {str(i): list(p) for i, p in enumerate(prompts)}
     outputs: dict[str, list[int]] = {rid: [] for rid in tokens}
     computed = dict.fromkeys(tokens, 0)
-    blocks = BlockTables()
+    blocks = BlockTables(runner.block_size)
     while any(len(out) < max_new for out in outputs.values()):
         seqs = []
         for rid, toks in tokens.items():
@@ -110,6 +111,17 @@ def test_greedy_matches_hf_generate(
     prompts = make_prompts(PROMPT_LENS, runner.vocab_size)
     got = runner_generate(runner, prompts, max_new=12, chunk=chunk)
     assert got == [hf_generate(hf, p, 12) for p in prompts]
+
+
+def test_torch_attention_path_matches_hf_where_the_kernel_does_not_apply(
+    tiny_model_dir: Callable[[str], Path],
+) -> None:
+    path = tiny_model_dir("qwen2")
+    runner, hf = make_runner(path, num_blocks=192, block_size=8), load_hf(path)
+    assert runner.attention.kernel is None  # the CPU kernel needs 16-token blocks
+    prompts = make_prompts(PROMPT_LENS, runner.vocab_size)
+    got = runner_generate(runner, prompts, max_new=8, chunk=5)
+    assert got == [hf_generate(hf, p, 8) for p in prompts]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
