@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_kernels import CpuKernels
 from engine.kv_cache import KVCache
-from engine.paged_kernel import PagedKernels
 from engine.plan import ScheduledSeq
 
 
@@ -86,7 +86,7 @@ class PagedAttention:
         cache: KVCache,
         num_heads: int,
         head_dim: int,
-        kernel: PagedKernels | None,
+        kernel: CpuKernels | None,
     ) -> None:
         self.cache = cache
         self.num_heads = num_heads
@@ -102,9 +102,9 @@ class PagedAttention:
     def __call__(
         self,
         layer: int,
-        q: torch.Tensor,  # [T, H, D]
-        k: torch.Tensor,  # [T, KH, D]
-        v: torch.Tensor,  # [T, KH, D]
+        q: torch.Tensor,  # [T, H, D], heads contiguous within a row (views into qkv rows work)
+        k: torch.Tensor,  # [T, KH, D], likewise
+        v: torch.Tensor,  # [T, KH, D], likewise
         batch: StepBatch,
     ) -> torch.Tensor:
         keys, values = self.cache.keys[layer], self.cache.values[layer]
@@ -112,7 +112,7 @@ class PagedAttention:
             self.kernel.write(k, v, batch.slot_blocks, batch.slot_offsets, keys, values)
         else:
             self.cache.write(layer, k, v, batch.slot_blocks, batch.slot_offsets)
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape)
         n = batch.num_decodes
         if n:
             if self.kernel is not None:

@@ -4,11 +4,11 @@ Algorithm: weights come from the HuggingFace model loaded from the checkpoint; p
 and gate/up projections are fused into one matrix each (fewer, larger GEMMs), on CPU every matrix
 is pre-packed once into oneDNN's blocked layout (1.2-2x faster than `F.linear` at decode batch
 sizes, which repacks the weight on every call), and RoPE cos/sin come from the HF model's own
-rotary module, tabulated once for every position. A step runs the packed
-[T] tokens through pre-norm attention (`PagedAttention`) and a gated MLP and returns the final-norm
-hidden states; `logits` projects only the rows asked for. Invariant: the arithmetic of each op
-follows the HF modelling code (RMSNorm in fp32, rotate-half RoPE), so fp32 outputs match HF's to
-rounding.
+rotary module, tabulated once for every position. A step runs the packed [T] tokens through
+pre-norm attention (`PagedAttention`) and a SiLU-gated MLP, the residual adds, norms and RoPE done
+by `RowOps` (fused CPU kernels, or torch ops), and returns the final-norm hidden states; `logits`
+projects only the rows asked for. Invariant: every op follows the HF modelling code's arithmetic
+(RMSNorm in fp32, rotate-half RoPE), so fp32 outputs match HF's to rounding.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.activations import ACT2FN
 
 from engine.attention import PagedAttention, StepBatch
 from engine.errors import UnsupportedModel
+from engine.row_ops import RowOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -97,19 +97,20 @@ def check_supported(config: object) -> None:
         raise UnsupportedModel(f"model_type {model_type!r}; supported: {SUPPORTED_MODEL_TYPES}")
     if getattr(config, "use_sliding_window", False):
         raise UnsupportedModel("sliding-window attention is not supported")
+    if getattr(config, "hidden_act", None) != "silu":
+        raise UnsupportedModel(f"activation {getattr(config, 'hidden_act', None)!r}; needs silu")
 
 
 class PagedDecoder:
-    def __init__(self, hf_model: PreTrainedModel, max_positions: int) -> None:
+    def __init__(self, hf_model: PreTrainedModel, max_positions: int, ops: RowOps) -> None:
         config = hf_model.config
         check_supported(config)
         backbone: Any = hf_model.model
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(backbone.layers[0].self_attn.head_dim)
-        self.intermediate = int(config.intermediate_size)
         self.eps = float(config.rms_norm_eps)
-        self.act = ACT2FN[config.hidden_act]
+        self.ops = ops
         self.embed = backbone.embed_tokens.weight.detach()
         self.lm_head = Linear(hf_model.lm_head.weight.detach(), None)
         self.final_norm = backbone.norm.weight.detach()
@@ -125,32 +126,25 @@ class PagedDecoder:
         sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         return cos[0].contiguous(), sin.contiguous()
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
-
     def forward(self, batch: StepBatch, attention: PagedAttention) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of the step's packed tokens."""
-        tokens = batch.input_ids.shape[0]
+        tokens, ops, eps = batch.input_ids.shape[0], self.ops, self.eps
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
-        qk_width = (heads + kv_heads) * head_dim
-        cos = self.cos[batch.positions].unsqueeze(1)
-        sin = self.sin[batch.positions].unsqueeze(1)
-        x = F.embedding(batch.input_ids, self.embed)
-        for i, w in enumerate(self.layers):
-            h = self._norm(x, w.input_norm)
+        q_width, qk_width = heads * head_dim, (heads + kv_heads) * head_dim
+        x = F.embedding(batch.input_ids, self.embed)  # the residual stream, updated in place
+        norms = [w.input_norm for w in self.layers[1:]] + [self.final_norm]
+        h = ops.add_rms_norm(x, None, self.layers[0].input_norm, eps)
+        for i, (w, next_norm) in enumerate(zip(self.layers, norms, strict=True)):
             qkv = w.qkv(h)
-            qk = qkv[:, :qk_width].view(tokens, heads + kv_heads, head_dim)
-            qk = qk * cos + torch.roll(qk, head_dim // 2, -1) * sin
+            ops.rope(qkv, heads + kv_heads, head_dim, self.cos, self.sin, batch.positions)
+            q = qkv[:, :q_width].view(tokens, heads, head_dim)
+            k = qkv[:, q_width:qk_width].view(tokens, kv_heads, head_dim)
             v = qkv[:, qk_width:].view(tokens, kv_heads, head_dim)
-            o = attention(i, qk[:, :heads].contiguous(), qk[:, heads:], v, batch)
-            x = x + w.o(o.view(tokens, heads * head_dim))
-            h = self._norm(x, w.post_norm)
-            gate_up = w.gate_up(h)
-            h = self.act(gate_up[:, : self.intermediate]) * gate_up[:, self.intermediate :]
-            x = x + w.down(h)
-        return self._norm(x, self.final_norm)
+            o = attention(i, q, k, v, batch)
+            h = ops.add_rms_norm(x, w.o(o.view(tokens, q_width)), w.post_norm, eps)
+            h = ops.silu_mul(w.gate_up(h))
+            h = ops.add_rms_norm(x, w.down(h), next_norm, eps)
+        return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

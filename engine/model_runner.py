@@ -19,13 +19,14 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, Pre
 
 from engine.attention import PagedAttention, StepBatch, build_step_batch
 from engine.config import EngineConfig
+from engine.cpu_kernels import load_cpu_kernels
 from engine.errors import UnsupportedModel
 from engine.hidden import HiddenPooler
 from engine.kv_cache import KVCache, head_dim_of
 from engine.kv_cache import kv_bytes_per_block as _kv_bytes_per_block
 from engine.model import PagedDecoder
-from engine.paged_kernel import load_kernel
 from engine.plan import StepOutput, StepPlan
+from engine.row_ops import TorchRowOps
 from engine.sampler import Sampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -63,8 +64,10 @@ class ModelRunner:
         )
         self.vocab_size = int(hf_model.lm_head.weight.shape[0])
         self.eos_token_ids = _eos_token_ids(self.model_config, hf_model.generation_config)
+        kernels = load_cpu_kernels() if self.device.type == "cpu" else None
         with torch.inference_mode():
-            self.decoder = PagedDecoder(hf_model, self.max_model_len)
+            ops = TorchRowOps() if kernels is None else kernels
+            self.decoder = PagedDecoder(hf_model, self.max_model_len, ops)
         cache = KVCache(
             num_layers=int(self.model_config.num_hidden_layers),
             num_blocks=num_blocks,
@@ -74,11 +77,10 @@ class ModelRunner:
             dtype=self.dtype,
             device=self.device,
         )
-        kernel = load_kernel() if self.device.type == "cpu" else None
         self.attention = PagedAttention(
-            cache, self.decoder.num_heads, self.decoder.head_dim, kernel
+            cache, self.decoder.num_heads, self.decoder.head_dim, kernels
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler() if kernels is None else Sampler(argmax=kernels.argmax)
         self.pooler = HiddenPooler()
 
     @staticmethod

@@ -11,6 +11,8 @@ Invariant: a returned token always has non-zero probability under the row's filt
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.sampling import SamplingParams
@@ -26,8 +28,17 @@ def _mix(seed: int, index: int) -> int:
     return (z ^ (z >> 31)) >> 1  # manual_seed takes a non-negative int below 2**63
 
 
+def _torch_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
 class Sampler:
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        seed: int | None = None,
+        argmax: Callable[[torch.Tensor], torch.Tensor] = _torch_argmax,  # a faster one may plug in
+    ) -> None:
+        self._argmax = argmax
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -40,9 +51,9 @@ class Sampler:
         params: list[SamplingParams],
         output_index: list[int],  # tokens each row's request has generated so far
     ) -> list[int]:
+        tokens = self._argmax(logits)
         if all(p.greedy for p in params):
-            return logits.argmax(-1).tolist()
-        tokens = logits.argmax(-1)
+            return tokens.tolist()
         rows = [i for i, p in enumerate(params) if not p.greedy]
         chosen = [params[i] for i in rows]
         uniforms = torch.stack([self._uniform(params[i], output_index[i]) for i in rows])

@@ -1,6 +1,6 @@
-// Paged KV on CPU. fg_paged_write_*: store a step's keys and values into their slots.
-// fg_paged_decode_*: each query row (one new token of one sequence) attends to the first
-// context_lens[r] positions stored in its KV pages, without gathering the pages first.
+// Paged KV on CPU, for fp32 (f32) and bf16 (bf16). fg_paged_write_*: store a step's keys and
+// values into their slots. fg_paged_decode_*: each query row (one new token of one sequence)
+// attends to the first context_lens[r] positions stored in its KV pages, reading them in place.
 //
 // Layouts (one layer): q [R, H, D]; k_cache [NB, KH, D, BS], keys transposed inside a block so
 // that one block's BS scores are a single vector accumulated over d; v_cache [NB, KH, BS, D];
@@ -9,7 +9,6 @@
 // computed together so each page is read once, and rows are spread over the OpenMP threads.
 // BS must be 16, D 64 or 128, G at most 8.
 // Softmax is exact two-pass (max, then exp and sum) in fp32; bf16 inputs are widened to fp32.
-// Built with GCC vector extensions so the compiler picks AVX-512 or AVX2 for the host CPU.
 
 #include <algorithm>
 #include <cmath>
@@ -17,56 +16,16 @@
 #include <cstring>
 #include <vector>
 
+#include "common.h"
+
 namespace {
 
-constexpr int kBlock = 16;
-typedef float v16 __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+using namespace fg;
 
-inline v16 load16(const float* p) { v16 v; std::memcpy(&v, p, sizeof v); return v; }
-
-inline v16 load16(const uint16_t* p) {
-  v16h h; std::memcpy(&h, p, sizeof h);
-  v16u u = __builtin_convertvector(h, v16u) << 16;
-  v16 v; std::memcpy(&v, &u, sizeof v); return v;
-}
-
-inline float to_float(float x) { return x; }
-
-inline float to_float(uint16_t x) {
-  uint32_t u = static_cast<uint32_t>(x) << 16; float f; std::memcpy(&f, &u, sizeof f); return f;
-}
-
-inline void store(float* p, float x) { *p = x; }
-
-inline void store(uint16_t* p, float x) {  // round to nearest even
-  uint32_t u; std::memcpy(&u, &x, sizeof u);
-  *p = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-// exp(x) for x <= 0: Cody-Waite reduction and a degree-6 polynomial (Cephes expf), about 1 ulp.
-inline v16 vexp(v16 x) {
-  const v16 lo = v16{} - 87.f;
-  x = x < lo ? lo : x;
-  // round(x / ln 2) for x <= 0: truncation toward zero of (x / ln 2 - 0.5), all in vector registers
-  const v16i ni = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v16i);
-  const v16 n = __builtin_convertvector(ni, v16);
-  const v16 r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const v16i e = (ni + 127) << 23;
-  v16 scale; std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
-}
+constexpr int kBlock = kLanes;  // a KV block holds one vector of scores
 
 struct Shape {
-  int64_t heads, kv_heads, max_blocks;
+  int64_t heads, kv_heads, max_blocks, q_row_stride;
 };
 
 // Per-thread buffers of one row's attention, reused across rows.
@@ -173,7 +132,7 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* block
     Workspace ws;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; ++r) {
-      attend_row<T, D, G>(q + r * s.heads * D, scale, k_cache, v_cache, s.kv_heads,
+      attend_row<T, D, G>(q + r * s.q_row_stride, scale, k_cache, v_cache, s.kv_heads,
                           block_tables + r * s.max_blocks, context_lens[r], ws,
                           out + r * s.heads * D);
     }
@@ -245,20 +204,25 @@ void fg_paged_write_bf16(const uint16_t* k, int64_t k_row_stride, const uint16_t
 }
 
 // Returns 0 on success, 1 when head_dim or heads / kv_heads is not one the kernel is built for.
-int fg_paged_decode_f32(const float* q, const float* k_cache, const float* v_cache,
-                        const int32_t* block_tables, const int32_t* context_lens, int64_t rows,
-                        int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_blocks,
-                        float scale, float* out, int num_threads) {
+// q rows are q_row_stride elements apart (the heads of a row contiguous); out is contiguous.
+int fg_paged_decode_f32(const float* q, int64_t q_row_stride, const float* k_cache,
+                        const float* v_cache, const int32_t* block_tables,
+                        const int32_t* context_lens, int64_t rows, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, int64_t max_blocks, float scale, float* out,
+                        int num_threads) {
   return dispatch(q, k_cache, v_cache, block_tables, context_lens, rows,
-                  Shape{heads, kv_heads, max_blocks}, head_dim, scale, out, num_threads);
+                  Shape{heads, kv_heads, max_blocks, q_row_stride}, head_dim, scale, out,
+                  num_threads);
 }
 
-int fg_paged_decode_bf16(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                         const int32_t* block_tables, const int32_t* context_lens, int64_t rows,
-                         int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t max_blocks,
-                         float scale, uint16_t* out, int num_threads) {
+int fg_paged_decode_bf16(const uint16_t* q, int64_t q_row_stride, const uint16_t* k_cache,
+                         const uint16_t* v_cache, const int32_t* block_tables,
+                         const int32_t* context_lens, int64_t rows, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t max_blocks, float scale,
+                         uint16_t* out, int num_threads) {
   return dispatch(q, k_cache, v_cache, block_tables, context_lens, rows,
-                  Shape{heads, kv_heads, max_blocks}, head_dim, scale, out, num_threads);
+                  Shape{heads, kv_heads, max_blocks, q_row_stride}, head_dim, scale, out,
+                  num_threads);
 }
 
 }  // extern "C"

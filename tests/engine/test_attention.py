@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import PagedAttention, build_step_batch
+from engine.cpu_kernels import load_cpu_kernels
 from engine.kv_cache import KVCache
-from engine.paged_kernel import load_kernel
 from engine.plan import ScheduledSeq
 from engine.sampling import SamplingParams
 
@@ -73,7 +73,7 @@ def decode_case(
         seqs.append(seq(str(i), 1, length - 1, perm[used : used + n]))
         used += n
     q = torch.randn(len(seqs), heads, head_dim, generator=torch.Generator().manual_seed(2))
-    attention = PagedAttention(cache, heads, head_dim, load_kernel())
+    attention = PagedAttention(cache, heads, head_dim, load_cpu_kernels())
     want = reference_decode(q, k, v, [s.block_ids for s in seqs], CONTEXT_LENS)
     return attention, q.to(dtype), k, seqs, want
 
@@ -104,24 +104,6 @@ def test_decode_kernel_and_torch_path_match_reference(
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kernel_write_matches_the_torch_write_from_strided_rows(dtype: torch.dtype) -> None:
-    kernel = load_kernel()
-    assert kernel is not None
-    kv_heads, head_dim, tokens = 3, 64, 40
-    fused = torch.randn(tokens, 2 * kv_heads + 1, head_dim).to(dtype)  # like slices of a qkv row
-    k, v = fused[:, 1 : 1 + kv_heads], fused[:, 1 + kv_heads :]
-    blocks = torch.randperm(8)[torch.arange(tokens) // BLOCK]
-    offsets = (torch.arange(tokens) + 5) % BLOCK
-    by_torch = KVCache(1, 8, BLOCK, kv_heads, head_dim, dtype, torch.device("cpu"))
-    by_kernel = KVCache(1, 8, BLOCK, kv_heads, head_dim, dtype, torch.device("cpu"))
-    by_torch.write(0, k, v, blocks, offsets)
-    kernel.write(k, v, blocks, offsets, by_kernel.keys[0], by_kernel.values[0])
-    assert torch.equal(by_kernel.keys[0], by_torch.keys[0])
-    assert torch.equal(by_kernel.values[0], by_torch.values[0])
-    assert by_torch.keys[0].abs().sum() > 0
-
-
 def test_layer_call_writes_new_keys_then_attends_causally_within_a_chunk() -> None:
     """A chunk starting mid-sequence sees the cached prefix plus its own earlier tokens only."""
     heads, kv_heads, head_dim = 4, 2, 64
@@ -135,7 +117,7 @@ def test_layer_call_writes_new_keys_then_attends_causally_within_a_chunk() -> No
     batch = build_step_batch([chunk, decode], BLOCK, torch.device("cpu"))
     new_k = torch.cat([torch.randn(1, kv_heads, head_dim, generator=g), chunk_k])
     new_v = torch.cat([torch.randn(1, kv_heads, head_dim, generator=g), chunk_v])
-    out = PagedAttention(cache, heads, head_dim, load_kernel())(0, q, new_k, new_v, batch)
+    out = PagedAttention(cache, heads, head_dim, load_cpu_kernels())(0, q, new_k, new_v, batch)
     k[64 + 40], v[64 + 40] = new_k[0], new_v[0]
     k[20:30], v[20:30] = chunk_k, chunk_v
     want_decode = reference_decode(q[:1], k, v, [[4, 5, 6]], [41])

@@ -9,12 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from engine import model_runner
 from engine.attention import build_step_batch
 from engine.config import EngineConfig
 from engine.hidden import token_entropy
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.plan import ScheduledSeq, StepPlan
+from engine.row_ops import TorchRowOps
 from engine.sampling import SamplingParams
 
 FAMILIES = ["llama", "qwen2"]
@@ -113,12 +115,17 @@ def test_greedy_matches_hf_generate(
     assert got == [hf_generate(hf, p, 12) for p in prompts]
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernel-ops", "torch-only"])
 def test_torch_attention_path_matches_hf_where_the_kernel_does_not_apply(
-    tiny_model_dir: Callable[[str], Path],
+    tiny_model_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, kernels: bool
 ) -> None:
+    """8-token blocks take the torch attention path; without kernels every op is torch (CUDA's)."""
+    if not kernels:
+        monkeypatch.setattr(model_runner, "load_cpu_kernels", lambda: None)
     path = tiny_model_dir("qwen2")
     runner, hf = make_runner(path, num_blocks=192, block_size=8), load_hf(path)
     assert runner.attention.kernel is None  # the CPU kernel needs 16-token blocks
+    assert isinstance(runner.decoder.ops, TorchRowOps) != kernels
     prompts = make_prompts(PROMPT_LENS, runner.vocab_size)
     got = runner_generate(runner, prompts, max_new=8, chunk=5)
     assert got == [hf_generate(hf, p, 8) for p in prompts]
