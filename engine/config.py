@@ -28,4 +28,3 @@ class EngineConfig:
     max_model_len: int = 2048
     enable_prefix_cache: bool = True
     reserve_mode: ReserveMode = ReserveMode.NONE
-    compile: bool = False  # torch.compile the model

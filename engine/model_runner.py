@@ -52,9 +52,6 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype)
         if self.device.type == "cpu" and config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
-        if config.compile:
-            # measured: inductor regions around the packed GEMMs run 10-15% slower than eager here
-            log.warning("compile=True is ignored: the eager runner is faster on this model")
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
         torch.nn.Module.to(hf_model, self.device)
         self.model_config: PretrainedConfig = hf_model.config
