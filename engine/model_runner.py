@@ -10,7 +10,6 @@ which it drops for every id in `plan.preempted_ids` and `plan.freed_ids` before 
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -31,7 +30,6 @@ from engine.sampler import Sampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
