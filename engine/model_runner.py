@@ -31,7 +31,6 @@ from engine.sampler import Sampler
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
