@@ -112,10 +112,10 @@ class BlockManager:
         num_full = request.num_computed_tokens // self.block_size
         if num_full <= start:
             return
-        tokens = request.all_token_ids
         prev = hashes[-1] if hashes else 0
+        size = self.block_size
         for index in range(start, num_full):
-            chunk = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
+            chunk = tuple(request.token_slice(index * size, (index + 1) * size))
             prev = chain_hash(prev, chunk)
             hashes.append(prev)
             block = self.blocks[request.block_ids[index]]

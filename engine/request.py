@@ -64,6 +64,15 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """`all_token_ids[start:end]`, copying only those tokens (steps stay O(new tokens))."""
+        split = len(self.prompt_token_ids)
+        if end <= split:
+            return self.prompt_token_ids[start:end]
+        if start >= split:
+            return self.output_token_ids[start - split : end - split]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - split]
+
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED

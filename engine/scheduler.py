@@ -252,7 +252,7 @@ class Scheduler:
         end = start + num_new
         return ScheduledSeq(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=request.token_slice(start, end),
             start_pos=start,
             block_ids=list(request.block_ids),
             sample=end == request.num_tokens,
