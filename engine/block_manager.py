@@ -1,21 +1,23 @@
-"""KV block pool: ref-counted fixed-size blocks, a free list, and a prefix cache.
+"""KV block pool: ref-counted fixed-size blocks, a free pool, and a prefix cache.
 
 A request's KV lives in `request.block_ids`, `block_size` tokens per block. Full blocks are
 keyed by a chained hash (hash of the previous block's key and this block's tokens), so two
 requests with the same prefix share the same blocks; a hit is confirmed by comparing tokens.
-Freed blocks keep their key and go to the back of the free list (least recently used first
-out), so a later request can revive them until they are handed out again.
+Freed blocks keep their key and wait in the free pool (`FreePool`: evicted only when no clean
+block is left, least recently freed first), so a later request can revive them until then. New
+blocks come from the pool in runs of consecutive ids, sized by the tokens the request expects
+(prompt + max_tokens, or + the predicted output length when it has one).
 
-Invariants: every block is either free (ref_count == 0, in the free list) or used
-(ref_count > 0, not in the free list); `num_free_blocks + num_used_blocks == num_blocks`.
+Invariants: every block is either free (ref_count == 0, in the free pool) or used
+(ref_count > 0, not in the free pool); `num_free_blocks + num_used_blocks == num_blocks`.
 The manager answers "fits?"; it never picks a victim.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
+from engine.free_pool import FreePool
 from engine.request import Request
 
 BlockKey = tuple[int, int]  # (chained hash, block index): index keeps equal hashes of
@@ -42,8 +44,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_cache = enable_prefix_cache
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreePool(num_blocks)
         self._cached: dict[BlockKey, int] = {}
+        self._tails: dict[str, int] = {}  # request id -> last block, whose room it claimed
         self._num_hashed: dict[str, int] = {}  # request id -> leading blocks already keyed
         self._hashes: dict[str, list[int]] = {}  # request id -> chained hash per full block
 
@@ -95,11 +98,11 @@ class BlockManager:
         for block_id in cached:
             block = self.blocks[block_id]
             if block.ref_count == 0:
-                del self._free[block_id]
+                self._free.revive(block_id)
             block.ref_count += 1
             request.block_ids.append(block_id)
-        for _ in range(max(num_new, 0)):
-            request.block_ids.append(self._take_free_block())
+        if num_new > 0:
+            self._take_free_blocks(request, num_new)
         return True
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -127,33 +130,54 @@ class BlockManager:
 
     def free(self, request: Request) -> None:
         """Drop the request's hold on its blocks; tail blocks are evicted before shared heads."""
+        tail = self._tails.pop(request.request_id, None)
+        if tail is not None:
+            self._free.unclaim(tail)
         for block_id in reversed(request.block_ids):
             block = self.blocks[block_id]
             assert block.ref_count > 0, f"block {block_id} freed twice"
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
+                self._free.release(block_id, cached=block.key is not None)
         request.block_ids = []
         self._num_hashed.pop(request.request_id, None)
         self._hashes.pop(request.request_id, None)
 
-    def _take_free_block(self) -> int:
-        block_id, _ = self._free.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.key is not None:
-            del self._cached[block.key]
-            block.key = None
-            block.token_ids = ()
-        block.ref_count = 1
-        return block_id
+    def _take_free_blocks(self, request: Request, count: int) -> None:
+        """Append `count` new blocks to the request, continuing its run of ids where it can."""
+        rid = request.request_id
+        tail = self._tails.pop(rid, None)
+        if tail is not None:
+            self._free.unclaim(tail)
+        room = max(self.blocks_for(_expected_tokens(request)) - len(request.block_ids), count)
+        after = request.block_ids[-1] if request.block_ids else None
+        for block_id in self._free.take(count, after, room):
+            block = self.blocks[block_id]
+            if block.key is not None:  # evicted from the prefix cache
+                del self._cached[block.key]
+                block.key = None
+                block.token_ids = ()
+            block.ref_count = 1
+            request.block_ids.append(block_id)
+        if room > count:
+            self._tails[rid] = request.block_ids[-1]
+            self._free.claim(request.block_ids[-1], room - count)
 
     def check_invariants(self) -> None:
         """Raise AssertionError when the pool is inconsistent (used by tests)."""
-        free = set(self._free)
-        assert len(free) == len(self._free)
+        used = {b.block_id for b in self.blocks if b.ref_count != 0}
+        self._free.check_invariants(used)
         for block in self.blocks:
             assert block.ref_count >= 0, f"negative ref count on block {block.block_id}"
-            assert (block.ref_count == 0) == (block.block_id in free)
             if block.key is not None:
                 assert self._cached[block.key] == block.block_id
-        assert self.num_free_blocks + self.num_used_blocks == self.num_blocks
+        assert set(self._tails.values()) <= used
+        assert len(self._free) + len(used) == self.num_blocks
+
+
+def _expected_tokens(request: Request) -> int:
+    """Tokens the request is expected to reach: its prompt plus max_tokens or the prediction."""
+    output = request.params.max_tokens
+    if request.predicted_output_len is not None:
+        output = min(output, request.predicted_output_len)
+    return request.num_prompt_tokens + output

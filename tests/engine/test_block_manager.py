@@ -1,4 +1,5 @@
 from engine.block_manager import BlockManager
+from engine.request import Request
 from tests.engine.factories import make_request
 
 
@@ -65,3 +66,50 @@ def test_whole_prompt_hit_leaves_one_token_to_compute() -> None:
     first.num_computed_tokens = 8
     bm.cache_full_blocks(first)
     assert len(bm.find_cached_prefix(first.prompt_token_ids)) == 1
+
+
+def grow(bm: BlockManager, req: Request, num_tokens: int) -> None:
+    assert bm.allocate_slots(req, num_tokens)
+    req.num_computed_tokens = num_tokens
+    bm.cache_full_blocks(req)
+
+
+def test_requests_growing_together_keep_runs_of_consecutive_blocks() -> None:
+    bm = BlockManager(num_blocks=32, block_size=4)
+    a = make_request("a", prompt_len=4, max_tokens=20)  # expects 6 blocks
+    b = make_request("b", prompt_len=4, max_tokens=20)
+    grow(bm, a, 4)
+    grow(bm, b, 4)
+    for num_tokens in range(5, 25):
+        grow(bm, a, num_tokens)
+        grow(bm, b, num_tokens)
+        bm.check_invariants()
+    for req in (a, b):
+        assert req.block_ids == list(range(req.block_ids[0], req.block_ids[0] + 6))
+
+
+def test_a_new_run_halves_the_largest_claimed_room_when_none_is_free() -> None:
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_request("a", prompt_len=4, max_tokens=28)  # expects the whole pool
+    grow(bm, a, 4)
+    b = make_request("b", prompt_len=4)
+    grow(bm, b, 4)
+    assert a.block_ids == [0] and b.block_ids == [4]
+    bm.check_invariants()
+
+
+def test_cached_blocks_are_evicted_only_when_no_clean_block_is_left() -> None:
+    bm = BlockManager(num_blocks=6, block_size=4)
+    first, second = make_request("a", prompt_len=9), make_request("bb", prompt_len=9)
+    for req in (first, second):
+        grow(bm, req, 9)
+    bm.free(first)  # 2 cached blocks + 1 clean
+    bm.free(second)  # freed later: evicted later
+    filler = make_request("c", prompt_len=8)
+    grow(bm, filler, 8)  # the 2 clean blocks: nothing evicted
+    assert len(bm.find_cached_prefix(first.prompt_token_ids)) == 2
+    grow(bm, filler, 12)  # evicts the least recently freed block: first's tail
+    assert len(bm.find_cached_prefix(first.prompt_token_ids)) == 1
+    assert len(bm.find_cached_prefix(second.prompt_token_ids)) == 2
+    bm.free(filler)
+    bm.check_invariants()
