@@ -56,19 +56,21 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 
     async def submit(self, tenant_id: str, spec: JobSpec) -> JobRun:
+        if not spec.idempotency_key:
+            return await self._admit(tenant_id, spec)
         async with self._submit_lock:
-            if spec.idempotency_key:
-                existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
-                if existing is not None:
-                    return existing
-            quota = self._quotas.get(tenant_id)
-            if quota is None:
-                quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
-            validate_job(spec, limits_for(quota))
-            job_id = f"job-{uuid.uuid4().hex[:16]}"
-            await self.store.admit_job(tenant_id, job_id, len(spec.nodes))
-            run = JobRun(job_id, tenant_id, spec, self.clock())
-            self.jobs.add(run)
+            existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
+            return existing if existing is not None else await self._admit(tenant_id, spec)
+
+    async def _admit(self, tenant_id: str, spec: JobSpec) -> JobRun:
+        quota = self._quotas.get(tenant_id)
+        if quota is None:
+            quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
+        validate_job(spec, limits_for(quota))
+        job_id = f"job-{uuid.uuid4().hex[:16]}"
+        await self.store.admit_job(tenant_id, job_id, len(spec.nodes))
+        run = JobRun(job_id, tenant_id, spec, self.clock())
+        self.jobs.add(run)
         self.dispatcher.submit(run, quota)
         return run
 

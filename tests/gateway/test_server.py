@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2
@@ -11,10 +12,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fairgate.v1 import gateway_pb2 as pb
-from gateway.jobs.model import ChatMessage
+from gateway.job_run import JobRun
+from gateway.jobs.model import ChatMessage, JobSpec
 from gateway.jobs.template import render
 from gateway.prompts import encode_prompt
+from gateway.service import GatewayService
 from tests.gateway.conftest import Harness
+from tests.gateway.jobs.factories import make_node
 
 pytestmark = pytest.mark.anyio
 
@@ -94,8 +98,6 @@ async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) ->
     assert states == {"a": pb.NODE_STATE_CANCELLED, "b": pb.NODE_STATE_CANCELLED}
     gateway = harness.gateway
     core = gateway.engine.core
-    import anyio
-
     with anyio.fail_after(5):
         while core.has_unfinished or gateway.dispatcher.running:
             await anyio.sleep(0.005)
@@ -171,6 +173,22 @@ async def test_idempotency_key_returns_the_same_job(harness: Harness) -> None:
         pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha")
     )
     assert first.job_id == second.job_id
+
+
+async def test_concurrent_submits_with_one_idempotency_key_make_one_job(harness: Harness) -> None:
+    gateway = harness.gateway
+    service = GatewayService(gateway.jobs, gateway.dispatcher, gateway.store)
+    spec = JobSpec(nodes=(make_node("a"),), idempotency_key="k-2")
+    runs: list[JobRun] = []
+
+    async def submit() -> None:
+        runs.append(await service.submit("alpha", spec))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(submit)
+    assert len({run.job_id for run in runs}) == 1
+    assert len(gateway.jobs) == 1
 
 
 async def test_generate_streams_text_then_usage(harness: Harness) -> None:
