@@ -28,7 +28,7 @@ from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
 from gateway.calls import CallPlan, CallPlanner, CallRefused
 from gateway.job_run import JobRun, NodeState
 from gateway.jobs.template import render_node
-from gateway.prompts import encode_prompt, prompt_text
+from gateway.prompts import PromptEncoder, prompt_text
 from predictor.base import CallFeatures
 from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
 from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall
@@ -73,6 +73,7 @@ class Dispatcher:
         self.policy = policy
         self.store = store
         self.tokenizer = tokenizer
+        self._encode = PromptEncoder(tokenizer)
         self.planner = planner
         self.config = config
         self.clock = clock
@@ -150,7 +151,7 @@ class Dispatcher:
                 spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
             )
             parents = run.dag.parents[node_id]
-            ids = encode_prompt(self.tokenizer, blank)
+            ids = self._encode(blank)
             if not parents:
                 encoded[node_id] = ids
             prompt = len(ids) + int(sum(predicted[p] for p in parents))
@@ -167,7 +168,7 @@ class Dispatcher:
         spec = run.nodes[node_id].spec
         prompt = run.prompt(node_id)
         if prompt_ids is None:
-            prompt_ids = encode_prompt(self.tokenizer, prompt)
+            prompt_ids = self._encode(prompt)
         try:
             plan = self.planner.plan(
                 run.tenant_id,
