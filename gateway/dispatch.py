@@ -68,6 +68,7 @@ class Dispatcher:
         config: DispatchConfig,
         clock: Callable[[], float] = time.time,
         on_job_end: Callable[[JobRun], None] = lambda run: None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.engine = engine
         self.policy = policy
@@ -84,7 +85,7 @@ class Dispatcher:
         self._wake = anyio.Event()
         self._tg: TaskGroup | None = None
         self._stack = contextlib.AsyncExitStack()
-        self._tracer = trace.get_tracer("fairgate")
+        self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
         self._followed: dict[str, Ticket] = {}
 
@@ -106,16 +107,17 @@ class Dispatcher:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
         self._quotas[run.tenant_id] = quota
-        self._job_spans[run.job_id] = self._tracer.start_span(
-            f"invoke_workflow {run.spec.name or run.job_id}",
-            attributes={
-                "gen_ai.operation.name": "invoke_workflow",
-                "gen_ai.provider.name": "fairgate",
-                "fairgate.job.id": run.job_id,
-                "fairgate.tenant.id": run.tenant_id,
-                "fairgate.job.nodes": len(run.nodes),
-            },
-        )
+        if self._tracer is not None:
+            self._job_spans[run.job_id] = self._tracer.start_span(
+                f"invoke_workflow {run.spec.name or run.job_id}",
+                attributes={
+                    "gen_ai.operation.name": "invoke_workflow",
+                    "gen_ai.provider.name": "fairgate",
+                    "fairgate.job.id": run.job_id,
+                    "fairgate.tenant.id": run.tenant_id,
+                    "fairgate.job.nodes": len(run.nodes),
+                },
+            )
         info, encoded = self._job_info(run, quota, now)
         self.policy.add_job(info, now)
         for node_id in run.start(now):
@@ -258,9 +260,7 @@ class Dispatcher:
         call, run = ticket.call, ticket.run
         last: TokenDelta | None = None
         produced = 0
-        parent = trace.set_span_in_context(self._job_spans.get(run.job_id, trace.INVALID_SPAN))
-        name = f"chat {self.config.model_name}"
-        with self._tracer.start_as_current_span(name, context=parent) as span:
+        with self._call_span(run) as span:
             try:
                 async for delta in stream:
                     produced += len(delta.token_ids)
@@ -272,7 +272,16 @@ class Dispatcher:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()  # aborts the request if it has not finished
                     await self._close_call(ticket, last, produced)
-                    _annotate(span, ticket, last, produced)
+                    if span is not None:
+                        _annotate(span, ticket, last, produced)
+
+    def _call_span(self, run: JobRun) -> contextlib.AbstractContextManager[trace.Span | None]:
+        """The call's `chat <model>` span under its job's span; nothing when not tracing."""
+        if self._tracer is None:
+            return contextlib.nullcontext()
+        parent = trace.set_span_in_context(self._job_spans.get(run.job_id, trace.INVALID_SPAN))
+        name = f"chat {self.config.model_name}"
+        return self._tracer.start_as_current_span(name, context=parent)
 
     async def _close_call(self, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
         call, run = ticket.call, ticket.run

@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.sdk.trace import TracerProvider
 
 from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -30,7 +31,7 @@ from gateway.engine_setup import build_engine_core
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import Settings
-from gateway.telemetry import setup_tracing
+from gateway.telemetry import setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
 from predictor.history import HistoryPredictor
@@ -77,9 +78,14 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
 
 @contextlib.asynccontextmanager
 async def running_gateway(
-    settings: Settings, *, core: LLMEngine | None = None, store: QuotaStore | None = None
+    settings: Settings,
+    *,
+    core: LLMEngine | None = None,
+    store: QuotaStore | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """Start a gateway; `core` and `store` replace the ones the settings would build."""
+    """Start a gateway; `core` and `store` replace the ones the settings would build. Spans go
+    to `tracer_provider`; without one the gateway does no span work."""
     if core is None:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
@@ -95,10 +101,17 @@ async def running_gateway(
         engine = await stack.enter_async_context(AsyncEngine(core))
         dispatcher = await stack.enter_async_context(
             Dispatcher(
-                engine, policy, store, core.tokenizer, planner, config, on_job_end=jobs.ended
+                engine,
+                policy,
+                store,
+                core.tokenizer,
+                planner,
+                config,
+                on_job_end=jobs.ended,
+                tracer=tracer(tracer_provider) if tracer_provider is not None else None,
             )
         )
-        server, health_servicer = _build_server(settings, store, jobs, dispatcher)
+        server, health_servicer = _build_server(settings, store, jobs, dispatcher, tracer_provider)
         port = server.add_insecure_port(f"{settings.host}:{settings.port}")
         await server.start()
         for name in ("", *SERVICES):
@@ -114,17 +127,19 @@ async def running_gateway(
 
 
 def _build_server(
-    settings: Settings, store: QuotaStore, jobs: JobRegistry, dispatcher: Dispatcher
+    settings: Settings,
+    store: QuotaStore,
+    jobs: JobRegistry,
+    dispatcher: Dispatcher,
+    tracer_provider: TracerProvider | None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     from gateway.auth import AuthInterceptor
 
-    server = grpc.aio.server(
-        interceptors=[
-            aio_server_interceptor(),  # type: ignore[no-untyped-call]
-            AuthInterceptor(store, settings.admin_key),
-        ],
-        options=server_options(settings),
-    )
+    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(store, settings.admin_key)]
+    if tracer_provider is not None:
+        spans = aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]
+        interceptors.insert(0, spans)
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(jobs, dispatcher, store), server)
 
     async def cancel_jobs_of(tenant_id: str) -> None:
@@ -145,13 +160,15 @@ def _build_server(
 async def serve(settings: Settings) -> None:
     """Run a gateway until SIGINT or SIGTERM; traces go over OTLP when OTEL_* asks for it."""
     provider = setup_tracing()
-    trace.set_tracer_provider(provider)
+    if provider is not None:
+        trace.set_tracer_provider(provider)  # for any library that traces through the global one
     try:
-        async with running_gateway(settings) as gateway:
+        async with running_gateway(settings, tracer_provider=provider) as gateway:
             print(f"fairgate serving on {settings.host}:{gateway.port}", flush=True)
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     log.info("shutting down")
                     return
     finally:
-        provider.shutdown()
+        if provider is not None:
+            provider.shutdown()

@@ -3,7 +3,9 @@
 Spans: the gRPC server span (instrumentation interceptor) -> `invoke_workflow <job>` per job ->
 `chat <model>` per call. OTLP export is on when the standard `OTEL_EXPORTER_OTLP_ENDPOINT`
 (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other `OTEL_*`
-variables itself. Prometheus metrics live in one registry served on demand.
+variables itself. With nowhere to export there is no provider and no span work at all: no
+interceptor and no spans, not even non-recording ones. Prometheus metrics live in one registry
+served on demand.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ TRACER_NAME = "fairgate"
 PROVIDER_NAME = "fairgate"  # gen_ai.provider.name
 
 
-def setup_tracing(exporter: SpanExporter | None = None) -> TracerProvider:
-    """A tracer provider exporting to `exporter`, or over OTLP when the env asks for it."""
-    provider = TracerProvider(resource=Resource.create({"service.name": "fairgate"}))
+def setup_tracing(exporter: SpanExporter | None = None) -> TracerProvider | None:
+    """A tracer provider exporting to `exporter`, or over OTLP when the env asks for it; None
+    when there is nowhere to export to (the gateway then skips all span work)."""
     if exporter is None and (
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -30,8 +32,10 @@ def setup_tracing(exporter: SpanExporter | None = None) -> TracerProvider:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
-    if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
+    if exporter is None:
+        return None
+    provider = TracerProvider(resource=Resource.create({"service.name": "fairgate"}))
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
     return provider
 
 
@@ -57,5 +61,5 @@ class Metrics:
         )
 
 
-def tracer(provider: TracerProvider | None = None) -> trace.Tracer:
-    return (provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
+def tracer(provider: TracerProvider) -> trace.Tracer:
+    return provider.get_tracer(TRACER_NAME)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import grpc
 import pytest
-from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -71,8 +71,10 @@ class Harness:
 
 @pytest.fixture
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    """The gateway traces into `spans` when the test asks for that fixture too."""
     marker = request.node.get_closest_marker("engine_step_s")
     step_s = marker.args[0] if marker else 0.0
+    tracing = request.getfixturevalue("spans") if "spans" in request.fixturenames else None
     settings = Settings(port=0, admin_key=ADMIN_KEY, policy="justitia", max_model_len=4096)
     store = MemoryQuotaStore()
     quotas = {
@@ -84,15 +86,32 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         await store.create_tenant(tenant, tenant.title(), quota)
         keys[tenant] = (await store.issue_key(tenant))[1]
     async with (
-        running_gateway(settings, core=sim_core(step_s), store=store) as gateway,
+        running_gateway(
+            settings,
+            core=sim_core(step_s),
+            store=store,
+            tracer_provider=tracing.provider if tracing is not None else None,
+        ) as gateway,
         grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
     ):
         yield Harness(gateway, channel, gateway_pb2_grpc.GatewayStub(channel), keys)
 
 
-@pytest.fixture(scope="session")
-def spans() -> InMemorySpanExporter:
-    """Every span the process records (the global tracer provider can be set only once)."""
+@dataclass
+class Spans:
+    provider: TracerProvider
+    exporter: InMemorySpanExporter
+
+    def finished(self) -> tuple[ReadableSpan, ...]:
+        self.provider.force_flush()
+        return self.exporter.get_finished_spans()
+
+
+@pytest.fixture
+def spans() -> Iterator[Spans]:
+    """A tracer provider recording in memory, for the harness's gateway."""
     exporter = InMemorySpanExporter()
-    trace.set_tracer_provider(setup_tracing(exporter))
-    return exporter
+    provider = setup_tracing(exporter)
+    assert provider is not None
+    yield Spans(provider, exporter)
+    provider.shutdown()

@@ -8,8 +8,6 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
-from opentelemetry import trace
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.job_run import JobRun
@@ -17,7 +15,7 @@ from gateway.jobs.model import ChatMessage, JobSpec
 from gateway.jobs.template import render
 from gateway.prompts import encode_prompt
 from gateway.service import GatewayService
-from tests.gateway.conftest import Harness
+from tests.gateway.conftest import Harness, Spans
 from tests.gateway.jobs.factories import make_node
 
 pytestmark = pytest.mark.anyio
@@ -208,16 +206,10 @@ async def test_health_reports_serving(harness: Harness) -> None:
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_job_and_call_spans_carry_gen_ai_attributes(
-    spans: InMemorySpanExporter, harness: Harness
-) -> None:
+async def test_job_and_call_spans_carry_gen_ai_attributes(spans: Spans, harness: Harness) -> None:
     job = await run_to_end(harness, "alpha", map_reduce(2))
-    trace.get_tracer_provider().force_flush()  # type: ignore[attr-defined]
-    mine = [
-        s
-        for s in spans.get_finished_spans()
-        if (s.attributes or {}).get("fairgate.job.id") == job.job_id
-    ]
+    finished = spans.finished()
+    mine = [s for s in finished if (s.attributes or {}).get("fairgate.job.id") == job.job_id]
     workflow = [s for s in mine if s.name.startswith("invoke_workflow")]
     chats = [s for s in mine if s.name.startswith("chat ")]
     assert len(workflow) == 1 and len(chats) == 3
@@ -228,8 +220,10 @@ async def test_job_and_call_spans_carry_gen_ai_attributes(
     assert attrs["gen_ai.operation.name"] == "chat"
     assert attrs["gen_ai.usage.output_tokens"] == 8
     assert attrs["gen_ai.request.max_tokens"] == 8
-    server_spans = [s for s in spans.get_finished_spans() if s.name.endswith("/RunJob")]
-    assert server_spans, "the gRPC server span is recorded"
+    server = [s for s in finished if s.name.endswith("/RunJob")]
+    assert len(server) == 1, "the gRPC server span is recorded"
+    assert workflow[0].parent is not None
+    assert workflow[0].parent.span_id == server[0].context.span_id
 
 
 async def test_hostile_call_is_capped_and_ordinary_one_is_not(harness: Harness) -> None:
