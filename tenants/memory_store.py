@@ -155,18 +155,26 @@ class MemoryQuotaStore:
         return self._ledgers[tenant_id].reserve(quota, call_id, tokens, ttl_s, self._clock())
 
     async def settle(
-        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
+        self,
+        tenant_id: str,
+        call_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        finish_job: str | None = None,
     ) -> bool:
         await self._enter()
         check_id("call_id", call_id)
         check_count("input_tokens", input_tokens)
         check_count("output_tokens", output_tokens)
+        if finish_job is not None:
+            check_id("job_id", finish_job)
         if tenant_id not in self._tenants:
             return False
-        quota = self._tenants[tenant_id].quota
-        return self._ledgers[tenant_id].settle(
-            quota, call_id, input_tokens, output_tokens, self._clock()
-        )
+        ledger, quota = self._ledgers[tenant_id], self._tenants[tenant_id].quota
+        if finish_job is not None:
+            ledger.finish_job(finish_job)
+        return ledger.settle(quota, call_id, input_tokens, output_tokens, self._clock())
 
     async def release(self, tenant_id: str, call_id: str) -> bool:
         await self._enter()

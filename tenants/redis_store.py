@@ -259,13 +259,20 @@ class RedisQuotaStore:
 
     @_fails_closed
     async def settle(
-        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
+        self,
+        tenant_id: str,
+        call_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        finish_job: str | None = None,
     ) -> bool:
         check_id("call_id", call_id)
         check_count("input_tokens", input_tokens)
         check_count("output_tokens", output_tokens)
+        job = "" if finish_job is None else check_id("job_id", finish_job)
         return bool(
-            await self._quota_script("settle", tenant_id, call_id, input_tokens, output_tokens)
+            await self._quota_script("settle", tenant_id, call_id, input_tokens, output_tokens, job)
         )
 
     @_fails_closed

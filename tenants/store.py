@@ -82,8 +82,17 @@ class QuotaStore(Protocol):
     ) -> Reservation: ...
 
     async def settle(
-        self, tenant_id: str, call_id: str, input_tokens: int, output_tokens: int
-    ) -> bool: ...
+        self,
+        tenant_id: str,
+        call_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        finish_job: str | None = None,
+    ) -> bool:
+        """True when this settled the call. With `finish_job`, that job is finished in the same
+        atomic step, whatever the settle finds (a job's last call closes both at once)."""
+        ...
 
     async def release(self, tenant_id: str, call_id: str) -> bool: ...
 

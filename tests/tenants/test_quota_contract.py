@@ -389,6 +389,35 @@ async def test_job_admission(h: Harness) -> None:
     assert await h.store.admit_job("acme", "j3", 1) is True
 
 
+async def test_settling_a_jobs_last_call_finishes_the_job_in_the_same_step(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=1, tokens_per_minute=60)
+    await h.store.admit_job("acme", "j1", 1)
+    await h.store.reserve("acme", "j1/a", 30, TTL)
+    assert await h.store.settle("acme", "j1/a", 10, 5, finish_job="j1") is True
+    usage = await h.store.usage("acme")
+    assert (usage.queued_jobs, usage.settled_calls, usage.active_reservations) == (0, 1, 0)
+    assert (usage.input_tokens, usage.output_tokens, usage.tokens_today) == (10, 5, 15)
+    assert await h.store.finish_job("acme", "j1") is False
+    assert await h.store.settle("acme", "j1/a", 10, 5, finish_job="j1") is False
+    assert (await h.store.usage("acme")).settled_calls == 1
+    assert await h.store.admit_job("acme", "j2", 1) is True
+
+
+async def test_a_settle_that_finds_no_open_call_still_finishes_the_job(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=2)
+    await h.store.admit_job("acme", "j1", 1)
+    await h.store.admit_job("acme", "j2", 1)
+    await h.store.reserve("acme", "j1/a", 10, h.tiny_ttl_s)
+    h.advance(2 * h.tiny_ttl_s)
+    assert await h.store.settle("acme", "j1/a", 1, 1, finish_job="j1") is False
+    usage = await h.store.usage("acme")
+    assert (usage.queued_jobs, usage.settled_calls) == (1, 0)
+    assert await h.store.finish_job("acme", "j1") is False
+    assert await h.store.finish_job("acme", "j2") is True
+    with pytest.raises(RequestInvalid):
+        await h.store.settle("acme", "j1/b", 1, 1, finish_job="")
+
+
 async def test_jobs_of_a_crashed_gateway_expire(h: Harness) -> None:
     await make_tenant(h, max_queued_jobs=1)
     await h.store.admit_job("acme", "j1", 1, ttl_s=h.tiny_ttl_s)
