@@ -6,7 +6,9 @@ and dispatches it only when the engine can admit it now (KV for prompt + reserva
 slot), so the engine's own waiting list stays short and the policy's order is the order that
 runs. Each dispatched call reserves its worst case (prompt + max_tokens) in the quota store,
 then a follower task streams its tokens into the job and, when it ends, settles (or releases)
-the reservation exactly once, tells the policy what it really cost, and releases dependents.
+the reservation exactly once, tells the policy what it really cost, and releases dependents. A
+job's last call finishes the job's admission in the same script as its settle, before the job's
+end is streamed.
 
 Invariant: every dispatched call's reservation is settled or released exactly once, in a
 `finally` shielded from cancellation; a call refused by a rate limit waits and is retried.
@@ -88,6 +90,7 @@ class Dispatcher:
         self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
         self._followed: dict[str, Ticket] = {}
+        self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
 
     async def __aenter__(self) -> Dispatcher:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -288,13 +291,22 @@ class Dispatcher:
         self.running.pop(call.call_id, None)
         self._followed.pop(call.call_id, None)
         finished = last is not None and last.finished
+        ends_job = finished and run.is_last_open(call.node_id)  # one script closes both
         try:
             if finished:
-                await self.store.settle(call.tenant_id, call.call_id, call.prompt_tokens, produced)
+                await self.store.settle(
+                    call.tenant_id,
+                    call.call_id,
+                    call.prompt_tokens,
+                    produced,
+                    finish_job=run.job_id if ends_job else None,
+                )
             else:
                 await self.store.release(call.tenant_id, call.call_id)
         except QuotaUnavailable:
-            pass  # the reservation expires on its own: nothing leaks
+            ends_job = False  # the reservation expires on its own: nothing leaks
+        if ends_job and not run.ended:
+            self._finished_in_store.add(run.job_id)
         now = self.clock()
         if not run.ended:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
@@ -327,8 +339,11 @@ class Dispatcher:
             span.set_attribute("fairgate.job.state", run.state.value)
             span.end()
         self.on_job_end(run)
-        assert self._tg is not None
-        self._tg.start_soon(self._end_job, run)
+        if run.job_id in self._finished_in_store:
+            self._finished_in_store.discard(run.job_id)
+        else:
+            assert self._tg is not None
+            self._tg.start_soon(self._end_job, run)
         self._wake.set()
 
     async def _end_job(self, run: JobRun) -> None:

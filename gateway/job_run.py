@@ -156,6 +156,10 @@ class JobRun:
         self._maybe_end(now)
         return released
 
+    def is_last_open(self, node_id: str) -> bool:
+        """Whether every other node has ended, so that ending this one ends the job."""
+        return all(node.state in ENDED for other, node in self.nodes.items() if other != node_id)
+
     def cancel(self, now: float, reason: str = "cancelled") -> list[str]:
         """Cancel every node that has not ended; returns the ones that were running."""
         running = [n for n, r in self.nodes.items() if r.state is NodeState.RUNNING]
