@@ -4,8 +4,11 @@ The engine is the simulated runner with instant steps (tokens cost nothing), quo
 real Redis, and real gRPC clients send single-call `Generate` requests of one output token. So
 everything measured is gateway: auth, validation, job admission, policy, quota reserve and
 settle, engine bookkeeping, streaming. The gateway runs in this process and the clients in
-another, so each has one of the machine's two cores. Two figures:
+another, so each has one of the machine's two cores. Three figures:
 - throughput: `--clients` concurrent clients send `--calls` calls in all; calls/s;
+- CPU per call: the gateway process's CPU time (all its threads) over the throughput phase, per
+  call; on a machine shared with other work it moves much less than calls/s, so it is the
+  figure to compare builds by there;
 - added latency: one client, calls one after another (no queueing); p50 / p99 of the time from
   sending a call to its last response.
 """
@@ -18,6 +21,7 @@ import multiprocessing
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,7 @@ async def _one_call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[st
 @dataclass(frozen=True, slots=True)
 class GatewayRun:
     calls_per_s: float
+    cpu_ms_per_call: float
     latency_p50_ms: float
     latency_p99_ms: float
     clients: int
@@ -51,7 +56,12 @@ class GatewayRun:
 
 
 async def load_client(
-    port: int, keys: list[str], calls: int, clients: int, latency_calls: int
+    port: int,
+    keys: list[str],
+    calls: int,
+    clients: int,
+    latency_calls: int,
+    throughput_starts: Callable[[], None] = lambda: None,
 ) -> tuple[list[float], float, int]:
     """The load generator: sequential calls (latency), then `clients` concurrent ones."""
     metadata = [(("authorization", f"Bearer {key}"),) for key in keys]
@@ -66,6 +76,7 @@ async def load_client(
             for _ in range(per_client):
                 await _one_call(stub, metadata[i % len(keys)])
 
+        throughput_starts()
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for i in range(clients):
@@ -74,7 +85,7 @@ async def load_client(
 
 
 def _client_process(args: tuple[int, list[str], int, int, int], out: Any) -> None:
-    out.put(anyio.run(load_client, *args))
+    out.put(anyio.run(load_client, *args, lambda: out.put(None)))
 
 
 async def measure(redis_url: str, calls: int, clients: int, latency_calls: int) -> GatewayRun:
@@ -92,7 +103,10 @@ async def measure(redis_url: str, calls: int, clients: int, latency_calls: int) 
         job = (gateway.port, keys, calls, clients, latency_calls)
         process = context.Process(target=_client_process, args=(job, results))
         process.start()
+        await anyio.to_thread.run_sync(results.get)  # the throughput phase starts
+        cpu = time.process_time()
         latencies, elapsed, done = await anyio.to_thread.run_sync(results.get)
+        cpu = time.process_time() - cpu
         await anyio.to_thread.run_sync(process.join)
         for tenant in tenants:
             usage = await store.usage(tenant)
@@ -100,7 +114,7 @@ async def measure(redis_url: str, calls: int, clients: int, latency_calls: int) 
             await store.delete_tenant(tenant)
     ms = np.array(latencies) * 1e3
     p50, p99 = float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
-    return GatewayRun(done / elapsed, p50, p99, clients, done)
+    return GatewayRun(done / elapsed, cpu * 1e3 / done, p50, p99, clients, done)
 
 
 def main() -> None:
@@ -118,6 +132,7 @@ def main() -> None:
     ]
     result = {
         "calls_per_s": statistics.median(r.calls_per_s for r in runs),
+        "cpu_ms_per_call": statistics.median(r.cpu_ms_per_call for r in runs),
         "added_latency_ms": {
             "p50": statistics.median(r.latency_p50_ms for r in runs),
             "p99": statistics.median(r.latency_p99_ms for r in runs),
@@ -125,7 +140,8 @@ def main() -> None:
         "runs": [asdict(r) for r in runs],
     }
     print(
-        f"gateway: {result['calls_per_s']:.0f} calls/s with {args.clients} clients; added "
+        f"gateway: {result['calls_per_s']:.0f} calls/s with {args.clients} clients "
+        f"({result['cpu_ms_per_call']:.2f} ms of gateway CPU per call); added "
         f"latency p50 {statistics.median(r.latency_p50_ms for r in runs):.2f} ms, p99 "
         f"{statistics.median(r.latency_p99_ms for r in runs):.2f} ms (median of {len(runs)} runs)"
     )
