@@ -31,6 +31,7 @@ from gateway.calls import CallPlan, CallPlanner, CallRefused
 from gateway.job_run import JobRun, NodeState
 from gateway.jobs.template import render_node
 from gateway.prompts import PromptEncoder, prompt_text
+from gateway.room import WaitingCalls, has_room
 from predictor.base import CallFeatures
 from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
 from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall
@@ -45,6 +46,7 @@ class Ticket:
     prompt_ids: list[int]
     plan: CallPlan
     model_name: str
+    priority: float = 0.0  # what the engine was last told
 
     @property
     def quota_tokens(self) -> int:
@@ -89,7 +91,8 @@ class Dispatcher:
         self._stack = contextlib.AsyncExitStack()
         self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
-        self._followed: dict[str, Ticket] = {}
+        self._followed: dict[str, dict[str, Ticket]] = {}  # job id -> call id -> in the engine
+        self._waiting = WaitingCalls(engine.core.block_manager.blocks_for)
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
 
     async def __aenter__(self) -> Dispatcher:
@@ -130,7 +133,7 @@ class Dispatcher:
     def running_jobs(self) -> list[JobRun]:
         """Jobs with a call in the engine or waiting for it."""
         runs = {id(t.run): t.run for t in self.tickets.values()}
-        runs.update({id(t.run): t.run for t in self._followed.values()})
+        runs.update({id(t.run): t.run for c in self._followed.values() for t in c.values()})
         return [r for r in runs.values() if not r.ended]
 
     def cancel(self, run: JobRun, reason: str = "cancelled") -> None:
@@ -210,12 +213,18 @@ class Dispatcher:
     async def _dispatch_ready(self) -> None:
         while (call := self.policy.peek(self.clock(), self._load())) is not None:
             ticket = self.tickets[call.call_id]
-            if not self.engine.has_room(call.prompt_tokens + ticket.plan.reserve_output):
+            if not self._has_room(call.prompt_tokens + ticket.plan.reserve_output):
                 return  # woken again when a running call ends
             self.policy.mark_dispatched(call.call_id, self.clock())
             del self.tickets[call.call_id]
             if await self._reserve(ticket):
                 self._start(ticket)
+
+    def _has_room(self, num_tokens: int) -> bool:
+        if self._waiting:
+            self._waiting.prune(self.engine.core.scheduler.requests)
+        blocks_for = self.engine.core.block_manager.blocks_for
+        return has_room(self.engine.capacity, blocks_for, num_tokens, self._waiting.blocks)
 
     async def _reserve(self, ticket: Ticket) -> bool:
         call = ticket.call
@@ -246,15 +255,17 @@ class Dispatcher:
 
     def _start(self, ticket: Ticket) -> None:
         call = ticket.call
+        ticket.priority = self.policy.priority(call.call_id)
         stream = self.engine.add_request(
             ticket.prompt_ids,
             ticket.plan.params,
             request_id=call.call_id,
-            priority=self.policy.priority(call.call_id),
+            priority=ticket.priority,
             predicted_output_len=ticket.plan.reserve_output,
         )
         self.running[call.call_id] = stream
-        self._followed[call.call_id] = ticket
+        self._followed.setdefault(call.job_id, {})[call.call_id] = ticket
+        self._waiting.add(call.call_id, call.prompt_tokens, ticket.plan.reserve_output)
         ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
         assert self._tg is not None
         self._tg.start_soon(self._follow, ticket, stream)
@@ -270,6 +281,8 @@ class Dispatcher:
                     run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), self.clock())
                     if not run.ended:  # an ended job has left the policy
                         self.policy.on_progress(call.call_id, produced, self.clock())
+                        if produced > call.predicted_output:  # charged the excess: re-keyed
+                            self._refresh_priorities(call.job_id)
                     last = delta
             finally:
                 with anyio.CancelScope(shield=True):
@@ -289,7 +302,11 @@ class Dispatcher:
     async def _close_call(self, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
         call, run = ticket.call, ticket.run
         self.running.pop(call.call_id, None)
-        self._followed.pop(call.call_id, None)
+        calls = self._followed[call.job_id]
+        del calls[call.call_id]
+        if not calls:
+            del self._followed[call.job_id]
+        self._waiting.discard(call.call_id)
         finished = last is not None and last.finished
         ends_job = finished and run.is_last_open(call.node_id)  # one script closes both
         try:
@@ -310,6 +327,7 @@ class Dispatcher:
         now = self.clock()
         if not run.ended:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
+            self._refresh_priorities(call.job_id)  # re-keyed with the truth
         if last is not None and last.finished:
             self.planner.predictor.observe(ticket.plan.features, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
@@ -321,6 +339,14 @@ class Dispatcher:
         elif not run.ended:
             self._finish_node(run, call.node_id, NodeState.FAILED, "call aborted by the engine")
         self._wake.set()
+
+    def _refresh_priorities(self, job_id: str) -> None:
+        """Tell the engine the new priority of the job's calls it holds, after a re-key."""
+        for call_id, ticket in self._followed.get(job_id, {}).items():
+            priority = self.policy.priority(call_id)
+            if priority != ticket.priority:
+                ticket.priority = priority
+                self.engine.set_priority(call_id, priority)
 
     def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
         now = self.clock()

@@ -4,12 +4,15 @@ The clock is the engine's virtual time (`LLMEngine.now()`: the simulated runner'
 times add up). Each turn of the loop: release what is due (job arrivals, whose root calls become
 ready after their think delay; calls whose parents finished plus their think delay), dispatch
 like `gateway/dispatch.py` does (the policy's `peek(now, EngineLoad(running + waiting, 0,
-knee))` answer goes to the engine only while `has_room(prompt + reserve)` holds, with the
-engine priority `policy.priority(call)` and a reservation of the predicted output), then one
-engine step whose tokens go to the policy (`on_progress`, `on_finished`); an idle engine jumps
-the clock to the next event. The real scheduler and block manager decide batching, KV and
-preemption. Invariant: every job that arrives finishes, each of its calls is dispatched exactly
-once, and a job leaves the policy when its last call finishes.
+knee))` answer goes to the engine only while `has_room(prompt + reserve)` holds, counting the
+output that calls still waiting in the engine will reserve (`gateway.room`), with the engine
+priority `policy.priority(call)` and a reservation of the predicted output), then one engine step
+whose tokens go to the policy (`on_progress`, `on_finished`); after a re-key (a call finished or
+ran past its prediction) the engine gets the new priority of the job's calls it holds, as the
+gateway tells it; an idle engine jumps the clock to the next event. The real scheduler and
+block manager decide batching, KV and preemption. Invariant: every job that arrives finishes,
+each of its calls is dispatched exactly once, and a job leaves the policy when its last call
+finishes.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from bench.sim.errors import SimulationStuck
 from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
+from gateway.room import WaitingCalls, has_room
 from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
 
 Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens
@@ -61,6 +65,7 @@ class _JobState:
     children: dict[str, list[str]]
     parents_left: dict[str, int]
     calls_left: int
+    in_engine: dict[str, float] = field(default_factory=dict)  # call id -> priority it was given
 
 
 class Simulation:
@@ -86,6 +91,7 @@ class Simulation:
         self.states: dict[str, _JobState] = {}
         self.ready: dict[str, tuple[ReadyCall, int]] = {}  # call id -> (call, reserve)
         self.produced: dict[str, int] = {}  # running call id -> tokens so far
+        self.waiting = WaitingCalls(self.engine.block_manager.blocks_for)
         self.served: dict[str, float] = defaultdict(float)
         self.blocked = False  # the last dispatch left a ready call for want of room
         self.result = SimResult(policy.name, {})
@@ -180,9 +186,12 @@ class Simulation:
         return EngineLoad(cap.num_running + cap.num_waiting, 0, self.knee)
 
     def _has_room(self, num_tokens: int) -> bool:
-        cap = self.engine.scheduler.capacity()
-        blocks = self.engine.block_manager.blocks_for(num_tokens)
-        return cap.free_seqs > 0 and cap.free_blocks >= blocks
+        if self.waiting:
+            self.waiting.prune(self.engine.scheduler.requests)
+        blocks_for = self.engine.block_manager.blocks_for
+        return has_room(
+            self.engine.scheduler.capacity(), blocks_for, num_tokens, self.waiting.blocks
+        )
 
     def _dispatch(self, now: float) -> None:
         self.blocked = False
@@ -195,15 +204,18 @@ class Simulation:
             del self.ready[call.call_id]
             node = self.states[call.job_id].nodes[call.node_id]
             self.runner.expect(call.call_id, node.output_tokens)
+            priority = self.policy.priority(call.call_id)
             self.engine.add_request(
                 [1] * call.prompt_tokens,
                 SamplingParams(max_tokens=node.max_tokens),
                 request_id=call.call_id,
-                priority=self.policy.priority(call.call_id),
+                priority=priority,
                 predicted_output_len=reserve,
                 detokenize=False,
             )
             self.produced[call.call_id] = 0
+            self.states[call.job_id].in_engine[call.call_id] = priority
+            self.waiting.add(call.call_id, call.prompt_tokens, reserve)
 
     def _step(self) -> None:
         start = self.engine.now()
@@ -223,18 +235,31 @@ class Simulation:
             step_work += work
             self.result.output_tokens += len(out.new_token_ids)
             if out.finished:
-                del self.produced[call_id]
+                del self.produced[call_id], state.in_engine[call_id]
+                self.waiting.discard(call_id)
                 self.result.work += kv_token_time(prompt, produced)
                 self.policy.on_finished(call_id, prompt, produced, now)
+                self._refresh_priorities(state)
                 self._node_done(state, node_id, now)
             else:
                 self.produced[call_id] = produced
                 self.policy.on_progress(call_id, produced, now)
+                if produced > self.predictions[job_id, node_id]:
+                    self._refresh_priorities(state)
         if self.blocked:
             self.result.saturated_work += step_work
             self.result.saturated_s += now - start
             self.result.saturated_steps += 1
         self._snapshot()
+
+    def _refresh_priorities(self, state: _JobState) -> None:
+        """The job was re-keyed: its calls in the engine get their new priority."""
+        scheduler = self.engine.scheduler
+        for call_id, sent in state.in_engine.items():
+            priority = self.policy.priority(call_id)
+            if priority != sent and call_id in scheduler.requests:  # not finished this step
+                state.in_engine[call_id] = priority
+                scheduler.set_priority(call_id, priority)
 
     def _node_done(self, state: _JobState, node_id: str, now: float) -> None:
         state.calls_left -= 1

@@ -119,6 +119,22 @@ def test_everything_finishes_and_no_block_leaks(policy: str, noise: float | None
         assert sim.result.preemptions == 0  # exact reservations never run out
 
 
+def test_dispatch_promises_no_block_twice_to_calls_waiting_in_the_engine() -> None:
+    # 40 blocks of 16; each call needs 4 for its prompt and 8 more for its output: 3 fit, and
+    # by prompts alone (what the engine counts for a waiting call) 10 would.
+    jobs = [single(f"j{i}", f"t{i}", 60, 120) for i in range(10)]
+    sim = Simulation(jobs, make_policy("fcfs"), make_setup(num_blocks=40), oracle(jobs))
+    sim._release(0.0)
+    sim._dispatch(0.0)
+    blocks = sim.engine.block_manager.blocks_for
+    waiting = sim.engine.scheduler.waiting
+    assert len(waiting) == 3
+    assert (
+        sum(blocks(r.num_tokens + 120) for r in waiting) <= sim.engine.block_manager.num_free_blocks
+    )
+    assert simulate(jobs, "fcfs", make_setup(num_blocks=40)).result.preemptions == 0
+
+
 def test_underpredicted_calls_grow_and_get_preempted_yet_finish() -> None:
     jobs = [single(f"j{i}", f"t{i}", 40, 200) for i in range(6)]
     lowball = {key: 1.0 for key in oracle(jobs)}

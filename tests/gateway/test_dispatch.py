@@ -13,7 +13,7 @@ import pytest
 from engine import AsyncEngine
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
-from gateway.job_run import JobRun
+from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
@@ -92,6 +92,47 @@ def job(job_id: str, *nodes: tuple[str, int]) -> JobRun:
         nodes=tuple(make_node(n, f"say {n}", sampling=SamplingSpec(max_tokens=m)) for n, m in nodes)
     )
     return JobRun(job_id, "acme", spec, time.time())
+
+
+async def test_room_counts_the_output_that_waiting_calls_will_reserve(make_env: MakeEnv) -> None:
+    # 32 blocks of 16 tokens; a call's prompt takes 1 block, its reservation 20 more (the prior's
+    # p90, 320 tokens). The engine does not step, so every dispatched call waits in it.
+    env = await make_env(MemoryQuotaStore(), num_blocks=32, steps=False)
+    engine, dispatcher = env.engine, env.dispatcher
+    for i in range(3):
+        dispatcher.submit(job(f"j{i}", ("a", 1000)), QUOTA)
+    await anyio.wait_all_tasks_blocked()
+    waiting = engine.core.scheduler.waiting
+    assert [r.request_id for r in waiting] == ["j0/a"]  # by prompts alone all three fitted
+    assert len(dispatcher.tickets) == 2
+
+
+async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) -> None:
+    env = await make_env(MemoryQuotaStore())
+    engine, dispatcher = env.engine, env.dispatcher
+    run = job("j", ("short", 2), ("long", 600))
+    dispatcher.submit(run, QUOTA)
+    requests = engine.core.scheduler.requests
+    seen: list[float] = []
+
+    def check() -> None:  # the engine holds the policy's current priority for "long"
+        priority = dispatcher.policy.priority("j/long")
+        assert requests["j/long"].priority == priority
+        if not seen or seen[-1] != priority:
+            seen.append(priority)
+
+    produced = 0
+    predicted = LENGTH_PRIOR.mean
+    async for event in run.watch():
+        body = event.body
+        if isinstance(body, NodeChanged) and body.state is NodeState.SUCCEEDED:
+            if body.node_id == "short":
+                check()  # re-keyed with the short call's true length
+        elif isinstance(body, TokensAdded) and body.node_id == "long":
+            produced += len(body.token_ids)
+            if produced in (1, predicted + 5, predicted + 50) and requests.get("j/long"):
+                check()  # past its prediction the excess is charged as it runs
+    assert len(seen) >= 3, seen
 
 
 async def test_a_jobs_last_settle_finishes_the_job(make_env: MakeEnv) -> None:
