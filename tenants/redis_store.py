@@ -97,6 +97,7 @@ class RedisQuotaStore:
         self._scripts = {
             name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS
         }
+        self._tenant_keys = functools.lru_cache(maxsize=4096)(self._keys_of)
         self._closed = False
 
     async def __aenter__(self) -> RedisQuotaStore:
@@ -298,8 +299,8 @@ class RedisQuotaStore:
     def _registry(self) -> str:
         return f"{self._prefix}:tenants"
 
-    def _tenant_keys(self, tenant_id: str) -> list[str]:
-        return [f"{self._prefix}:{{{tenant_id}}}:{name}" for name in _TENANT_KEYS]
+    def _keys_of(self, tenant_id: str) -> tuple[str, ...]:
+        return tuple(f"{self._prefix}:{{{tenant_id}}}:{name}" for name in _TENANT_KEYS)
 
     def _tenant_key(self, tenant_id: str) -> str:
         return self._tenant_keys(tenant_id)[0]
