@@ -273,12 +273,15 @@ class Dispatcher:
     async def _follow(self, ticket: Ticket, stream: RequestStream) -> None:
         call, run = ticket.call, ticket.run
         last: TokenDelta | None = None
+        last_at = 0.0
         produced = 0
         with self._call_span(run) as span:
             try:
                 async for delta in stream:
                     produced += len(delta.token_ids)
-                    run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), self.clock())
+                    last_at = self.clock()
+                    if not delta.finished:  # the last tokens join the job with the call's end
+                        run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), last_at)
                     if not run.ended:  # an ended job has left the policy
                         self.policy.on_progress(call.call_id, produced, self.clock())
                         if produced > call.predicted_output:  # charged the excess: re-keyed
@@ -287,7 +290,7 @@ class Dispatcher:
             finally:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()  # aborts the request if it has not finished
-                    await self._close_call(ticket, last, produced)
+                    await self._close_call(ticket, last, last_at, produced)
                     if span is not None:
                         _annotate(span, ticket, last, produced)
 
@@ -299,7 +302,12 @@ class Dispatcher:
         name = f"chat {self.config.model_name}"
         return self._tracer.start_as_current_span(name, context=parent)
 
-    async def _close_call(self, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
+    async def _close_call(
+        self, ticket: Ticket, last: TokenDelta | None, last_at: float, produced: int
+    ) -> None:
+        """Settle or release the call, then end its node. A finished call's last tokens are
+        added only now, after the settle, next to the node's end (and the job's, if it was the
+        last call): whoever watches the job gets them in one wake-up."""
         call, run = ticket.call, ticket.run
         self.running.pop(call.call_id, None)
         calls = self._followed[call.job_id]
@@ -329,6 +337,8 @@ class Dispatcher:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
             self._refresh_priorities(call.job_id)  # re-keyed with the truth
         if last is not None and last.finished:
+            if not run.ended:
+                run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
             self.planner.predictor.observe(ticket.plan.features, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
             run.nodes[call.node_id].hit_length = hit_length

@@ -171,14 +171,21 @@ class JobRun:
 
     async def watch(self, from_sequence: int = 0) -> AsyncIterator[JobEvent]:
         """Events with sequence > from_sequence, live, until the job has ended."""
+        async for batch in self.watch_batches(from_sequence):
+            for event in batch:
+                yield event
+
+    async def watch_batches(self, from_sequence: int = 0) -> AsyncIterator[list[JobEvent]]:
+        """Like `watch`, but all the events logged since the last batch at once."""
         index = from_sequence
         while True:
-            while index < len(self.events):
-                index += 1
-                yield self.events[index - 1]
-            if self.ended:
+            if index < len(self.events):
+                batch, index = self.events[index:], len(self.events)
+                yield batch
+            elif self.ended:
                 return
-            await self._changed.wait()
+            else:
+                await self._changed.wait()
 
     def _parents_done(self, node_id: str) -> bool:
         return all(self.nodes[p].state in DONE for p in self.dag.parents[node_id])

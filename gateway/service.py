@@ -117,15 +117,19 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         run = await self.submit(current_tenant(), _single_call(request))
         try:
-            async for event in run.watch():
-                body = event.body
-                if isinstance(body, TokensAdded):
-                    yield pb.GenerateResponse(text=body.text, token_ids=list(body.token_ids))
-                elif isinstance(body, JobEnded):
-                    node = run.nodes["generate"]
-                    yield pb.GenerateResponse(
-                        finish_reason=finish_reason(node), usage=usage([node])
-                    )
+            # One response per wake-up: the tokens that came meanwhile, with the end if it came
+            async for batch in run.watch_batches():
+                response = pb.GenerateResponse()
+                for event in batch:
+                    if isinstance(event.body, TokensAdded):
+                        response.text += event.body.text
+                        response.token_ids.extend(event.body.token_ids)
+                    elif isinstance(event.body, JobEnded):
+                        node = run.nodes["generate"]
+                        response.finish_reason = finish_reason(node)
+                        response.usage.CopyFrom(usage([node]))
+                if response.token_ids or response.text or response.HasField("usage"):
+                    yield response
         finally:
             if not run.ended:
                 self.dispatcher.cancel(run, "client disconnected")

@@ -108,8 +108,9 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Generate(self, request, context):
-        """One call without a job: streams text deltas; the last response carries finish_reason and
-        usage. Closing the stream cancels the call.
+        """One call without a job: streams text deltas (tokens that come together share a response);
+        the last response carries finish_reason and usage, and the last text if there is any.
+        Closing the stream cancels the call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -40,8 +40,9 @@ class GatewayStub:
     unfinished nodes and the job become CANCELLED. A finished job is returned unchanged.
     """
     Generate: _aio.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateResponse]
-    """One call without a job: streams text deltas; the last response carries finish_reason and
-    usage. Closing the stream cancels the call.
+    """One call without a job: streams text deltas (tokens that come together share a response);
+    the last response carries finish_reason and usage, and the last text if there is any.
+    Closing the stream cancels the call.
     """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
@@ -98,8 +99,9 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.GenerateRequest,
         context: _aio.ServicerContext[_gateway_pb2.GenerateRequest, _abc.AsyncIterator[_gateway_pb2.GenerateResponse]],
     ) -> _abc.AsyncIterator[_gateway_pb2.GenerateResponse]:
-        """One call without a job: streams text deltas; the last response carries finish_reason and
-        usage. Closing the stream cancels the call.
+        """One call without a job: streams text deltas (tokens that come together share a response);
+        the last response carries finish_reason and usage, and the last text if there is any.
+        Closing the stream cancels the call.
         """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _aio.Server) -> None: ...

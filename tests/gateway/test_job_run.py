@@ -68,3 +68,18 @@ async def test_event_log_is_gapless_and_replayable() -> None:
     ]
     tail = [e async for e in run.watch(from_sequence=len(events) - 1)]
     assert tail == events[-1:]
+
+
+@pytest.mark.anyio
+async def test_events_logged_while_a_batch_is_read_come_in_the_next_batch() -> None:
+    run = make_run(("a", ()))
+    run.start(0.0)
+    batches: list[list[int]] = []
+    async for batch in run.watch_batches():
+        batches.append([e.sequence for e in batch])
+        if len(batches) == 1:  # the job runs and ends while its first batch is being read
+            run.mark_running("a", 2, 0.1)
+            run.add_tokens("a", "hi", (1,), 0.2)
+            run.finish_node("a", NodeState.SUCCEEDED, 0.3)
+    assert batches == [[1], list(range(2, len(run.events) + 1))]
+    assert isinstance(run.events[-1].body, JobEnded)

@@ -200,6 +200,15 @@ async def test_generate_streams_text_then_usage(harness: Harness) -> None:
     assert responses[-1].usage.prompt_tokens == len(prompt_ids)
 
 
+async def test_a_one_token_generate_is_one_response(harness: Harness) -> None:
+    request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
+    responses = [r async for r in harness.stub.Generate(request, metadata=harness.auth("alpha"))]
+    assert len(responses) == 1
+    assert len(responses[0].token_ids) == 1 and responses[0].text
+    assert responses[0].finish_reason == pb.FINISH_REASON_LENGTH
+    assert responses[0].usage.output_tokens == 1
+
+
 async def test_health_reports_serving(harness: Harness) -> None:
     stub = health_pb2_grpc.HealthStub(harness.channel)
     reply = await stub.Check(health_pb2.HealthCheckRequest(service="fairgate.v1.Gateway"))
