@@ -5,9 +5,10 @@ throughput = output tokens / time spent in engine steps (batch efficiency). A jo
 the fairness bound when `finish > gps_finish + Δ`. A job's slowdown is its JCT over its GPS JCT
 (`gps_finish - arrival`); per tenant the study reports the worst slowdown and the mean, and
 Jain's index over the tenants' mean slowdowns, `(Σx)^2 / (n Σx^2)` (1: every tenant slowed
-alike). Queueing delay = JCT - solo JCT (the job alone on the engine, `solo_timeline`), the part
-of the JCT an order can change. Invariant: pure functions of the run, the workload and the GPS
-reference.
+alike). Where the JCT goes: JCT = solo JCT (the job alone on the empty engine, `solo_timeline`,
+a floor no order can beat) + queueing delay (the part an order can change); of the solo JCT,
+the think part is what the job's think delays add to it (solo JCT less the solo JCT with think
+delays removed). Invariant: pure functions of the run, the workload and the GPS reference.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class RunMetrics:
     worst_slowdown: dict[str, float]  # tenant -> max JCT / GPS JCT
     mean_slowdown: dict[str, float]  # tenant -> mean JCT / GPS JCT
     jain_slowdown: float
+    avg_solo_jct: float  # mean JCT alone on the empty engine: the zero-queueing floor
+    avg_solo_think: float  # mean part of the solo JCT due to think delays
     avg_queueing: float  # mean JCT - solo JCT
     preemptions: int
 
@@ -54,6 +57,7 @@ def run_metrics(
     gps: Mapping[str, float],
     delta: float,
     solo_jct: Mapping[str, float],
+    solo_think: Mapping[str, float],
 ) -> RunMetrics:
     jct = np.asarray([result.finish[j.job_id] - j.arrival for j in jobs])
     start = min(j.arrival for j in jobs)
@@ -76,6 +80,8 @@ def run_metrics(
         worst_slowdown={t: float(max(v)) for t, v in sorted(slowdowns.items())},
         mean_slowdown=means,
         jain_slowdown=jain_index(list(means.values())),
+        avg_solo_jct=float(np.mean([solo_jct[j.job_id] for j in jobs])),
+        avg_solo_think=float(np.mean([solo_think[j.job_id] for j in jobs])),
         avg_queueing=float(np.mean(queueing)),
         preemptions=result.preemptions,
     )

@@ -1,9 +1,11 @@
-"""The study as Markdown: setup, headline table, grid, extras and the targets.
+"""The study as Markdown: setup, headline table, where the JCT goes, grid, extras and targets.
 
 Tables are built from the outcomes only: for the headline point one row per policy (oracle and
 noisy average JCT, p99, throughput, bound violations, worst slowdown over tenants, Jain's index
-of the tenants' mean slowdowns, mean queueing delay); for the grid one row per regime, load and
-policy. Invariant: every number printed is in the details JSON too.
+of the tenants' mean slowdowns, mean queueing delay), then its JCT split into think delays and
+service of the jobs alone and queueing, with the zero-queueing floor of the headline ratios (no
+order beats the jobs' solo JCT); for the grid one row per regime, load and policy. Invariant:
+every number printed is in the details JSON too.
 """
 
 from __future__ import annotations
@@ -75,6 +77,41 @@ def headline_lines(out: StudyResult) -> list[str]:
     return [f"### Headline: {regime}, load {load}", "", *_table(header, rows)]
 
 
+def _share(part: float, whole: float) -> str:
+    return f"{part:,.1f} ({part / whole:.0%})"
+
+
+def breakdown_lines(out: StudyResult) -> list[str]:
+    regime, load = out.config.headline
+    head = cell_outcomes(out, regime, load, ORACLE)
+    if not head:
+        return []
+    rows = []
+    for policy, o in head.items():
+        m = o.metrics
+        service = m.avg_solo_jct - m.avg_solo_think
+        rows.append(
+            [
+                policy,
+                _f(m.avg_jct),
+                _share(m.avg_solo_think, m.avg_jct),
+                _share(service, m.avg_jct),
+                _share(m.avg_queueing, m.avg_jct),
+            ]
+        )
+    header = ["policy", "avg JCT s", "think (alone) s", "service (alone) s", "queueing s"]
+    floor = next(iter(head.values())).metrics.avg_solo_jct
+    reach = [
+        f"- zero-queueing floor: avg JCT >= {floor:,.1f} s (the mean solo JCT) under any order, "
+        "so justitia / "
+        + ", justitia / ".join(
+            f"{p} >= {floor / head[p].metrics.avg_jct:.3f}" for p in ("vtc", "fcfs") if p in head
+        )
+    ]
+    title = f"### Where the JCT goes: {regime}, load {load}"
+    return [title, "", *_table(header, rows), "", *reach]
+
+
 def grid_lines(out: StudyResult) -> list[str]:
     rows = []
     for key, o in out.outcomes.items():
@@ -137,6 +174,8 @@ def markdown(out: StudyResult, command: str) -> str:
         *setup_lines(out),
         "",
         *headline_lines(out),
+        "",
+        *breakdown_lines(out),
         "",
         *grid_lines(out),
         "",

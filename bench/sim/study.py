@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.sim.metrics import RunMetrics, run_metrics
 from bench.sim.predictions import Predictions, lying, noisy, oracle
@@ -52,6 +52,7 @@ class Yardstick:
     gps: dict[str, float]
     delta: float
     solo: dict[str, float]  # job id -> JCT alone on the engine
+    solo_think: dict[str, float]  # job id -> what its think delays add to that
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +87,21 @@ def yardstick(jobs: Sequence[Job], prepared: Prepared) -> Yardstick:
     def call_seconds(node: Node) -> float:
         return solo_call_seconds(node, model, budget)
 
-    solo = {j.job_id: max(end for _, end, _ in solo_timeline(j, call_seconds)) for j in jobs}
+    def alone(job: Job) -> float:
+        return max(end for _, end, _ in solo_timeline(job, call_seconds))
+
+    solo = {j.job_id: alone(j) for j in jobs}
+    think = {j.job_id: solo[j.job_id] - alone(without_think(j)) for j in jobs}
     return Yardstick(
         gps_finish(jobs, prepared.capacity, prepared.step_seconds),
         bound_slack(jobs, model, budget),
         solo,
+        think,
     )
+
+
+def without_think(job: Job) -> Job:
+    return replace(job, nodes=tuple(replace(n, think_s=0.0) for n in job.nodes))
 
 
 def execute(run: Run) -> SimResult:
@@ -132,7 +142,9 @@ class Study:
                 runs += cell
         for run, result in zip(runs, self._execute(runs), strict=True):
             stick = sticks[id(run.jobs)]
-            metrics = run_metrics(run.jobs, result, stick.gps, stick.delta, stick.solo)
+            metrics = run_metrics(
+                run.jobs, result, stick.gps, stick.delta, stick.solo, stick.solo_think
+            )
             out.outcomes[run.key] = Outcome(run.key, run.jobs, result, metrics)
         return out
 

@@ -8,7 +8,10 @@ from bench.sched import main as sched_main
 from bench.sim.metrics import jain_index, run_metrics
 from bench.sim.predictions import Predictions, noisy, oracle
 from bench.sim.reference import solo_call_seconds
+from bench.sim.regime import gpu_regime
+from bench.sim.setup import Prepared
 from bench.sim.simulator import EngineSetup, Simulation
+from bench.sim.study import yardstick
 from bench.workloads.format import Job, Node, write_workload
 from engine import EngineConfig, ReserveMode, StepTimeModel
 from tenants.policies import POLICY_NAMES, EngineLoad, kv_token_time, make_policy
@@ -211,10 +214,30 @@ def test_metrics_count_bound_violations_and_jain() -> None:
     jobs = [single("x", "a", 100, 30), single("y", "b", 50, 10, arrival=1.0)]
     result = simulate(jobs, "fcfs", make_setup()).result
     gps = {"x": result.finish["x"] - 0.5, "y": result.finish["y"] - 0.01}
-    solo = {"x": 0.1, "y": 0.1}
-    metrics = run_metrics(jobs, result, gps, delta=0.1, solo_jct=solo)
+    solo = {"x": 0.1, "y": 0.3}
+    metrics = run_metrics(
+        jobs, result, gps, delta=0.1, solo_jct=solo, solo_think={"x": 0, "y": 0.2}
+    )
     assert metrics.violations_by_tenant == {"a": 1, "b": 0}
     assert metrics.bound_violations == 1
     assert metrics.avg_jct == pytest.approx((result.finish["x"] + result.finish["y"] - 1.0) / 2)
+    assert (metrics.avg_solo_jct, metrics.avg_solo_think) == pytest.approx((0.2, 0.1))
+    assert metrics.avg_queueing == pytest.approx(metrics.avg_jct - 0.2)
     assert jain_index([2.0, 2.0, 2.0]) == pytest.approx(1.0)
     assert jain_index([1.0, 0.0]) == pytest.approx(0.5)
+
+
+def test_the_solo_yardstick_splits_off_the_think_delays_on_the_critical_path() -> None:
+    plan = Node("plan", (), 50, 10, 64)
+    left = Node("left", ("plan",), 60, 30, 64, think_s=2.0)
+    right = Node("right", ("plan",), 60, 5, 64, think_s=0.5)
+    join = Node("join", ("left", "right"), 80, 8, 64, think_s=1.0)
+    job = Job("j", "t", 1.0, 3.0, "dag", (plan, left, right, join))
+    prepared = Prepared(gpu_regime(), make_setup(), capacity=1e4, step_seconds=0.02, context=1024)
+    stick = yardstick([job], prepared)
+
+    def solo(n: Node) -> float:
+        return solo_call_seconds(n, gpu_regime().step_model, BUDGET)
+
+    assert stick.solo["j"] == pytest.approx(solo(plan) + 2.0 + solo(left) + 1.0 + solo(join))
+    assert stick.solo_think["j"] == pytest.approx(3.0)
