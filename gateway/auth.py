@@ -8,6 +8,7 @@ key on the Admin service with PERMISSION_DENIED. Health and reflection stay open
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -105,7 +106,10 @@ def _wrap(handler: Handler, caller: Callable[[], Awaitable[str]]) -> Handler:
                 async for response in inner_stream(request, context):
                     yield response
             finally:
-                CALLER.reset(token)
+                # A stream the client cancelled may be closed by the garbage collector, in
+                # another context: there the caller was never set, so there is nothing to reset
+                with contextlib.suppress(ValueError):
+                    CALLER.reset(token)
 
         return grpc.unary_stream_rpc_method_handler(
             stream, handler.request_deserializer, handler.response_serializer

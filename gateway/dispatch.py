@@ -337,8 +337,7 @@ class Dispatcher:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
             self._refresh_priorities(call.job_id)  # re-keyed with the truth
         if last is not None and last.finished:
-            if not run.ended:
-                run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
+            run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
             self.planner.predictor.observe(ticket.plan.features, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
             run.nodes[call.node_id].hit_length = hit_length

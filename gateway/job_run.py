@@ -130,7 +130,10 @@ class JobRun:
         node.prompt_tokens, node.started_at = prompt_tokens, now
 
     def add_tokens(self, node_id: str, text: str, token_ids: tuple[int, ...], now: float) -> None:
+        """Tokens of a running node; dropped once it has ended (a cancelled call's last ones)."""
         node = self.nodes[node_id]
+        if node.state in ENDED:
+            return
         if node.first_token_at is None:
             node.first_token_at = now
         node.output += text

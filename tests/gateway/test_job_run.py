@@ -83,3 +83,16 @@ async def test_events_logged_while_a_batch_is_read_come_in_the_next_batch() -> N
             run.finish_node("a", NodeState.SUCCEEDED, 0.3)
     assert batches == [[1], list(range(2, len(run.events) + 1))]
     assert isinstance(run.events[-1].body, JobEnded)
+
+
+@pytest.mark.anyio
+async def test_tokens_of_an_ended_node_are_dropped() -> None:
+    run = make_run(("a", ()))
+    run.start(0.0)
+    run.mark_running("a", 2, 0.1)
+    run.add_tokens("a", "hi", (1,), 0.2)
+    assert run.cancel(0.3) == ["a"]
+    run.add_tokens("a", " there", (2,), 0.4)  # buffered before the abort, read after it
+    assert isinstance(run.events[-1].body, JobEnded)
+    assert (run.nodes["a"].output, run.nodes["a"].output_tokens) == ("hi", 1)
+    assert isinstance([e async for e in run.watch()][-1].body, JobEnded)

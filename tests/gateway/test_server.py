@@ -204,7 +204,7 @@ async def test_a_one_token_generate_is_one_response(harness: Harness) -> None:
     request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
     responses = [r async for r in harness.stub.Generate(request, metadata=harness.auth("alpha"))]
     assert len(responses) == 1
-    assert len(responses[0].token_ids) == 1 and responses[0].text
+    assert len(responses[0].token_ids) == 1
     assert responses[0].finish_reason == pb.FINISH_REASON_LENGTH
     assert responses[0].usage.output_tokens == 1
 
