@@ -1,4 +1,9 @@
-"""A real gateway on port 0 over the simulated engine, a small real tokenizer and a real store."""
+"""A real gateway on port 0 over the simulated engine, a small real tokenizer and a real store.
+
+The gateway, SDK (tests/fairgate) and CLI tests share it: the SDK tests import these fixtures.
+Tenants: `alpha` (weight 2), `beta` (one queued job at most). The simulated engine's tokens are
+a hash of the call and position, never end-of-sequence: every call makes exactly max_tokens.
+"""
 
 from __future__ import annotations
 
@@ -64,6 +69,10 @@ class Harness:
     channel: grpc.aio.Channel
     stub: gateway_pb2_grpc.GatewayStub
     keys: dict[str, str]
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.gateway.port}"
 
     def auth(self, tenant: str) -> tuple[tuple[str, str]]:
         return (("authorization", f"Bearer {self.keys[tenant]}"),)
