@@ -86,6 +86,8 @@ async def running_gateway(
 ) -> AsyncIterator[RunningGateway]:
     """Start a gateway; `core` and `store` replace the ones the settings would build. Spans go
     to `tracer_provider`; without one the gateway does no span work."""
+    # The simulated engine's steps are instant: a thread hop would be all they cost
+    instant = core is None and settings.simulated_engine
     if core is None:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
@@ -98,7 +100,7 @@ async def running_gateway(
     policy = make_policy(settings.policy)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
-        engine = await stack.enter_async_context(AsyncEngine(core))
+        engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
         dispatcher = await stack.enter_async_context(
             Dispatcher(
                 engine,
