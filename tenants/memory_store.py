@@ -17,7 +17,14 @@ from types import TracebackType
 import anyio.lowlevel
 
 from tenants import keys
-from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
+from tenants.errors import (
+    AuthFailed,
+    CallClosed,
+    QuotaExceeded,
+    QuotaUnavailable,
+    TenantExists,
+    TenantNotFound,
+)
 from tenants.ledger import TenantLedger
 from tenants.models import (
     ApiKey,
@@ -140,6 +147,31 @@ class MemoryQuotaStore:
         check_ttl(ttl_s)
         quota = self._tenant(tenant_id).quota
         return self._ledgers[tenant_id].admit_job(quota, job_id, num_nodes, ttl_s, self._clock())
+
+    async def admit_job_and_reserve(
+        self,
+        tenant_id: str,
+        job_id: str,
+        num_nodes: int,
+        call_id: str,
+        tokens: int,
+        call_ttl_s: float,
+        *,
+        ttl_s: float = 3600.0,
+    ) -> Reservation | None:
+        await self._enter()
+        check_id("job_id", job_id)
+        check_count("num_nodes", num_nodes)
+        check_ttl(ttl_s)
+        check_id("call_id", call_id)
+        check_count("tokens", tokens)
+        check_ttl(call_ttl_s)
+        quota, ledger, now = self._tenant(tenant_id).quota, self._ledgers[tenant_id], self._clock()
+        ledger.admit_job(quota, job_id, num_nodes, ttl_s, now)
+        try:
+            return ledger.reserve(quota, call_id, tokens, call_ttl_s, now)
+        except (QuotaExceeded, CallClosed):
+            return None
 
     async def finish_job(self, tenant_id: str, job_id: str) -> bool:
         await self._enter()

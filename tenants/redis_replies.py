@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tenants import refusals
-from tenants.errors import CallClosed, TenantNotFound
+from tenants.errors import CallClosed, QuotaExceeded, TenantNotFound
 from tenants.models import Reservation, Tenant, TenantQuota, Usage
 
 
@@ -49,6 +49,19 @@ def verdict_of_admission(tenant_id: str, num_nodes: int, reply: Sequence[Any]) -
         case "jobs":
             raise refusals.queued_jobs(tenant_id, int(reply[1]), int(reply[2]))
     raise AssertionError(f"admit_job.lua replied {reply!r}")
+
+
+def held_after_admission(
+    tenant_id: str, num_nodes: int, call_id: str, tokens: int, reply: Sequence[Any]
+) -> Reservation | None:
+    """admit_and_reserve.lua: admission refusals raise; a refused reservation is None."""
+    if reply[0] != "admitted":
+        verdict_of_admission(tenant_id, num_nodes, reply)
+        raise AssertionError(f"admit_and_reserve.lua replied {reply!r}")
+    try:
+        return reservation_from(tenant_id, call_id, tokens, reply[1:])
+    except (QuotaExceeded, CallClosed):
+        return None
 
 
 def usage_from(tenant_id: str, reply: Sequence[Any]) -> Usage:

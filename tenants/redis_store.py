@@ -41,6 +41,7 @@ from tenants.models import (
 )
 from tenants.redis_replies import (
     decoded,
+    held_after_admission,
     reservation_from,
     tenant_from,
     usage_from,
@@ -49,7 +50,16 @@ from tenants.redis_replies import (
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-_SCRIPTS = ("reserve", "settle", "release", "usage", "admit_job", "create_tenant", "update_tenant")
+_SCRIPTS = (
+    "reserve",
+    "settle",
+    "release",
+    "usage",
+    "admit_job",
+    "admit_and_reserve",
+    "create_tenant",
+    "update_tenant",
+)
 _TENANT_KEYS = ("tenant", "bucket", "day", "open", "expiry", "closed", "usage", "jobs")
 
 
@@ -245,6 +255,34 @@ class RedisQuotaStore:
             "admit_job", tenant_id, job_id, num_nodes, check_ttl(ttl_s)
         )
         return verdict_of_admission(tenant_id, num_nodes, reply)
+
+    @_fails_closed
+    async def admit_job_and_reserve(
+        self,
+        tenant_id: str,
+        job_id: str,
+        num_nodes: int,
+        call_id: str,
+        tokens: int,
+        call_ttl_s: float,
+        *,
+        ttl_s: float = 3600.0,
+    ) -> Reservation | None:
+        check_id("job_id", job_id)
+        check_count("num_nodes", num_nodes)
+        check_id("call_id", call_id)
+        check_count("tokens", tokens)
+        reply = await self._quota_script(
+            "admit_and_reserve",
+            tenant_id,
+            job_id,
+            num_nodes,
+            check_ttl(ttl_s),
+            call_id,
+            tokens,
+            check_ttl(call_ttl_s),
+        )
+        return held_after_admission(tenant_id, num_nodes, call_id, tokens, reply)
 
     @_fails_closed
     async def finish_job(self, tenant_id: str, job_id: str) -> bool:

@@ -73,6 +73,22 @@ class QuotaStore(Protocol):
         max_nodes_per_job. True when admitted now, False when it already was."""
         ...
 
+    async def admit_job_and_reserve(
+        self,
+        tenant_id: str,
+        job_id: str,
+        num_nodes: int,
+        call_id: str,
+        tokens: int,
+        call_ttl_s: float,
+        *,
+        ttl_s: float = 3600.0,
+    ) -> Reservation | None:
+        """admit_job, then reserve for the job's first call, in one atomic step: a refused
+        admission raises and reserves nothing; a call that cannot be reserved now (a limit,
+        or a closed id) leaves the job admitted and returns None."""
+        ...
+
     async def finish_job(self, tenant_id: str, job_id: str) -> bool:
         """True when the job was queued (and now is not)."""
         ...

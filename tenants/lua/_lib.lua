@@ -1,6 +1,6 @@
 -- _lib.lua: shared functions, prepended to every script of tenants/lua/ when it is loaded.
--- The per-tenant quota scripts (reserve, settle, release, usage, admit_job) take the same KEYS,
--- all in the tenant's hash slot `{tenant}`, and the same ARGV[1]:
+-- The per-tenant quota scripts (reserve, settle, release, usage, admit_job, admit_and_reserve)
+-- take the same KEYS, all in the tenant's hash slot `{tenant}`, and the same ARGV[1]:
 --   KEYS[1] tenant  hash  display_name, created_at and the TenantQuota fields
 --   KEYS[2] bucket  hash  level, ts: the token bucket's level as of unix time ts
 --   KEYS[3] day     hash  day, used: tokens charged to the budget of UTC day number `day`
@@ -81,4 +81,44 @@ local function reclaim(now)
     refund(now, day, tokens)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', fmt(now))
+end
+
+-- Counts a job against max_queued_jobs until finished or expired, after checking
+-- max_nodes_per_job; a job id already queued is left as it is.
+-- Returns {'ok'} | {'queued'} | {'nodes', limit} | {'jobs', limit, queued}
+local function admit(now, job_id, num_nodes, ttl)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', fmt(now))
+  if redis.call('ZSCORE', KEYS[8], job_id) then return {'queued'} end
+  local max_nodes = quota_int('max_nodes_per_job')
+  if max_nodes > 0 and num_nodes > max_nodes then return {'nodes', max_nodes} end
+  local max_jobs, queued = quota_int('max_queued_jobs'), redis.call('ZCARD', KEYS[8])
+  if max_jobs > 0 and queued >= max_jobs then return {'jobs', max_jobs, queued} end
+  redis.call('ZADD', KEYS[8], fmt(now + ttl), job_id)
+  return {'ok'}
+end
+
+-- Holds `tokens` for one call against max_concurrent_calls, the daily budget and the token
+-- bucket, in that order; a call id already open is returned as it is, uncharged.
+-- Returns {'ok', expires_at} | {'open', tokens, expires_at} | {'closed'}
+--   | {'calls', limit, active} | {'budget', budget, used, now} | {'rate', rate, level}
+local function reserve(now, call_id, tokens, ttl)
+  reclaim(now)
+  local held = redis.call('HGET', KEYS[4], call_id)
+  if held then
+    return {'open', parse_open(held), redis.call('ZSCORE', KEYS[5], call_id)}
+  end
+  if redis.call('ZSCORE', KEYS[6], call_id) then return {'closed'} end
+  local limit, active = quota_int('max_concurrent_calls'), redis.call('HLEN', KEYS[4])
+  if limit > 0 and active >= limit then return {'calls', limit, active} end
+  local today = math.floor(now / DAY_S)
+  local budget, used = quota_int('daily_token_budget'), used_on(today)
+  if budget > 0 and used + tokens > budget then return {'budget', budget, used, fmt(now)} end
+  local rate = quota_int('tokens_per_minute')
+  local level = bucket_level(now, rate)
+  if level and level < tokens then return {'rate', rate, fmt(level)} end
+  bucket_add(now, rate, -tokens)
+  day_add(today, tokens)
+  redis.call('HSET', KEYS[4], call_id, tokens .. ' ' .. today)
+  redis.call('ZADD', KEYS[5], fmt(now + ttl), call_id)
+  return {'ok', fmt(now + ttl)}
 end

@@ -389,6 +389,49 @@ async def test_job_admission(h: Harness) -> None:
     assert await h.store.admit_job("acme", "j3", 1) is True
 
 
+async def test_admit_and_reserve_in_one_step(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=2, tokens_per_minute=60)
+    held = await h.store.admit_job_and_reserve("acme", "j1", 1, "j1/a", 40, TTL)
+    assert held is not None and held.tokens == 40
+    again = await h.store.admit_job_and_reserve("acme", "j1", 1, "j1/a", 40, TTL)
+    assert again == held  # both halves are idempotent
+    usage = await h.store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.tokens_today) == (1, 1, 40)
+    assert await h.store.reserve("acme", "j1/a", 40, TTL) == held
+    assert await h.store.settle("acme", "j1/a", 10, 5, finish_job="j1") is True
+    assert (await h.store.usage("acme")).queued_jobs == 0
+
+
+async def test_a_refused_admission_reserves_nothing(h: Harness) -> None:
+    await make_tenant(h, max_queued_jobs=1, max_nodes_per_job=2)
+    await h.store.admit_job("acme", "j1", 1)
+    with pytest.raises(QuotaExceeded) as queued:
+        await h.store.admit_job_and_reserve("acme", "j2", 1, "j2/a", 10, TTL)
+    assert queued.value.limit is QuotaLimit.QUEUED_JOBS
+    with pytest.raises(QuotaExceeded) as nodes:
+        await h.store.admit_job_and_reserve("acme", "j3", 3, "j3/a", 10, TTL)
+    assert nodes.value.limit is QuotaLimit.NODES_PER_JOB
+    usage = await h.store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.tokens_today) == (1, 0, 0)
+    with pytest.raises(TenantNotFound):
+        await h.store.admit_job_and_reserve("ghost", "j1", 1, "j1/a", 10, TTL)
+    with pytest.raises(RequestInvalid):
+        await h.store.admit_job_and_reserve("acme", "j4", 1, "", 10, TTL)
+
+
+async def test_a_refused_reservation_leaves_the_job_admitted(h: Harness) -> None:
+    await make_tenant(h, tokens_per_minute=60, max_concurrent_calls=1)
+    assert await h.store.admit_job_and_reserve("acme", "j1", 1, "j1/a", 61, TTL) is None
+    await h.store.reserve("acme", "other", 1, TTL)
+    assert await h.store.admit_job_and_reserve("acme", "j2", 1, "j2/a", 1, TTL) is None
+    await h.store.release("acme", "late")
+    assert await h.store.admit_job_and_reserve("acme", "j3", 1, "late", 1, TTL) is None
+    usage = await h.store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.reserved_tokens) == (3, 1, 1)
+    await h.store.release("acme", "other")
+    assert (await h.store.reserve("acme", "j2/a", 1, TTL)).tokens == 1  # the usual way on
+
+
 async def test_settling_a_jobs_last_call_finishes_the_job_in_the_same_step(h: Harness) -> None:
     await make_tenant(h, max_queued_jobs=1, tokens_per_minute=60)
     await h.store.admit_job("acme", "j1", 1)

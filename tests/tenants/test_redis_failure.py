@@ -39,6 +39,7 @@ OPERATIONS: dict[str, Op] = {
     "revoke_key": lambda s: s.revoke_key("0123456789abcdef"),
     "authenticate": lambda s: s.authenticate(KEY),
     "admit_job": lambda s: s.admit_job("acme", "j1", 1),
+    "admit_job_and_reserve": lambda s: s.admit_job_and_reserve("acme", "j1", 1, "c1", 10, 30.0),
     "finish_job": lambda s: s.finish_job("acme", "j1"),
     "reserve": lambda s: s.reserve("acme", "c1", 10, 30.0),
     "settle": lambda s: s.settle("acme", "c1", 1, 1),
