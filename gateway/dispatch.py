@@ -1,17 +1,19 @@
 """The dispatch loop: ready calls go to the engine in policy order, only when it has room.
 
-Jobs join the fair-share policy when submitted; a node whose parents are done is rendered,
-tokenized and handed to the policy as a ready call. The loop asks the policy for the next call
-and dispatches it only when the engine can admit it now (KV for prompt + reservation, a batch
-slot), so the engine's own waiting list stays short and the policy's order is the order that
-runs. Each dispatched call reserves its worst case (prompt + max_tokens) in the quota store,
-then a follower task streams its tokens into the job and, when it ends, settles (or releases)
-the reservation exactly once, tells the policy what it really cost, and releases dependents. A
-job's last call finishes the job's admission in the same script as its settle, before the job's
-end is streamed.
+Jobs are admitted against the tenant's quotas, then join the fair-share policy; a node whose
+parents are done is rendered, tokenized and handed to the policy as a ready call. The loop asks
+the policy for the next call and dispatches it only when the engine can admit it now (KV for
+prompt + reservation, a batch slot), so the engine's own waiting list stays short and the
+policy's order is the order that runs. Each dispatched call reserves its worst case (prompt +
+max_tokens) in the quota store, then a follower task streams its tokens into the job and, when
+it ends, settles (or releases) the reservation exactly once, tells the policy what it really
+cost, and releases dependents. Round trips are saved where the contract allows: a one-call job
+that the engine would take at once reserves its call in the same script as its admission, and
+a job's last call finishes the job in the same script as its settle, before its end is streamed.
 
 Invariant: every dispatched call's reservation is settled or released exactly once, in a
-`finally` shielded from cancellation; a call refused by a rate limit waits and is retried.
+`finally` shielded from cancellation, and one held from admission but never dispatched is
+released when its job ends; a call refused by a rate limit waits and is retried.
 """
 
 from __future__ import annotations
@@ -27,31 +29,23 @@ from anyio.abc import TaskGroup
 from opentelemetry import trace
 
 from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
-from gateway.calls import CallPlan, CallPlanner, CallRefused
+from gateway.calls import CallPlanner, CallRefused
 from gateway.job_run import JobRun, NodeState
-from gateway.jobs.template import render_node
-from gateway.prompts import PromptEncoder, prompt_text
 from gateway.room import WaitingCalls, has_room
-from predictor.base import CallFeatures
+from gateway.spans import annotate_call, start_job_span
+from gateway.tickets import Ticket, Tickets
 from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
-from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall
+from tenants.policies import EngineLoad, JobInfo, Policy
 
 
 @dataclass(slots=True)
-class Ticket:
-    """A ready call and everything needed to run it."""
+class Admitted:
+    """A job the store has admitted: its costs for the policy, its roots' encoded prompts, and
+    the ticket of a one-call job that was planned before admission (held or not)."""
 
-    call: ReadyCall
-    run: JobRun
-    prompt_ids: list[int]
-    plan: CallPlan
-    model_name: str
-    priority: float = 0.0  # what the engine was last told
-
-    @property
-    def quota_tokens(self) -> int:
-        """The worst case reserved in the quota store: prompt + enforced max_tokens."""
-        return len(self.prompt_ids) + self.plan.params.max_tokens
+    info: JobInfo
+    encoded: dict[str, list[int]]
+    ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +72,8 @@ class Dispatcher:
         self.policy = policy
         self.store = store
         self.tokenizer = tokenizer
-        self._encode = PromptEncoder(tokenizer)
         self.planner = planner
+        self._tickets = Tickets(tokenizer, planner, config.model_name)
         self.config = config
         self.clock = clock
         self.on_job_end = on_job_end
@@ -109,25 +103,41 @@ class Dispatcher:
             await self._stack.aclose()
             self._tg = None
 
-    def submit(self, run: JobRun, quota: TenantQuota) -> None:
+    async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
+        """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
+        job that the engine would take at once has its call reserved in the same script."""
+        info, encoded = self._tickets.job_info(run, quota, self.clock())
+        ticket = self._ticket_to_hold(run, quota, encoded)
+        if ticket is None:
+            await self.store.admit_job(run.tenant_id, run.job_id, len(run.nodes))
+        else:
+            held = await self.store.admit_job_and_reserve(
+                run.tenant_id,
+                run.job_id,
+                len(run.nodes),
+                ticket.call.call_id,
+                ticket.quota_tokens,
+                self.config.reservation_ttl_s,
+            )
+            ticket.held = held is not None
+        return Admitted(info, encoded, ticket)
+
+    def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted | None = None) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
         self._quotas[run.tenant_id] = quota
         if self._tracer is not None:
-            self._job_spans[run.job_id] = self._tracer.start_span(
-                f"invoke_workflow {run.spec.name or run.job_id}",
-                attributes={
-                    "gen_ai.operation.name": "invoke_workflow",
-                    "gen_ai.provider.name": "fairgate",
-                    "fairgate.job.id": run.job_id,
-                    "fairgate.tenant.id": run.tenant_id,
-                    "fairgate.job.nodes": len(run.nodes),
-                },
-            )
-        info, encoded = self._job_info(run, quota, now)
-        self.policy.add_job(info, now)
+            self._job_spans[run.job_id] = start_job_span(self._tracer, run)
+        if admitted is None:
+            admitted = Admitted(*self._tickets.job_info(run, quota, now))
+        self.policy.add_job(admitted.info, now)
         for node_id in run.start(now):
-            self._make_ready(run, node_id, now, encoded.get(node_id))
+            ticket = admitted.ticket
+            if ticket is not None and ticket.call.node_id == node_id:
+                self.tickets[ticket.call.call_id] = ticket
+                self.policy.add_ready(ticket.call, now)
+            else:
+                self._make_ready(run, node_id, now, admitted.encoded.get(node_id))
         self._wake.set()
 
     def running_jobs(self) -> list[JobRun]:
@@ -143,62 +153,36 @@ class Dispatcher:
             self.engine.abort(f"{run.job_id}/{node_id}")
         self._forget(run, now)
 
-    def _job_info(
-        self, run: JobRun, quota: TenantQuota, now: float
-    ) -> tuple[JobInfo, dict[str, list[int]]]:
-        """Predicted per-node costs: an unrun node's prompt is its template with the inputs
-        filled and its ancestors' outputs empty, plus its parents' predicted outputs.
-        Also returns the roots' encoded prompts, which are already final."""
-        nodes = []
-        predicted: dict[str, float] = {}
-        encoded: dict[str, list[int]] = {}
-        for node_id in run.dag.order:
-            spec = run.nodes[node_id].spec
-            max_tokens = self.planner.max_tokens(spec, quota)
-            blank = render_node(
-                spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
-            )
-            parents = run.dag.parents[node_id]
-            ids = self._encode(blank)
-            if not parents:
-                encoded[node_id] = ids
-            prompt = len(ids) + int(sum(predicted[p] for p in parents))
-            features = CallFeatures(
-                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank)
-            )
-            predicted[node_id] = self.planner.predictor.predict(features).mean
-            nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
-        return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes)), encoded
+    def _ticket_to_hold(
+        self, run: JobRun, quota: TenantQuota, encoded: dict[str, list[int]]
+    ) -> Ticket | None:
+        """The ticket of a one-call job that would be dispatched at once: nothing else is
+        ready, the engine is below its knee and has room for it."""
+        if len(run.nodes) != 1:
+            return None
+        load, knee = self._load(), self.config.knee_calls
+        if (knee is not None and load.running_calls >= knee) or self.policy.peek(
+            self.clock(), load
+        ) is not None:
+            return None
+        (node_id,) = run.nodes
+        try:
+            ticket = self._tickets.make(run, node_id, quota, encoded[node_id])
+        except CallRefused:
+            return None  # refused again once submitted, where its node fails
+        fits = self._has_room(ticket.call.prompt_tokens + ticket.plan.reserve_output)
+        return ticket if fits else None
 
     def _make_ready(
         self, run: JobRun, node_id: str, now: float, prompt_ids: list[int] | None = None
     ) -> None:
-        spec = run.nodes[node_id].spec
-        prompt = run.prompt(node_id)
-        if prompt_ids is None:
-            prompt_ids = self._encode(prompt)
         try:
-            plan = self.planner.plan(
-                run.tenant_id,
-                spec,
-                prompt_text(prompt),
-                len(prompt_ids),
-                self._quotas[run.tenant_id],
-            )
+            ticket = self._tickets.make(run, node_id, self._quotas[run.tenant_id], prompt_ids)
         except CallRefused as exc:
             self._finish_node(run, node_id, NodeState.FAILED, str(exc))
             return
-        call = ReadyCall(
-            f"{run.job_id}/{node_id}",
-            run.job_id,
-            run.tenant_id,
-            node_id,
-            len(prompt_ids),
-            plan.policy_output,
-            plan.params.max_tokens,
-        )
-        self.tickets[call.call_id] = Ticket(call, run, prompt_ids, plan, self.config.model_name)
-        self.policy.add_ready(call, now)
+        self.tickets[ticket.call.call_id] = ticket
+        self.policy.add_ready(ticket.call, now)
 
     async def _loop(self) -> None:
         while True:
@@ -217,7 +201,7 @@ class Dispatcher:
                 return  # woken again when a running call ends
             self.policy.mark_dispatched(call.call_id, self.clock())
             del self.tickets[call.call_id]
-            if await self._reserve(ticket):
+            if ticket.held or await self._reserve(ticket):
                 self._start(ticket)
 
     def _has_room(self, num_tokens: int) -> bool:
@@ -292,7 +276,7 @@ class Dispatcher:
                     await stream.aclose()  # aborts the request if it has not finished
                     await self._close_call(ticket, last, last_at, produced)
                     if span is not None:
-                        _annotate(span, ticket, last, produced)
+                        annotate_call(span, ticket, last, produced)
 
     def _call_span(self, run: JobRun) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""
@@ -367,8 +351,10 @@ class Dispatcher:
 
     def _forget(self, run: JobRun, now: float) -> None:
         self.policy.remove_job(run.job_id, now)
+        assert self._tg is not None
         for call_id in [c for c, t in self.tickets.items() if t.run is run]:
-            del self.tickets[call_id]
+            if self.tickets.pop(call_id).held:  # reserved with the job, never dispatched
+                self._tg.start_soon(self._release_held, run.tenant_id, call_id)
         span = self._job_spans.pop(run.job_id, None)
         if span is not None:
             span.set_attribute("fairgate.job.state", run.state.value)
@@ -377,7 +363,6 @@ class Dispatcher:
         if run.job_id in self._finished_in_store:
             self._finished_in_store.discard(run.job_id)
         else:
-            assert self._tg is not None
             self._tg.start_soon(self._end_job, run)
         self._wake.set()
 
@@ -385,26 +370,6 @@ class Dispatcher:
         with anyio.CancelScope(shield=True), contextlib.suppress(QuotaUnavailable):
             await self.store.finish_job(run.tenant_id, run.job_id)
 
-
-def _annotate(span: trace.Span, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
-    params = ticket.plan.params
-    span.set_attributes(
-        {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": "fairgate",
-            "gen_ai.request.model": ticket.model_name,
-            "gen_ai.request.max_tokens": params.max_tokens,
-            "gen_ai.request.temperature": params.temperature,
-            "gen_ai.request.top_p": params.top_p,
-            "gen_ai.response.id": ticket.call.call_id,
-            "gen_ai.usage.input_tokens": ticket.call.prompt_tokens,
-            "gen_ai.usage.output_tokens": produced,
-            "gen_ai.response.finish_reasons": [
-                (last.finish_reason or FinishReason.ABORT).value if last else "abort"
-            ],
-            "fairgate.tenant.id": ticket.call.tenant_id,
-            "fairgate.job.id": ticket.call.job_id,
-            "fairgate.node.id": ticket.call.node_id,
-            "fairgate.predicted_output_tokens": ticket.call.predicted_output,
-        }
-    )
+    async def _release_held(self, tenant_id: str, call_id: str) -> None:
+        with anyio.CancelScope(shield=True), contextlib.suppress(QuotaUnavailable):
+            await self.store.release(tenant_id, call_id)

@@ -67,11 +67,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if quota is None:
             quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
         validate_job(spec, limits_for(quota))
-        job_id = f"job-{uuid.uuid4().hex[:16]}"
-        await self.store.admit_job(tenant_id, job_id, len(spec.nodes))
-        run = JobRun(job_id, tenant_id, spec, self.clock())
+        run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
+        admitted = await self.dispatcher.admit(run, quota)
         self.jobs.add(run)
-        self.dispatcher.submit(run, quota)
+        self.dispatcher.submit(run, quota, admitted)
         return run
 
     @grpc_edge

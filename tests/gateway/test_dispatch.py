@@ -18,7 +18,7 @@ from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
 from predictor.history import HistoryPredictor
-from tenants import MemoryQuotaStore, TenantQuota
+from tenants import MemoryQuotaStore, Reservation, TenantQuota
 from tenants.policies import make_policy
 from tests.gateway.conftest import sim_core
 from tests.gateway.jobs.factories import make_node
@@ -28,11 +28,37 @@ QUOTA = TenantQuota(max_tokens_ceiling=2048)
 
 
 class CountingStore(MemoryQuotaStore):
-    """Records the calls that close jobs and calls, to count the store's round trips."""
+    """Records the quota operations of jobs and calls: the store's round trips."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.closing: list[tuple[str, str]] = []
+        self.ops: list[str] = []
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        self.ops.append("admit_job")
+        return await super().admit_job(tenant_id, job_id, num_nodes, ttl_s=ttl_s)
+
+    async def admit_job_and_reserve(
+        self,
+        tenant_id: str,
+        job_id: str,
+        num_nodes: int,
+        call_id: str,
+        tokens: int,
+        call_ttl_s: float,
+        *,
+        ttl_s: float = 3600.0,
+    ) -> Reservation | None:
+        self.ops.append("admit_job_and_reserve")
+        return await super().admit_job_and_reserve(
+            tenant_id, job_id, num_nodes, call_id, tokens, call_ttl_s, ttl_s=ttl_s
+        )
+
+    async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
+        self.ops.append("reserve")
+        return await super().reserve(tenant_id, call_id, tokens, ttl_s)
 
     async def settle(
         self,
@@ -43,13 +69,17 @@ class CountingStore(MemoryQuotaStore):
         *,
         finish_job: str | None = None,
     ) -> bool:
-        self.closing.append(("settle", finish_job or ""))
+        self.ops.append(f"settle finishing {finish_job}" if finish_job else "settle")
         return await super().settle(
             tenant_id, call_id, input_tokens, output_tokens, finish_job=finish_job
         )
 
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        self.ops.append("release")
+        return await super().release(tenant_id, call_id)
+
     async def finish_job(self, tenant_id: str, job_id: str) -> bool:
-        self.closing.append(("finish_job", job_id))
+        self.ops.append("finish_job")
         return await super().finish_job(tenant_id, job_id)
 
 
@@ -135,23 +165,56 @@ async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) ->
     assert len(seen) >= 3, seen
 
 
-async def test_a_jobs_last_settle_finishes_the_job(make_env: MakeEnv) -> None:
+async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:
     store = CountingStore()
     env = await make_env(store)
-    engine, dispatcher = env.engine, env.dispatcher
-    runs = [job("single", ("a", 3)), job("pair", ("a", 3), ("b", 5))]
-    for run in runs:
-        await store.admit_job("acme", run.job_id, len(run.nodes))
-        dispatcher.submit(run, QUOTA)
-    for run in runs:
-        async for _ in run.watch():
-            pass
+    single, pair = job("single", ("a", 3)), job("pair", ("a", 3), ("b", 5))
+    await admit(env.dispatcher, single)  # nothing else is ready: reserved with its admission
+    async for _ in single.watch():
+        pass
+    await admit(env.dispatcher, pair)
+    async for _ in pair.watch():
+        pass
     await anyio.wait_all_tasks_blocked()
-    assert sorted(store.closing) == [
-        ("settle", ""),
-        ("settle", "pair"),
-        ("settle", "single"),
+    assert store.ops[:2] == ["admit_job_and_reserve", "settle finishing single"]
+    assert sorted(store.ops[2:]) == [
+        "admit_job",
+        "reserve",
+        "reserve",
+        "settle",
+        "settle finishing pair",
     ]
     usage = await store.usage("acme")
     assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 3)
-    assert not engine.core.scheduler.requests
+    assert not env.engine.core.scheduler.requests
+
+
+async def test_a_call_held_from_admission_is_released_if_never_dispatched(
+    make_env: MakeEnv,
+) -> None:
+    store = CountingStore()
+    env = await make_env(store, num_blocks=32, steps=False)
+    first, second = job("first", ("a", 1000)), job("second", ("a", 1000))
+    await admit(env.dispatcher, first)  # held, dispatched, then waits in the engine
+    await anyio.wait_all_tasks_blocked()
+    await admit(env.dispatcher, second)  # no room left for it: admitted alone
+    await anyio.wait_all_tasks_blocked()
+    assert store.ops == ["admit_job_and_reserve", "admit_job"]
+    held = job("held", ("a", 4))
+    env.dispatcher.cancel(first, "to make room")
+    await anyio.wait_all_tasks_blocked()
+    await admit(env.dispatcher, held, then=lambda: env.dispatcher.cancel(held, "at once"))
+    await anyio.wait_all_tasks_blocked()
+    # the first's call released and job finished; the second dispatched; the third held, freed
+    assert sorted(store.ops[2:5]) == ["finish_job", "release", "reserve"]
+    assert store.ops[5:] == ["admit_job_and_reserve", "release", "finish_job"]
+    usage = await store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations) == (1, 1)  # the second job's call
+
+
+async def admit(
+    dispatcher: Dispatcher, run: JobRun, then: Callable[[], None] = lambda: None
+) -> None:
+    """What the Gateway service does with a new job; `then` runs before the loop can."""
+    dispatcher.submit(run, QUOTA, await dispatcher.admit(run, QUOTA))
+    then()

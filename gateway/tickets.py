@@ -1,0 +1,93 @@
+"""From a job's nodes to what the policy and the engine need: predicted costs and tickets.
+
+`Tickets.job_info` is what the fair-share policy learns when a job arrives: each node's
+predicted cost, where an unrun node's prompt is its template with the inputs filled and its
+ancestors' outputs empty, plus its parents' predicted outputs (the roots' prompts are final, so
+their token ids are kept). `Tickets.make` turns a ready node into a Ticket: its rendered and
+encoded prompt, its plan (limits, sampling, prediction, anomaly guard) and the ReadyCall the
+policy orders. No I/O and no clock: `now` is passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.calls import CallPlan, CallPlanner
+from gateway.job_run import JobRun
+from gateway.jobs.template import render_node
+from gateway.prompts import PromptEncoder, prompt_text
+from predictor.base import CallFeatures
+from tenants import TenantQuota
+from tenants.policies import JobInfo, NodeCost, ReadyCall
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A ready call and everything needed to run it."""
+
+    call: ReadyCall
+    run: JobRun
+    prompt_ids: list[int]
+    plan: CallPlan
+    model_name: str
+    priority: float = 0.0  # what the engine was last told
+    held: bool = False  # reserved in the quota store with its job's admission
+
+    @property
+    def quota_tokens(self) -> int:
+        """The worst case reserved in the quota store: prompt + enforced max_tokens."""
+        return len(self.prompt_ids) + self.plan.params.max_tokens
+
+
+class Tickets:
+    def __init__(self, tokenizer: Any, planner: CallPlanner, model_name: str) -> None:
+        self.encode = PromptEncoder(tokenizer)
+        self.planner = planner
+        self.model_name = model_name
+
+    def job_info(
+        self, run: JobRun, quota: TenantQuota, now: float
+    ) -> tuple[JobInfo, dict[str, list[int]]]:
+        """The job as the policy sees it on arrival, and its roots' encoded prompts."""
+        nodes = []
+        predicted: dict[str, float] = {}
+        encoded: dict[str, list[int]] = {}
+        for node_id in run.dag.order:
+            spec = run.nodes[node_id].spec
+            max_tokens = self.planner.max_tokens(spec, quota)
+            blank = render_node(
+                spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
+            )
+            parents = run.dag.parents[node_id]
+            ids = self.encode(blank)
+            if not parents:
+                encoded[node_id] = ids
+            prompt = len(ids) + int(sum(predicted[p] for p in parents))
+            features = CallFeatures(
+                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank)
+            )
+            predicted[node_id] = self.planner.predictor.predict(features).mean
+            nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
+        return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes)), encoded
+
+    def make(
+        self, run: JobRun, node_id: str, quota: TenantQuota, prompt_ids: list[int] | None = None
+    ) -> Ticket:
+        """The node's call; raises CallRefused when it breaks the tenant's or the model's
+        limits."""
+        spec = run.nodes[node_id].spec
+        prompt = run.prompt(node_id)
+        if prompt_ids is None:
+            prompt_ids = self.encode(prompt)
+        plan = self.planner.plan(run.tenant_id, spec, prompt_text(prompt), len(prompt_ids), quota)
+        call = ReadyCall(
+            f"{run.job_id}/{node_id}",
+            run.job_id,
+            run.tenant_id,
+            node_id,
+            len(prompt_ids),
+            plan.policy_output,
+            plan.params.max_tokens,
+        )
+        return Ticket(call, run, prompt_ids, plan, self.model_name)
