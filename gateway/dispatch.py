@@ -156,22 +156,27 @@ class Dispatcher:
     def _ticket_to_hold(
         self, run: JobRun, quota: TenantQuota, encoded: dict[str, list[int]]
     ) -> Ticket | None:
-        """The ticket of a one-call job that would be dispatched at once: nothing else is
-        ready, the engine is below its knee and has room for it."""
-        if len(run.nodes) != 1:
+        """The ticket of a one-call job that the next dispatch pass will start whatever the
+        policy's order: the engine, below its knee, has room for it and every ready call."""
+        cap, ready, knee = self.engine.capacity, len(self.tickets), self.config.knee_calls
+        if len(run.nodes) != 1 or cap.free_seqs <= ready:
             return None
-        load, knee = self._load(), self.config.knee_calls
-        if (knee is not None and load.running_calls >= knee) or self.policy.peek(
-            self.clock(), load
-        ) is not None:
+        if knee is not None and cap.num_running + cap.num_waiting + ready >= knee:
             return None
         (node_id,) = run.nodes
         try:
             ticket = self._tickets.make(run, node_id, quota, encoded[node_id])
         except CallRefused:
             return None  # refused again once submitted, where its node fails
-        fits = self._has_room(ticket.call.prompt_tokens + ticket.plan.reserve_output)
-        return ticket if fits else None
+        if self._waiting:
+            self._waiting.prune(self.engine.core.scheduler.requests)
+        blocks_for = self.engine.core.block_manager.blocks_for
+        free = cap.free_blocks - self._waiting.blocks
+        for other in (ticket, *self.tickets.values()):  # at most free_seqs of them
+            free -= blocks_for(other.call.prompt_tokens + other.plan.reserve_output)
+            if free < 0:
+                return None
+        return ticket
 
     def _make_ready(
         self, run: JobRun, node_id: str, now: float, prompt_ids: list[int] | None = None

@@ -212,6 +212,21 @@ async def test_a_call_held_from_admission_is_released_if_never_dispatched(
     assert (usage.queued_jobs, usage.active_reservations) == (1, 1)  # the second job's call
 
 
+async def test_a_call_is_held_only_when_the_engine_has_room_for_every_ready_call_too(
+    make_env: MakeEnv,
+) -> None:
+    store = CountingStore()
+    env = await make_env(store, num_blocks=32, steps=False)
+    small, large = ("a", 4), ("a", 1000)  # 2 blocks each; 21 blocks each
+    for first, second, held in [(small, small, True), (large, large, False)]:
+        store.ops.clear()
+        ready = job(f"ready-{held}", first)
+        env.dispatcher.submit(ready, QUOTA)  # ready, not dispatched before the next await
+        await admit(env.dispatcher, job(f"new-{held}", second))
+        assert store.ops[0] == ("admit_job_and_reserve" if held else "admit_job")
+        await anyio.wait_all_tasks_blocked()
+
+
 async def admit(
     dispatcher: Dispatcher, run: JobRun, then: Callable[[], None] = lambda: None
 ) -> None:
