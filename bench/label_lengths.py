@@ -4,8 +4,9 @@ lengths of other models' reference answers).
 Engine mode runs every prompt `--samples` times through the real engine (SmolLM2-135M-Instruct,
 temperature 0.7, top_p 0.9, a 512-token cap, one user turn rendered with the chat template and
 its generation prompt), each sample with its own seed `crc32("<id>:<k>")`, in chunks of
-`--chunk` prompts. Each finished chunk is appended to the labels file at once, so a stopped
-run resumes where it left off. Reference mode (`--reference MODEL,...`) instead takes, as
+`--chunk` prompts, taken in a seeded random order. Each finished chunk is appended to the labels
+file at once, so a stopped run resumes where it left off and what it labelled so far is a uniform
+sample of the source. Reference mode (`--reference MODEL,...`) instead takes, as
 "samples", the lengths of those models' AlpacaEval answers in the serving tokenizer, capped at
 512: a different model's lengths, only a stand-in until engine labels exist. `--hidden` adds a
 prefill-only pass (max_tokens 1) that stores each prompt's entropy-pooled prefill hidden vector
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 import zlib
 from collections.abc import Sequence
@@ -141,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     done_rows = read_labels(out) if out.is_file() else []
     done = {r.prompt_id for r in done_rows}
     todo = [p for p in prompts if p.prompt_id not in done]
+    random.Random(args.seed).shuffle(todo)  # a stopped run's labels are a uniform sample
     print(f"{len(prompts)} prompts, {len(done)} already labelled in {out}, {len(todo)} to go")
     if args.reference:
         from engine.loader import load_tokenizer, resolve_model
@@ -164,7 +167,13 @@ def _run_engine(
 ) -> None:
     from engine import EngineConfig, LLMEngine
 
-    llm = LLMEngine(EngineConfig(model="default", dtype=args.dtype, num_threads=args.threads))
+    config = EngineConfig(
+        model="default",
+        dtype=args.dtype,
+        num_threads=args.threads,
+        kv_cache_bytes=int(args.kv_gib * 2**30),
+    )
+    llm = LLMEngine(config)
     if args.hidden:
         vectors = pooled_hidden(llm, prompts, llm.config.max_model_len)
         write_hidden(hidden_out(out), vectors)
@@ -197,12 +206,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--n", type=int, default=500, help="gpteacher sample size")
-    parser.add_argument("--seed", type=int, default=0, help="gpteacher sample seed")
+    parser.add_argument("--seed", type=int, default=0, help="gpteacher sample and labelling order")
     parser.add_argument("--limit", type=int, default=None, help="label only the first N prompts")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per prompt")
     parser.add_argument("--chunk", type=int, default=16, help="prompts per engine batch")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument(
+        "--kv-gib", type=float, default=4.0, help="KV cache; a chunk's samples should all fit"
+    )
+    parser.add_argument("--dtype", default="float32", help="the serving dtype by default")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reference", default="", help="MODEL,...: AlpacaEval answers' lengths")
     parser.add_argument("--hidden", action="store_true", help="also store pooled hidden vectors")
