@@ -21,9 +21,10 @@ from bench.workloads.format import (
 )
 from bench.workloads.lengths import fit_to_context
 from bench.workloads.load import OfferedLoad, at_load
-from bench.workloads.replay import to_job_spec
+from bench.workloads.replay import filler, to_job_spec
 from bench.workloads.task_parallel import TASK_KINDS, load_trace_lengths
 from gateway.jobs.validation import validate_job as validate_job_spec
+from predictor.anomaly import AnomalyGuard
 from tests.bench.fixture_data import write_data
 
 
@@ -198,3 +199,11 @@ def test_jobs_become_valid_gateway_specs(data: Path) -> None:
         assert [n.depends_on for n in spec.nodes] == [n.parents for n in job.nodes]
         for node, spec_node in zip(job.nodes, spec.nodes, strict=True):
             assert spec_node.sampling.max_tokens == max(1, -(-node.output_tokens // 10))
+
+
+def test_replay_prompts_read_as_prose_to_the_anomaly_guard() -> None:
+    guard = AnomalyGuard()
+    for words in (20, 100, 400):
+        assert guard.prompt_signals(filler(words, f"j/n{words}")) == {}
+    assert filler(50, "j/a") != filler(50, "j/b")
+    assert filler(50, "j/a") == filler(50, "j/a")
