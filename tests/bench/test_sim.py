@@ -15,6 +15,7 @@ from bench.sim.study import yardstick
 from bench.workloads.format import Job, Node, write_workload
 from engine import EngineConfig, ReserveMode, StepTimeModel
 from tenants.policies import POLICY_NAMES, EngineLoad, kv_token_time, make_policy
+from tests.bench.jobs import diamond
 
 MODEL = StepTimeModel(overhead_s=0.01, per_token_s=0.001, per_context_token_s=1e-6)
 BUDGET = 256
@@ -62,11 +63,8 @@ def test_a_lone_call_takes_its_solo_time() -> None:
 
 
 def test_a_child_waits_for_its_parents_and_its_think_delay() -> None:
-    plan = Node("plan", (), 50, 10, 64)
-    left = Node("left", ("plan",), 60, 30, 64, think_s=2.0)
-    right = Node("right", ("plan",), 60, 5, 64)
-    join = Node("join", ("left", "right"), 80, 8, 64, think_s=1.0)
-    job = Job("j", "t", 1.0, 3.0, "dag", (plan, left, right, join))
+    job = diamond(arrival=3.0)
+    plan, left, right, join = job.nodes
     finish = simulate([job], "justitia", make_setup()).result.finish["j"]
 
     def solo(n: Node) -> float:
@@ -228,11 +226,8 @@ def test_metrics_count_bound_violations_and_jain() -> None:
 
 
 def test_the_solo_yardstick_splits_off_the_think_delays_on_the_critical_path() -> None:
-    plan = Node("plan", (), 50, 10, 64)
-    left = Node("left", ("plan",), 60, 30, 64, think_s=2.0)
-    right = Node("right", ("plan",), 60, 5, 64, think_s=0.5)
-    join = Node("join", ("left", "right"), 80, 8, 64, think_s=1.0)
-    job = Job("j", "t", 1.0, 3.0, "dag", (plan, left, right, join))
+    job = diamond(arrival=3.0, right_think=0.5)
+    plan, left, _, join = job.nodes
     prepared = Prepared(gpu_regime(), make_setup(), capacity=1e4, step_seconds=0.02, context=1024)
     stick = yardstick([job], prepared)
 
