@@ -39,7 +39,6 @@ from tenants.models import (
     check_tenant_id,
     check_ttl,
 )
-from tenants.redis_batch import ScriptBatcher
 from tenants.redis_replies import (
     decoded,
     held_after_admission,
@@ -109,7 +108,6 @@ class RedisQuotaStore:
             name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS
         }
         self._tenant_keys = functools.lru_cache(maxsize=4096)(self._keys_of)
-        self._batcher = ScriptBatcher(self._redis)
         self._closed = False
 
     async def __aenter__(self) -> RedisQuotaStore:
@@ -329,7 +327,7 @@ class RedisQuotaStore:
         self._check_open()
         memory = repr(CLOSED_CALL_MEMORY_S)
         argv = [memory, *(repr(a) if isinstance(a, float) else a for a in args)]
-        return await self._batcher.run(self._scripts[name], self._tenant_keys(tenant_id), argv)
+        return await self._scripts[name](keys=self._tenant_keys(tenant_id), args=argv)
 
     def _check_open(self) -> None:
         if self._closed:

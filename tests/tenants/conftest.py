@@ -1,20 +1,14 @@
 """Quota store fixtures: each contract test runs on the in-memory twin and on a real Redis.
 
 The Redis side uses the redis-server on 127.0.0.1:6379 (scripts/test.sh starts one) with a
-unique key prefix per test, deleted afterwards; a test that stops Redis or flushes its scripts
-gets a private redis-server instead (`private_redis`).
+unique key prefix per test, deleted afterwards.
 """
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
@@ -94,57 +88,3 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         prefix = request.getfixturevalue("redis_prefix")
         async with RedisQuotaStore(REDIS_URL, prefix=prefix) as redis_store:
             yield Harness(redis_store, None)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class PrivateRedis:
-    """A redis-server of our own (AOF on, in tmp_path) that a test may stop and restart."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._directory = directory
-        self._process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        options = {"port": str(self.port), "bind": "127.0.0.1", "save": "", "appendonly": "yes"}
-        options |= {"appendfsync": "always", "dir": str(self._directory)}
-        argv = [item for name, value in options.items() for item in (f"--{name}", value)]
-        self._process = subprocess.Popen(["redis-server", *argv], stdout=subprocess.DEVNULL)
-        client = SyncRedis.from_url(self.url, socket_timeout=1.0)
-        deadline = time.monotonic() + 10.0
-        while True:
-            try:
-                client.ping()
-                break
-            except RedisConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.02)  # waiting for a process to boot, not driving policy
-        client.close()
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.terminate()
-            self._process.wait(timeout=10)
-            self._process = None
-
-    def flush_scripts(self) -> None:
-        with SyncRedis.from_url(self.url) as client:
-            client.script_flush()
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = PrivateRedis(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -8,14 +8,19 @@ the store reconnects by itself once Redis is back.
 
 from __future__ import annotations
 
+import shutil
+import socket
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import anyio
 import pytest
+from redis import Redis as SyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tenants import QuotaUnavailable, RedisQuotaStore, TenantQuota
-from tests.tenants.conftest import PrivateRedis, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -41,6 +46,12 @@ OPERATIONS: dict[str, Op] = {
     "release": lambda s: s.release("acme", "c1"),
     "usage": lambda s: s.usage("acme"),
 }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 async def assert_fails_closed(store: RedisQuotaStore, op: Op, within_s: float) -> None:
@@ -74,6 +85,54 @@ async def _swallow(stream: anyio.abc.SocketStream) -> None:
     async with stream:
         async for _ in stream:
             pass
+
+
+class PrivateRedis:
+    """A redis-server of our own (AOF on, in tmp_path) that a test may stop and restart."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._directory = directory
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        options = {"port": str(self.port), "bind": "127.0.0.1", "save": "", "appendonly": "yes"}
+        options |= {"appendfsync": "always", "dir": str(self._directory)}
+        argv = [item for name, value in options.items() for item in (f"--{name}", value)]
+        self._process = subprocess.Popen(["redis-server", *argv], stdout=subprocess.DEVNULL)
+        client = SyncRedis.from_url(self.url, socket_timeout=1.0)
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                client.ping()
+                break
+            except RedisConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.02)  # waiting for a process to boot, not driving policy
+        client.close()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+            self._process = None
+
+    def flush_scripts(self) -> None:
+        with SyncRedis.from_url(self.url) as client:
+            client.script_flush()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.mark.redis
