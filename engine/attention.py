@@ -11,6 +11,7 @@ positions 0..p of its own sequence.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,7 @@ def build_step_batch(seqs: list[ScheduledSeq], block_size: int, device: torch.de
     num_decodes = sum(1 for s in packed if len(s.token_ids) == 1)
     lengths = [len(s.token_ids) for s in packed]
     ends = torch.tensor(lengths).cumsum(0)
-    token_ids = [t for s in packed for t in s.token_ids]
+    token_ids = list(itertools.chain.from_iterable(s.token_ids for s in packed))
     max_blocks = max(len(s.block_ids) for s in packed)
     tables = torch.tensor([s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in packed])
     starts = torch.tensor([s.start_pos for s in packed])
