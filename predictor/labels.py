@@ -63,10 +63,13 @@ class LabelRow:
 
 
 def write_labels(path: Path, rows: Iterable[LabelRow]) -> None:
+    """Replace `path` with `rows` atomically: a run stopped mid-write leaves the old file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row.to_json(), separators=(",", ":")) + "\n")
+    partial.replace(path)
 
 
 def read_labels(path: Path) -> list[LabelRow]:
