@@ -1,11 +1,12 @@
 """Token choice from last-position logits: greedy, temperature, top-k, top-p, per-request seeds.
 
 Algorithm: greedy rows take the argmax (the whole batch in one call when every row is greedy).
-Sampled rows are divided by their temperature, cut to their top-k and top-p sets (top-k first,
-then the smallest prefix of the sorted distribution whose mass reaches top_p, never empty), and
-drawn by inverse CDF with one uniform number per row. A seeded row's uniform comes from a
-generator seeded with (seed, output index), so its draw depends only on its own logits, seed and
-position, never on the rest of the batch; unseeded rows share the sampler's generator.
+Sampled rows are divided by their temperature, cut to their top-k and top-p sets (top-k first, then
+the smallest prefix of the sorted distribution whose mass reaches top_p, never empty, looked for
+among the top 256 tokens before sorting the whole row), and drawn by inverse CDF with one uniform
+number per row. A seeded row's uniform comes from a generator seeded with (seed, output index), so
+its draw depends only on its own logits, seed and position, never on the rest of the batch;
+unseeded rows share the sampler's generator.
 Invariant: a returned token always has non-zero probability under the row's filtered distribution.
 """
 
@@ -18,6 +19,7 @@ import torch
 from engine.sampling import SamplingParams
 
 _MASK64 = (1 << 64) - 1
+NUCLEUS_CANDIDATES = 256  # tokens sorted for top-p before falling back to a full sort
 
 
 def _mix(seed: int, index: int) -> int:
@@ -82,12 +84,32 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         probs = torch.where(probs >= threshold, probs, 0.0)
     top_p = torch.tensor([p.top_p for p in params], device=logits.device)
     if bool((top_p < 1).any()):
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        total = sorted_probs.sum(-1, keepdim=True)
-        sorted_probs = torch.where(mass_before < top_p[:, None] * total, sorted_probs, 0.0)
-        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs)
+        probs = _nucleus(probs, top_p[:, None] * probs.sum(-1, keepdim=True))
     return probs
+
+
+def _nucleus(probs: torch.Tensor, limit: torch.Tensor) -> torch.Tensor:
+    """Keep each row's most likely tokens while the mass before them is below `limit` [N, 1].
+
+    Only the top NUCLEUS_CANDIDATES are sorted (a full-vocabulary sort costs more than the model's
+    decode step at batch 64); a row whose nucleus reaches past them is sorted in full.
+    """
+    values, order = probs.topk(min(NUCLEUS_CANDIDATES, probs.shape[-1]), dim=-1)
+    kept, covered = _prefix(values, limit)
+    out = torch.zeros_like(probs).scatter_(1, order, kept)
+    wide = (~covered).nonzero()[:, 0]
+    if wide.numel():
+        values, order = probs[wide].sort(dim=-1, descending=True)
+        out[wide] = torch.zeros_like(values).scatter_(1, order, _prefix(values, limit[wide])[0])
+    return out
+
+
+def _prefix(values: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Descending `values` zeroed once the mass before them reaches `limit`; whether the
+    values' own mass reached it (else the kept prefix may continue past them)."""
+    cumulative = values.cumsum(-1)
+    kept = torch.where(cumulative - values < limit, values, 0.0)
+    return kept, cumulative[:, -1] >= limit[:, 0]
 
 
 def _draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

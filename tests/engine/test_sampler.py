@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.sampler import Sampler
+from engine.sampler import NUCLEUS_CANDIDATES, Sampler, _filtered_probs
 from engine.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -115,3 +115,29 @@ def test_unseeded_sampler_seed_reproduces_its_stream() -> None:
     assert [first(logits, params, [0] * 3) for _ in range(5)] == [
         second(logits, params, [0] * 3) for _ in range(5)
     ]
+
+
+def nucleus_by_full_sort(probs: torch.Tensor, top_p: float) -> set[int]:
+    """The oracle: walk the whole row in descending order until the mass reaches top_p."""
+    kept, mass = set(), 0.0
+    for p, token in sorted(zip(probs.tolist(), range(len(probs)), strict=True), reverse=True):
+        if mass >= top_p:
+            break
+        kept.add(token)
+        mass += p
+    return kept
+
+
+def test_top_p_set_equals_a_full_sort_whether_or_not_it_fits_the_candidates() -> None:
+    vocab = 4 * NUCLEUS_CANDIDATES
+    peaked = random_logits(3, vocab, seed=8) * 3  # nuclei of a few tokens
+    flat = random_logits(3, vocab, seed=9) * 0.05  # nuclei of most of the vocabulary
+    logits = torch.cat([peaked[:1], flat[:1], peaked[1:], flat[1:]]).double()
+    probs = torch.softmax(logits, dim=-1)
+    filtered = _filtered_probs(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * 6)
+    sizes = []
+    for row in range(6):
+        want = nucleus_by_full_sort(probs[row], 0.9)
+        assert set(filtered[row].nonzero()[:, 0].tolist()) == want
+        sizes.append(len(want))
+    assert min(sizes) < NUCLEUS_CANDIDATES < max(sizes)  # both paths ran
