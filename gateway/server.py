@@ -35,6 +35,7 @@ from gateway.telemetry import setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
 from predictor.history import HistoryPredictor
+from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from tenants.policies import make_policy
 
@@ -96,7 +97,8 @@ async def running_gateway(
     defaults = CallDefaults(
         settings.default_temperature, settings.default_top_p, settings.max_model_len
     )
-    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), defaults)
+    cold = PromptModel.load() if settings.length_predictor == "prompt" else None
+    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR, cold=cold), AnomalyGuard(), defaults)
     policy = make_policy(settings.policy)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     reserve_mode: Literal["none", "max", "predicted"] = "predicted"
     simulated_engine: bool = False  # instant synthetic tokens (gateway benchmarks)
     # calls
+    # "prompt": the trained prompt model (predictor/artifacts/prompt_model.npz) predicts a call's
+    # output length until its DAG node has history; "history": per-node moving averages only
+    length_predictor: Literal["prompt", "history"] = "prompt"
     default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     reservation_ttl_s: float = Field(default=600.0, gt=0.0)

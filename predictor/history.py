@@ -3,7 +3,9 @@
 Like VTC's length predictor, a call is expected to produce what its tenant's recent calls to
 the same DAG node produced: the mean is an exponential moving average and the quantiles come
 from a small sliding window of the latest lengths. A key with too few observations falls back
-to the tenant's statistics, then to the global ones, then to a prior. Keys are kept in LRU
+to a `cold` predictor when one is given (the prompt model: a new node, or a call without a
+node name, is better told by its own text than by its tenant's average), else to the tenant's
+statistics, then to the global ones, then to a prior. Keys are kept in LRU
 order and the least recently used are dropped past `max_keys`, so memory stays bounded
 whatever names clients invent. Per tenant it also keeps exponentially weighted mean and
 variance of log prompt and output lengths (a `LengthProfile`) for the anomaly guard's
@@ -17,7 +19,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from predictor.base import CallFeatures
+from predictor.base import CallFeatures, LengthPredictor
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
 
@@ -91,19 +93,25 @@ class HistoryPredictor:
         window: int = 64,
         min_count: int = 4,
         max_keys: int = 100_000,
+        cold: LengthPredictor | None = None,
     ) -> None:
         if not 0 < alpha <= 1 or window < 1 or min_count < 1 or max_keys < 1:
             raise InvalidCall("need 0 < alpha <= 1 and window, min_count, max_keys >= 1")
-        self.prior = prior
+        self.prior, self.cold = prior, cold
         self.alpha, self.window, self.min_count, self.max_keys = alpha, window, min_count, max_keys
         self._stats: OrderedDict[tuple[str, str], _KeyStats] = OrderedDict()
         self._profiles: OrderedDict[str, tuple[int, _Moments, _Moments]] = OrderedDict()
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
-        for key in _fallback_keys(call):
+        keys = _fallback_keys(call)
+        if self.cold is not None:
+            keys = keys[:1] if call.node_name else ()
+        for key in keys:
             stats = self._stats.get(key)
             if stats is not None and stats.count >= self.min_count:
                 return stats.distribution().capped(call.max_tokens)
+        if self.cold is not None:
+            return self.cold.predict(call)
         return self.prior.capped(call.max_tokens)
 
     def observe(self, call: CallFeatures, true_len: int) -> None:

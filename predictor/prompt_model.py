@@ -10,12 +10,11 @@ numpy's per-call overhead. The artifact is one `.npz` (no pickles) whose metadat
 feature layout it was trained with. Invariant: a loaded model's feature layout equals the
 running code's, or loading fails.
 
-    python -m predictor.prompt_model train --labels predictor/artifacts/labels_alpaca_eval.jsonl
+    python -m predictor.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Sequence
@@ -116,7 +115,7 @@ class PromptModel:
     @classmethod
     def load(cls, path: Path = DEFAULT_ARTIFACT) -> PromptModel:
         if not path.is_file():
-            raise ArtifactMissing(f"{path} not found: run `python -m predictor.prompt_model train`")
+            raise ArtifactMissing(f"{path} not found: run `python -m predictor.training train`")
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
@@ -131,40 +130,3 @@ class PromptModel:
 
 def _layout() -> str:
     return f"v{FEATURE_VERSION}:hash{HASH_DIM}:" + ",".join(DENSE_NAMES)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m predictor.prompt_model")
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("train", help="fit the prompt model on the training split of labels")
-    cmd.add_argument("--labels", type=Path, action="append", required=True)
-    cmd.add_argument("--data", type=Path, default=Path("../shared/data"))
-    cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
-    cmd.add_argument(
-        "--hidden", type=Path, action="append", default=[], help="pooled hidden vectors (.npz)"
-    )
-    cmd.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
-    cmd.add_argument("--all", action="store_true", help="also train on the held-out prompts")
-    cmd.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    from predictor.training import train, training_examples
-
-    examples, sources = training_examples(
-        args.labels,
-        args.data,
-        prompt_files=args.prompts,
-        hidden_files=args.hidden,
-        include_held_out=args.all,
-    )
-    model, report = train(examples, seed=args.seed, meta={"labels": sources})
-    model.save(args.out)
-    best = f"{report.damp:g}/{report.hash_scale:g}/{report.hidden_scale:g}"
-    print(
-        f"trained on {report.num_prompts} prompts ({report.num_samples} samples); "
-        f"damp/hash_scale/hidden_scale {best}, out-of-fold tau {report.cv_tau[best]:.3f}; "
-        f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)"
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -11,10 +11,13 @@ by pinball loss on every individual sample against the out-of-fold point `mu(x)`
 spread learnt is the honest spread on unseen prompts: for each slope on a grid the best
 intercept is the q-quantile of the residuals, and the slope with the lowest loss wins.
 Invariant: no prompt's samples ever fit the point model that predicts its out-of-fold `mu`.
+
+    python -m predictor.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 from collections.abc import Sequence
@@ -27,7 +30,7 @@ from predictor.errors import NotEnoughData
 from predictor.features import DENSE_NAMES, HASH_DIM, PromptFeatures, extract
 from predictor.labels import is_held_out, read_hidden, read_labels
 from predictor.metrics import kendall_tau
-from predictor.prompt_model import QUANTILES, PromptModel
+from predictor.prompt_model import DEFAULT_ARTIFACT, QUANTILES, PromptModel
 from predictor.sources import jsonl_prompts, resolve
 
 DAMPS = (0.3, 1.0, 3.0)
@@ -190,3 +193,38 @@ def _fold_standardisation(
     hash_w = coef[width : width + HASH_DIM] * hash_scale
     assert math.isfinite(bias), "ridge produced a non-finite intercept"
     return PromptModel(weights[:k], hash_w, bias, np.array(heads), meta, weights[k:], mean[k:])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m predictor.training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("train", help="fit the prompt model on the training split of labels")
+    cmd.add_argument("--labels", type=Path, action="append", required=True)
+    cmd.add_argument("--data", type=Path, default=Path("../shared/data"))
+    cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
+    cmd.add_argument(
+        "--hidden", type=Path, action="append", default=[], help="pooled hidden vectors (.npz)"
+    )
+    cmd.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
+    cmd.add_argument("--all", action="store_true", help="also train on the held-out prompts")
+    cmd.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    examples, sources = training_examples(
+        args.labels,
+        args.data,
+        prompt_files=args.prompts,
+        hidden_files=args.hidden,
+        include_held_out=args.all,
+    )
+    model, report = train(examples, seed=args.seed, meta={"labels": sources})
+    model.save(args.out)
+    best = f"{report.damp:g}/{report.hash_scale:g}/{report.hidden_scale:g}"
+    print(
+        f"trained on {report.num_prompts} prompts ({report.num_samples} samples); "
+        f"damp/hash_scale/hidden_scale {best}, out-of-fold tau {report.cv_tau[best]:.3f}; "
+        f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)"
+    )
+
+
+if __name__ == "__main__":
+    main()

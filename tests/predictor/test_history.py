@@ -95,3 +95,28 @@ def test_invalid_settings_and_lengths_are_refused() -> None:
         HistoryPredictor(PRIOR, alpha=0)
     with pytest.raises(InvalidCall):
         HistoryPredictor(PRIOR).observe(call(), -1)
+
+
+class FixedCold:
+    """A cold-start predictor that always answers the same law and never learns."""
+
+    def __init__(self, answer: LengthDistribution) -> None:
+        self.answer, self.asked = answer, 0
+
+    def predict(self, call: CallFeatures) -> LengthDistribution:
+        self.asked += 1
+        return self.answer
+
+    def observe(self, call: CallFeatures, true_len: int) -> None:
+        raise AssertionError("the history predictor does not forward observations")
+
+
+def test_cold_model_answers_until_the_node_has_history_and_always_without_a_node() -> None:
+    cold = FixedCold(LengthDistribution.from_quantiles(7, 9, 11))
+    h = HistoryPredictor(PRIOR, min_count=2, cold=cold)
+    for n in (400, 500):
+        h.observe(call(node="warm"), n)
+    assert h.predict(call(node="warm")).p50 == 450  # the node's own history
+    assert h.predict(call(node="new")) == cold.answer  # not the tenant's average of 450
+    assert h.predict(call(node="")) == cold.answer  # a bare call reads as its text says
+    assert cold.asked == 2

@@ -7,8 +7,8 @@ import pytest
 from predictor.base import CallFeatures
 from predictor.errors import ArtifactInvalid, ArtifactMissing
 from predictor.features import DENSE_NAMES, HASH_DIM
-from predictor.prompt_model import PromptModel, main
-from predictor.training import train
+from predictor.prompt_model import PromptModel
+from predictor.training import main, train
 from tests.predictor.factories import synthetic_examples
 
 
