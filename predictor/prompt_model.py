@@ -71,10 +71,11 @@ class PromptModel:
 
     def distribution(self, mu: float, max_tokens: int) -> LengthDistribution:
         """The length law for a prompt whose central log1p length is `mu`."""
-        cap = float(max_tokens)
+        cap, ceiling = float(max_tokens), math.log1p(max_tokens)
         levels, low = [], 0.0
         for a, b in self._heads:
-            low = min(max(math.expm1(a + b * mu), low), cap)
+            x = a + b * mu  # compared in log space, so a level at the cap is the cap exactly
+            low = cap if x >= ceiling else max(math.expm1(x), low)
             levels.append(low)
         return LengthDistribution.from_quantiles(*levels)
 

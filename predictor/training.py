@@ -8,8 +8,9 @@ ridge strength and the scales are chosen by k-fold cross-validation *by prompt* 
 tau.
 Quantile heads: for each level q in (0.5, 0.9, 0.99), `log1p(length) ~ a_q + b_q * mu(x)` fitted
 by pinball loss on every individual sample against the out-of-fold point `mu(x)`, so the
-spread learnt is the honest spread on unseen prompts: for each slope on a grid the best
-intercept is the q-quantile of the residuals, and the slope with the lowest loss wins.
+spread learnt is the honest spread on unseen prompts; the head's value is clipped at the cap the
+samples were generated under (the labels are censored there), and (a, b) is the grid point
+(slopes x quantiles of the residuals) with the lowest loss.
 Invariant: no prompt's samples ever fit the point model that predicts its out-of-fold `mu`.
 
     python -m predictor.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
@@ -36,7 +37,8 @@ from predictor.sources import jsonl_prompts, resolve
 DAMPS = (0.3, 1.0, 3.0)
 HASH_SCALES = (0.0, 1.0, 3.0)
 HIDDEN_SCALES = (0.1, 0.3, 1.0)
-SLOPES = np.linspace(0.0, 2.0, 201)
+SLOPES = np.linspace(0.0, 6.0, 241)
+INTERCEPT_LEVELS = np.linspace(0.0, 1.0, 201)  # intercepts tried: these quantiles of residuals
 _CONSTANT = 30.0  # value of the intercept column: its weight is tiny, so ridge barely shrinks it
 
 
@@ -46,6 +48,7 @@ class Example:
     prompt_tokens: int
     lengths: tuple[int, ...]
     hidden: tuple[float, ...] = ()  # pooled prefill hidden vector, for the hidden variant
+    max_tokens: int | None = None  # the cap the samples were generated under (None: no cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +82,13 @@ def training_examples(
     generators = sorted({r.generator for r in rows})
     sources = "; ".join(f"{p.name}" for p in label_paths) + " by " + ", ".join(generators)
     examples = [
-        Example(texts[r.prompt_id], r.prompt_tokens, r.lengths, vectors.get(r.prompt_id, ()))
+        Example(
+            texts[r.prompt_id],
+            r.prompt_tokens,
+            r.lengths,
+            vectors.get(r.prompt_id, ()),
+            r.max_tokens,
+        )
         for r in rows
     ]
     return examples, sources
@@ -162,16 +171,28 @@ def _out_of_fold(
 
 
 def _quantile_head(mu: np.ndarray, examples: Sequence[Example], q: float) -> tuple[float, float]:
-    """(a, b) minimising the pinball loss of `a + b * mu` over every individual sample."""
+    """(a, b) minimising the pinball loss of `min(a + b * mu, log1p(cap))` over every sample.
+
+    The clip is part of the fit because labels are censored at the cap (about 30 % of the
+    serving model's samples end there): fitted without it, any share of capped samples above
+    1 - q makes a constant at the cap the best head, the same for every prompt.
+    """
     counts = [len(e.lengths) for e in examples]
     z = np.repeat(mu, counts)
     y = np.log1p(np.concatenate([np.asarray(e.lengths, dtype=np.float64) for e in examples]))
-    residuals = y[None, :] - SLOPES[:, None] * z[None, :]
-    intercepts = np.quantile(residuals, q, axis=1)
-    err = residuals - intercepts[:, None]
-    loss = np.mean(np.maximum(q * err, (q - 1) * err), axis=1)
-    best = int(np.argmin(loss))
-    return float(intercepts[best]), float(SLOPES[best])
+    caps = np.repeat([math.inf if e.max_tokens is None else e.max_tokens for e in examples], counts)
+    ceiling = np.log1p(caps)
+    best = (math.inf, 0.0, 0.0)
+    for slope in SLOPES:
+        residual = y - slope * z
+        intercepts = np.quantile(residual, INTERCEPT_LEVELS)
+        pred = np.minimum(intercepts[:, None] + slope * z[None, :], ceiling[None, :])
+        err = y[None, :] - pred
+        loss = np.mean(np.maximum(q * err, (q - 1) * err), axis=1)
+        i = int(np.argmin(loss))
+        if loss[i] < best[0]:
+            best = (float(loss[i]), float(intercepts[i]), float(slope))
+    return best[1], best[2]
 
 
 def _fold_standardisation(

@@ -27,6 +27,14 @@ def test_distribution_applies_heads_in_log_space_and_caps() -> None:
     assert capped.p90 == capped.p99 == 150
 
 
+def test_a_head_at_the_cap_is_the_cap_exactly() -> None:
+    # expm1(log1p(512)) is a hair under 512 in floating point: a sample at the cap must count
+    # as covered by a p90 at the cap
+    model = constant_model(0.0, [(float(np.log1p(512)), 0.0)] * 3)
+    d = model.distribution(0.0, max_tokens=512)
+    assert d.p50 == d.p90 == d.p99 == 512.0
+
+
 def test_crossing_heads_are_made_monotone() -> None:
     model = constant_model(3.0, [(0.0, 1.0), (-1.0, 1.0), (0.5, 1.0)])
     d = model.distribution(3.0, max_tokens=10_000)

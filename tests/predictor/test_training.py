@@ -2,6 +2,7 @@ import json
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,19 @@ def test_learns_length_from_phrasing_on_unseen_prompts() -> None:
     assert tau > 0.75
     assert 0.85 <= p90 <= 0.97
     assert 0.4 <= p50 <= 0.62
+
+
+def test_labels_censored_at_the_cap_keep_short_prompts_below_it() -> None:
+    cap = 200  # the essay kind (median 420) always ends here, the list kind (150) often
+    examples = [replace(e, max_tokens=cap) for e in synthetic_examples(300, seed=3, cap=cap)]
+    model, _ = train(examples, damps=(0.3, 1.0), hash_scales=(0.0, 1.0))
+    test = synthetic_examples(150, seed=103, cap=cap)
+    dists = [model.predict(CallFeatures("t", "n", e.prompt_tokens, cap, e.text)) for e in test]
+    essays = [d for d, e in zip(dists, test, strict=True) if "essay" in e.text]
+    words = [d for d, e in zip(dists, test, strict=True) if "one word" in e.text]
+    assert essays and all(d.p50 == d.p90 == cap for d in essays)
+    assert words and all(d.p90 < 20 for d in words)
+    assert 0.88 <= coverage([d.p90 for d in dists], [e.lengths for e in test]) <= 0.99
 
 
 def test_report_names_the_chosen_settings_and_counts() -> None:
