@@ -93,7 +93,11 @@ async def running_gateway(
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
     jobs = JobRegistry()
-    config = DispatchConfig(model_name=settings.model, reservation_ttl_s=settings.reservation_ttl_s)
+    config = DispatchConfig(
+        model_name=settings.model,
+        reservation_ttl_s=settings.reservation_ttl_s,
+        knee_calls=settings.knee_calls,
+    )
     defaults = CallDefaults(
         settings.default_temperature, settings.default_top_p, settings.max_model_len
     )

@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = Field(default=512, ge=16)
     max_model_len: int = Field(default=2048, ge=64)
     reserve_mode: Literal["none", "max", "predicted"] = "predicted"
+    # calls in the engine past which justitia lets only its most urgent jobs add more (the batch
+    # size where a step's cost per token stops falling; see docs/BENCHMARKS.md, fair scheduling)
+    knee_calls: int | None = Field(default=None, ge=1)
     simulated_engine: bool = False  # instant synthetic tokens (gateway benchmarks)
     # calls
     # "prompt": the trained prompt model (predictor/artifacts/prompt_model.npz) predicts a call's

@@ -98,7 +98,12 @@ async def make_env() -> AsyncIterator[MakeEnv]:
     never steps, so that every call it is given waits); both are closed after the test."""
     async with contextlib.AsyncExitStack() as stack:
 
-        async def make(store: MemoryQuotaStore, num_blocks: int = 4096, steps: bool = True) -> Env:
+        async def make(
+            store: MemoryQuotaStore,
+            num_blocks: int = 4096,
+            steps: bool = True,
+            knee_calls: int | None = None,
+        ) -> Env:
             engine = AsyncEngine(sim_core(num_blocks=num_blocks), run_in_thread=False)
             if steps:
                 await stack.enter_async_context(engine)
@@ -110,7 +115,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
                 store,
                 engine.core.tokenizer,
                 planner,
-                DispatchConfig("sim"),
+                DispatchConfig("sim", knee_calls=knee_calls),
             )
             return Env(engine, await stack.enter_async_context(dispatcher))
 
@@ -135,6 +140,21 @@ async def test_room_counts_the_output_that_waiting_calls_will_reserve(make_env: 
     waiting = engine.core.scheduler.waiting
     assert [r.request_id for r in waiting] == ["j0/a"]  # by prompts alone all three fitted
     assert len(dispatcher.tickets) == 2
+
+
+async def test_past_the_knee_only_the_most_urgent_job_adds_calls(make_env: MakeEnv) -> None:
+    # The engine does not step, so dispatched calls stay in it; room is plentiful, the knee is 2.
+    env = await make_env(MemoryQuotaStore(), steps=False, knee_calls=2)
+    for i in range(5):
+        env.dispatcher.submit(job(f"j{i}", ("a", 100)), QUOTA)
+    await anyio.wait_all_tasks_blocked()
+    assert len(env.engine.core.scheduler.waiting) == 2
+    assert len(env.dispatcher.tickets) == 3  # held by the policy, not refused
+    # a much smaller job is now the most urgent (earliest fair-share finish): it passes the knee
+    env.dispatcher.submit(job("small", ("b", 1)), QUOTA)
+    await anyio.wait_all_tasks_blocked()
+    assert [r.request_id for r in env.engine.core.scheduler.waiting][-1] == "small/b"
+    assert len(env.dispatcher.tickets) == 3
 
 
 async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) -> None:
