@@ -5,10 +5,11 @@ GEMMs) and a cost per token of context read by attention,
 
     t = overhead_s + per_token_s * num_batched_tokens + per_context_token_s * sum(context)
 
-fitted by least squares to measured steps of the real engine. Sampled tokens are a hash of
-the request id and position, never an end-of-sequence id, so lengths are set by max_tokens,
-unless a request was given a true output length: then it emits end-of-sequence there (so a
-request can carry a large max_tokens and still stop where the trace says it did).
+fitted by least squares (of absolute or relative errors) to measured steps of the real engine.
+Sampled tokens are a hash of the request id and position, never an end-of-sequence id, so
+lengths are set by max_tokens, unless a request was given a true output length: then it emits
+end-of-sequence there (so a request can carry a large max_tokens and still stop where the trace
+says it did).
 """
 
 from __future__ import annotations
@@ -41,13 +42,24 @@ class StepTimeModel:
         return self.step_time(plan.num_batched_tokens, context)
 
     @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> StepTimeModel:
-        """Fit to (num_batched_tokens, context_tokens, seconds) samples; coefficients >= 0."""
+    def fit(
+        cls, samples: Sequence[tuple[int, int, float]], *, relative: bool = False
+    ) -> StepTimeModel:
+        """Fit to (num_batched_tokens, context_tokens, seconds) samples; coefficients >= 0.
+
+        `relative` minimises relative rather than absolute errors, so that a few long steps (a
+        calibration's big prefills) do not decide the fit of the many short ones (decodes).
+        """
         if len(samples) < 3:
             raise ValueError("need at least 3 measured steps to fit a step-time model")
         data = np.asarray(samples, dtype=np.float64)
         design = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-        coef, *_ = np.linalg.lstsq(design, data[:, 2], rcond=None)
+        target = data[:, 2]
+        if relative:
+            if np.any(target <= 0):
+                raise ValueError("a relative fit needs positive step times")
+            design, target = design / target[:, None], np.ones(len(data))
+        coef, *_ = np.linalg.lstsq(design, target, rcond=None)
         overhead, per_token, per_context = (max(float(c), 0.0) for c in coef)
         return cls(overhead, per_token, per_context)
 

@@ -3,7 +3,8 @@
 Runs a few plans through `engine.model_runner.ModelRunner` on the default model (decode batches
 of 1 to 32 sequences at contexts of 256 and 1024 tokens, and prefill chunks of 128 to 512
 tokens), takes the median of `repeats` timings each, and fits `StepTimeModel.fit` (least squares
-on batched tokens and context tokens). Writes the JSON that `bench.sched --cpu-step-model` reads.
+of relative errors on batched tokens and context tokens, so the big prefills do not decide the
+fit of the decodes). Writes the JSON that `bench.sched --cpu-step-model` reads.
 The model's KV content is garbage: only time is measured. Invariant: the fit is of measured
 steps only; nothing is assumed.
 
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
-    model = StepTimeModel.fit(measure(args.repeats, args.threads))
+    model = StepTimeModel.fit(measure(args.repeats, args.threads), relative=True)
     data = {
         "overhead_s": model.overhead_s,
         "per_token_s": model.per_token_s,
