@@ -132,15 +132,17 @@ class PagedAttention:
     ) -> torch.Tensor:
         qh = q.transpose(0, 1)
         if chunk.start_pos == 0:
+            # with a batch dimension, CPU SDPA takes its flash kernel (3x faster at 512 tokens
+            # than the math path that 3-D inputs with GQA get)
             o = F.scaled_dot_product_attention(
-                qh,
-                k.transpose(0, 1),
-                v.transpose(0, 1),
+                qh[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
                 is_causal=True,
                 scale=self.scale,
                 enable_gqa=True,
             )
-            return o.transpose(0, 1)
+            return o[0].transpose(0, 1)
         ctx = chunk.start_pos + chunk.length
         keys, values = self.cache.gather(layer, chunk.block_ids, ctx)
         key_pos = torch.arange(ctx, device=q.device)
