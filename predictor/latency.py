@@ -2,10 +2,12 @@
 
 A step's time is `engine.StepTimeModel` (fixed overhead + cost per batched token + cost per
 token of context), calibrated online: measured steps go into a sliding window and the model is
-refitted by least squares every `refit_every` observations. Arrivals go into another window,
-whose mean gap and sizes are the traffic expected to join behind a call. An estimate replays
-the engine's continuous batching on the model (`predictor.replay`) from a snapshot of the
-engine's state. Invariant: each window holds at most its size; nothing here reads the clock
+refitted by least squares of relative errors (so that the few long prefill steps do not decide
+the fit of the many decode steps) every `refit_every` observations. Arrivals go into another
+window, whose mean gap and sizes are the traffic expected to join behind a call. An estimate
+replays the engine's continuous batching on the model (`predictor.replay`) from a snapshot of
+the engine's state.
+Invariant: each window holds at most its size; nothing here reads the clock
 (`observe_arrival` takes `now`).
 """
 
@@ -90,7 +92,7 @@ class LatencyModel:
         self._samples.append((num_batched_tokens, context_tokens, seconds))
         self._since_fit += 1
         if self._since_fit >= self.refit_every and len(self._samples) >= 3:
-            self.step_model = StepTimeModel.fit(list(self._samples))
+            self.step_model = StepTimeModel.fit(list(self._samples), relative=True)
             self._since_fit = 0
 
     def observe_arrival(self, now: float, prompt_tokens: int, output_tokens: int) -> None:
