@@ -11,8 +11,9 @@ rounds of all policies (each round in a rotated order, so a drift in the machine
 over the policies); a policy's live figure is the mean over its runs, its spread the range.
 Simulation:
 the same jobs with the prompt token counts the gateway reported, through `bench.sim.Simulation`
-with an engine of the live one's size (no knee, as the gateway configures none) and the step-time
-model fitted on the live runs' steps (`steps.py`), every policy, true lengths as predictions.
+with an engine of the live one's size (no knee: the check leaves `knee_calls` unset) and the
+step-time model fitted on the live runs' steps (`steps.py`), every policy, true lengths as
+predictions.
 Output: per policy the live and simulated average JCT, in seconds and in mean steps (a run's
 average JCT over its mean busy step: on a machine shared with other work a run's speed drifts,
 which seconds carry and steps mostly do not), both rankings of each, and Kendall's tau over the
