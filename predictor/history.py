@@ -103,10 +103,7 @@ class HistoryPredictor:
         self._profiles: OrderedDict[str, tuple[int, _Moments, _Moments]] = OrderedDict()
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
-        keys = _fallback_keys(call)
-        if self.cold is not None:
-            keys = keys[:1] if call.node_name else ()
-        for key in keys:
+        for key in self._keys(call):
             stats = self._stats.get(key)
             if stats is not None and stats.count >= self.min_count:
                 return stats.distribution().capped(call.max_tokens)
@@ -117,7 +114,7 @@ class HistoryPredictor:
     def observe(self, call: CallFeatures, true_len: int) -> None:
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
-        for key in _fallback_keys(call):
+        for key in self._keys(call):
             self._touch(key).add(true_len, self.alpha)
         self._observe_profile(call.tenant_id, call.prompt_tokens, true_len)
 
@@ -129,6 +126,14 @@ class HistoryPredictor:
         return LengthProfile(
             count, out.mean, math.sqrt(out.var), prompt.mean, math.sqrt(prompt.var)
         )
+
+    def _keys(self, call: CallFeatures) -> tuple[tuple[str, str], ...]:
+        """The statistics a call is predicted from and feeds: with a cold model only its node's
+        (a call without a node name has none); otherwise node, tenant, then global."""
+        keys = _fallback_keys(call)
+        if self.cold is None:
+            return keys
+        return keys[:1] if call.node_name else ()
 
     def _touch(self, key: tuple[str, str]) -> _KeyStats:
         stats = self._stats.get(key)

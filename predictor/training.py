@@ -32,7 +32,7 @@ from predictor.features import DENSE_NAMES, HASH_DIM, PromptFeatures, extract
 from predictor.labels import is_held_out, read_hidden, read_labels
 from predictor.metrics import kendall_tau
 from predictor.prompt_model import DEFAULT_ARTIFACT, QUANTILES, PromptModel
-from predictor.sources import jsonl_prompts, resolve
+from predictor.sources import DEFAULT_DATA_DIR, jsonl_prompts, resolve
 
 DAMPS = (0.3, 1.0, 3.0)
 HASH_SCALES = (0.0, 1.0, 3.0)
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("train", help="fit the prompt model on the training split of labels")
     cmd.add_argument("--labels", type=Path, action="append", required=True)
-    cmd.add_argument("--data", type=Path, default=Path("../shared/data"))
+    cmd.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
     cmd.add_argument(
         "--hidden", type=Path, action="append", default=[], help="pooled hidden vectors (.npz)"
