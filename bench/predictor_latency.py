@@ -43,6 +43,7 @@ class RecordingRunner:
     def __init__(self, inner: Any, latency: LatencyModel) -> None:
         self.inner, self.latency = inner, latency
         self.eos_token_ids: frozenset[int] = inner.eos_token_ids
+        self.hidden_size: int = inner.hidden_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
         start = time.perf_counter()

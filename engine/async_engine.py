@@ -158,6 +158,15 @@ class AsyncEngine:
 
         self._run(apply)
 
+    def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
+        """A refined output prediction: the request's KV reservation follows it."""
+
+        def apply() -> None:
+            if request_id in self.core.scheduler.requests:
+                self.core.scheduler.set_prediction(request_id, predicted_output_len)
+
+        self._run(apply)
+
     def has_room(self, num_tokens: int) -> bool:
         """Would a new request needing `num_tokens` of KV be admitted without waiting?"""
         cap = self._capacity

@@ -57,6 +57,7 @@ class ModelRunner:
             config.max_model_len, int(self.model_config.max_position_embeddings)
         )
         self.vocab_size = int(hf_model.lm_head.weight.shape[0])
+        self.hidden_size = int(self.model_config.hidden_size)
         self.eos_token_ids = _eos_token_ids(self.model_config, hf_model.generation_config)
         kernels = load_cpu_kernels() if self.device.type == "cpu" else None
         with torch.inference_mode():

@@ -89,6 +89,21 @@ class Scheduler:
             raise RequestNotFound(request_id)
         request.priority = priority
 
+    def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
+        """A refined output prediction: what admission reserves for it, and for a running
+        request in `PREDICTED` mode its reservation now (lowered: the blocks go back to the
+        pool's headroom; raised: admission holds them back from later requests)."""
+        request = self.requests.get(request_id)
+        if request is None:
+            raise RequestNotFound(request_id)
+        if predicted_output_len < 0:
+            raise InvalidRequest(f"predicted_output_len must be >= 0, got {predicted_output_len}")
+        request.predicted_output_len = predicted_output_len
+        if request.status is RequestStatus.RUNNING and (
+            self.config.reserve_mode is ReserveMode.PREDICTED
+        ):
+            request.reserved_tokens = self._admission_tokens(request, request.num_computed_tokens)
+
     @property
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -9,7 +9,8 @@ fitted by least squares (of absolute or relative errors) to measured steps of th
 Sampled tokens are a hash of the request id and position, never an end-of-sequence id, so
 lengths are set by max_tokens, unless a request was given a true output length: then it emits
 end-of-sequence there (so a request can carry a large max_tokens and still stop where the trace
-says it did).
+says it did). With `hidden_size`, a request that asks for its pooled prefill hidden vector gets a
+synthetic one (a hash of its id) with its first token, as the real runner hands it out.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class SimulatedRunner:
         vocab_size: int = 32000,
         eos_token_id: int = 0,
         realtime: bool = False,
+        hidden_size: int = 0,
     ) -> None:
         self.model = model
+        self.hidden_size = hidden_size  # > 0: hand out synthetic pooled hidden vectors
         self.realtime = realtime
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset({eos_token_id})
@@ -90,8 +93,10 @@ class SimulatedRunner:
         self._lengths[request_id] = num_tokens
 
     def execute(self, plan: StepPlan) -> StepOutput:
-        sampled = {}
+        sampled, hidden = {}, {}
         for seq in plan.seqs:
+            if seq.sample and seq.want_hidden and self.hidden_size:
+                hidden[seq.request_id] = self.hidden_vector(seq.request_id)
             if seq.sample:
                 pos = seq.start_pos + len(seq.token_ids)
                 ends = self._lengths.get(seq.request_id) == seq.num_output_tokens + 1
@@ -101,7 +106,14 @@ class SimulatedRunner:
         elapsed = self.model.plan_time(plan)
         if self.realtime:
             time.sleep(elapsed)
-        return StepOutput(sampled=sampled, elapsed_s=elapsed)
+        return StepOutput(sampled=sampled, elapsed_s=elapsed, hidden=hidden)
+
+    def hidden_vector(self, request_id: str) -> list[float]:
+        """The request's synthetic pooled hidden vector: values in [-1, 1], a hash of its id."""
+        return [
+            zlib.crc32(f"{request_id}:h{i}".encode()) % 2001 / 1000 - 1
+            for i in range(self.hidden_size)
+        ]
 
     def _token(self, request_id: str, position: int) -> int:
         token = zlib.crc32(f"{request_id}:{position}".encode()) % self.vocab_size

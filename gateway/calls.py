@@ -4,13 +4,17 @@
 length), fills sampling defaults, predicts the output length and lets the anomaly guard
 (OWASP LLM10, DESIGN.md §7) judge the call: a flagged call is capped at a tail quantile of its
 prediction, reserves KV at that cap and looks more expensive to the fair-share policy (so it
-yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap.
-Pure: no I/O, no clock.
+yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap. With
+a refiner (a prompt model trained with pooled prefill hidden states), an unflagged call asks the
+engine for its hidden state, and `refine` predicts it again once it is prefilled. Pure: no I/O,
+no clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine import SamplingParams
@@ -18,6 +22,7 @@ from gateway.jobs.model import NodeSpec
 from predictor.anomaly import AnomalyGuard
 from predictor.base import CallFeatures
 from predictor.history import HistoryPredictor
+from predictor.prompt_model import PromptModel
 from tenants import TenantQuota
 
 
@@ -36,6 +41,11 @@ class CallPlan:
     reserve_output: int  # KV the engine sets aside for the output
     cap_reason: str = ""  # set when the guard capped max_tokens below what was asked
 
+    @property
+    def refinable(self) -> bool:
+        """Asks the engine for its pooled prefill hidden state, to refine the prediction."""
+        return self.params.return_hidden
+
 
 class CallRefused(Exception):
     """The call breaks a tenant limit; its node fails with this reason."""
@@ -47,10 +57,14 @@ class CallPlanner:
         predictor: HistoryPredictor,
         guard: AnomalyGuard | None = None,
         defaults: CallDefaults | None = None,
+        refiner: PromptModel | None = None,
     ) -> None:
+        if refiner is not None and refiner.hidden_size == 0:
+            raise ValueError("the refiner is a prompt-only model: it takes no hidden vector")
         self.predictor = predictor
         self.guard = guard
         self.defaults = defaults or CallDefaults()
+        self.refiner = refiner
 
     def max_tokens(self, spec: NodeSpec, quota: TenantQuota) -> int:
         return min(spec.sampling.max_tokens or quota.default_max_tokens, quota.max_tokens_ceiling)
@@ -72,9 +86,11 @@ class CallPlanner:
         features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text)
         predicted = self.predictor.predict(features)
         policy_output, reserve, cap_reason = predicted.mean, min(predicted.p90, max_tokens), ""
+        refine = self.refiner is not None
         if self.guard is not None:
             verdict = self.guard.assess(features, predicted, self.predictor.profile(tenant_id))
             if verdict.flagged:
+                refine = False  # the guard's penalty and cap stand
                 policy_output *= verdict.priority_penalty
                 reserve = verdict.cap_tokens
                 if verdict.cap_tokens < max_tokens:
@@ -92,5 +108,15 @@ class CallPlanner:
             top_k=sampling.top_k or 0,
             seed=sampling.seed,
             stop=sampling.stop,
+            return_hidden=refine,
         )
         return CallPlan(params, features, policy_output, math.ceil(reserve), cap_reason)
+
+    def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
+        """The plan once the call is prefilled: its output predicted again from the prompt and
+        the pooled hidden state (the `hidden` predictor), for the policy and the reservation."""
+        if self.refiner is None or not plan.refinable:
+            raise ValueError("refine needs a refiner and a call planned for refinement")
+        predicted = self.refiner.refine(plan.features, hidden)
+        reserve = math.ceil(min(predicted.p90, plan.params.max_tokens))
+        return dataclasses.replace(plan, policy_output=predicted.mean, reserve_output=reserve)

@@ -7,9 +7,11 @@ prompt + reservation, a batch slot), so the engine's own waiting list stays shor
 policy's order is the order that runs. Each dispatched call reserves its worst case (prompt +
 max_tokens) in the quota store, then a follower task streams its tokens into the job and, when
 it ends, settles (or releases) the reservation exactly once, tells the policy what it really
-cost, and releases dependents. Round trips are saved where the contract allows: a one-call job
-that the engine would take at once reserves its call in the same script as its admission, and
-a job's last call finishes the job in the same script as its settle, before its end is streamed.
+cost, and releases dependents; a call planned for refinement is predicted again from its
+pooled hidden state once prefilled (its engine reservation and its job's key follow). Round
+trips are saved where the contract allows: a one-call job that the engine would take at once
+reserves its call in the same script as its admission, and a job's last call finishes the job
+in the same script as its settle, before its end is streamed.
 
 Invariant: every dispatched call's reservation is settled or released exactly once, in a
 `finally` shielded from cancellation, and one held from admission but never dispatched is
@@ -19,6 +21,7 @@ released when its job ends; a call refused by a rate limit waits and is retried.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -272,9 +275,7 @@ class Dispatcher:
                     if not delta.finished:  # the last tokens join the job with the call's end
                         run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), last_at)
                     if not run.ended:  # an ended job has left the policy
-                        self.policy.on_progress(call.call_id, produced, self.clock())
-                        if produced > call.predicted_output:  # charged the excess: re-keyed
-                            self._refresh_priorities(call.job_id)
+                        self._progress(ticket, delta, produced)
                     last = delta
             finally:
                 with anyio.CancelScope(shield=True):
@@ -282,6 +283,25 @@ class Dispatcher:
                     await self._close_call(ticket, last, last_at, produced)
                     if span is not None:
                         annotate_call(span, ticket, last, produced)
+
+    def _progress(self, ticket: Ticket, delta: TokenDelta, produced: int) -> None:
+        if delta.hidden is not None and ticket.plan.refinable:
+            self._refine(ticket, delta.hidden)
+        call = ticket.call
+        self.policy.on_progress(call.call_id, produced, self.clock())
+        if produced > call.predicted_output:  # charged the excess: re-keyed
+            self._refresh_priorities(call.job_id)
+
+    def _refine(self, ticket: Ticket, hidden: list[float]) -> None:
+        """The call is prefilled: predict its output again from its hidden state; the engine
+        moves its KV reservation and the policy re-keys its job."""
+        ticket.plan = self.planner.refine(ticket.plan, hidden)
+        call = ticket.call = dataclasses.replace(
+            ticket.call, predicted_output=ticket.plan.policy_output
+        )
+        self.engine.set_prediction(call.call_id, ticket.plan.reserve_output)
+        self.policy.on_refined(call.call_id, call.predicted_output, self.clock())
+        self._refresh_priorities(call.job_id)
 
     def _call_span(self, run: JobRun) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""

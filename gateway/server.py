@@ -35,7 +35,7 @@ from gateway.telemetry import setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
 from predictor.history import HistoryPredictor
-from predictor.prompt_model import PromptModel
+from predictor.prompt_model import HIDDEN_ARTIFACT, PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
 from tenants.policies import make_policy
 
@@ -102,7 +102,14 @@ async def running_gateway(
         settings.default_temperature, settings.default_top_p, settings.max_model_len
     )
     cold = PromptModel.load() if settings.length_predictor == "prompt" else None
-    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR, cold=cold), AnomalyGuard(), defaults)
+    refiner = PromptModel.load(HIDDEN_ARTIFACT) if settings.hidden_refine else None
+    if refiner is not None and refiner.hidden_size != core.runner.hidden_size:
+        raise ValueError(
+            f"hidden_refine: {HIDDEN_ARTIFACT.name} takes hidden vectors of "
+            f"{refiner.hidden_size}, the engine's model hands out {core.runner.hidden_size}"
+        )
+    history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
+    planner = CallPlanner(history, AnomalyGuard(), defaults, refiner)
     policy = make_policy(settings.policy)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)

@@ -2,7 +2,8 @@
 
 A policy orders ready LLM calls of tenants' jobs (DAGs of calls). The dispatch loop tells it what
 happens: a job arrives with predicted per-node costs, a call becomes ready, the loop dispatches the
-call the policy shows first, the engine reports tokens and the finish, the job leaves. The policy
+call the policy shows first, the engine reports tokens (and, once the call is prefilled, maybe a
+refined prediction of its output) and the finish, the job leaves. The policy
 only answers "what next?" (`peek`) and "how important is this call?" (`priority`, which the engine
 uses to pick preemption victims). Policies do no I/O and never read a clock: every method takes
 `now` (seconds, any monotonic origin).
@@ -83,6 +84,8 @@ class Policy(Protocol):
     def mark_dispatched(self, call_id: str, now: float) -> None: ...
 
     def on_progress(self, call_id: str, output_tokens: int, now: float) -> None: ...
+
+    def on_refined(self, call_id: str, predicted_output: float, now: float) -> None: ...
 
     def on_finished(
         self, call_id: str, prompt_tokens: int, output_tokens: int, now: float

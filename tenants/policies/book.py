@@ -11,6 +11,7 @@ exactly one of the two sets; a node of a job is ready, running or done at most o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -143,6 +144,14 @@ class BookPolicy:
             previous, run.output_tokens = run.output_tokens, output_tokens
             self._call_progressed(job, run, previous, now)
 
+    def on_refined(self, call_id: str, predicted_output: float, now: float) -> None:
+        """A running call's output prediction, refined once it was prefilled."""
+        job, run = self._running(call_id)
+        if not (math.isfinite(predicted_output) and predicted_output >= 0):
+            raise InvalidProgress(f"call {call_id}: refined prediction {predicted_output}")
+        run.call = dataclasses.replace(run.call, predicted_output=predicted_output)
+        self._call_refined(job, run, now)
+
     def on_finished(self, call_id: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
         if prompt_tokens < 0:
             raise InvalidProgress(f"call {call_id}: negative prompt tokens")
@@ -188,6 +197,9 @@ class BookPolicy:
 
     def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
         """Called after `run.output_tokens` grew from `previous`."""
+
+    def _call_refined(self, job: JobState, run: RunningCall, now: float) -> None:
+        """Called after `run.call.predicted_output` took the refined prediction."""
 
     def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
         """Called while the call is still running, its final tokens already reported."""

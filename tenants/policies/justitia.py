@@ -3,8 +3,9 @@
 Each active job has a tag, its finish in virtual time under an idealised fair share of KV capacity
 (tenants by weight, a tenant's jobs equally; see `fairshare.py`), keyed by its predicted remaining
 KV token-time. A node's estimate is `kv_token_time(prompt, output)` with the output prediction
-capped at max_tokens; the rendered prompt (and any refined prediction) replaces the guess when the
-call becomes ready, and the truth replaces both when it finishes. A call that runs past its
+capped at max_tokens; the rendered prompt (and the prediction made for it) replaces the guess when
+the call becomes ready, a prediction refined once it is prefilled replaces that (never below what
+it has produced), and the truth replaces all when it finishes. A call that runs past its
 estimate is charged the excess at once, token by token, so its job's tag moves later while it runs
 and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
 its ready calls, then the next (work-conserving). Knee: when the engine reports one and already
@@ -65,6 +66,12 @@ class JustitiaPolicy(BookPolicy):
     def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
         output = min(call.predicted_output, float(call.max_tokens))
         self._re_estimate(call.job_id, call.node_id, call.prompt_tokens, output)
+
+    def _call_refined(self, job: JobState, run: RunningCall, now: float) -> None:
+        call = run.call
+        prompt, _ = self._estimates[call.job_id][call.node_id]
+        output = min(call.predicted_output, float(call.max_tokens))
+        self._re_estimate(call.job_id, call.node_id, prompt, max(output, run.output_tokens))
 
     def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
         call = run.call

@@ -1,4 +1,7 @@
+import pytest
+
 from engine.config import ReserveMode
+from engine.errors import InvalidRequest, RequestNotFound
 from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, RequestStatus
 from engine.scheduler import Scheduler
@@ -87,6 +90,33 @@ def test_admission_respects_other_requests_reservations() -> None:
     plan = sched.schedule()
     assert [s.request_id for s in plan.seqs] == ["first"]
     assert sched.blocks.num_free_blocks == 7
+
+
+def test_a_refined_prediction_moves_a_running_requests_reservation() -> None:
+    sched = make_scheduler(num_blocks=16, block_size=4, reserve_mode=ReserveMode.PREDICTED)
+    request = make_request("a", prompt_len=4, max_tokens=40, arrival=0.0)
+    request.predicted_output_len = 20  # 24 tokens: 6 blocks promised, 1 allocated
+    sched.add(request)
+    sched.schedule()
+    assert sched.capacity().free_blocks == 10
+    sched.set_prediction("a", 4)  # 8 tokens: 2 blocks
+    assert sched.capacity().free_blocks == 14
+    sched.set_prediction("a", 100)  # capped at max_tokens: 44 tokens, 11 blocks
+    assert sched.capacity().free_blocks == 5
+    with pytest.raises(InvalidRequest):
+        sched.set_prediction("a", -1)
+    with pytest.raises(RequestNotFound):
+        sched.set_prediction("gone", 4)
+
+
+def test_a_refined_prediction_of_a_waiting_request_is_what_admission_reserves() -> None:
+    sched = make_scheduler(num_blocks=16, block_size=4, reserve_mode=ReserveMode.PREDICTED)
+    request = make_request("a", prompt_len=4, max_tokens=40, arrival=0.0)
+    request.predicted_output_len = 36
+    sched.add(request)
+    sched.set_prediction("a", 12)  # before admission: 16 tokens, 4 blocks
+    sched.schedule()
+    assert sched.capacity().free_blocks == 12
 
 
 def test_admission_stops_at_first_request_that_does_not_fit() -> None:

@@ -49,13 +49,14 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def sim_core(step_s: float = 0.0, num_blocks: int = 4096) -> LLMEngine:
+def sim_core(step_s: float = 0.0, num_blocks: int = 4096, hidden_size: int = 0) -> LLMEngine:
     tokenizer = byte_tokenizer()
     runner = SimulatedRunner(
         StepTimeModel(step_s, 0.0),
         vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
         realtime=step_s > 0,
+        hidden_size=hidden_size,
     )
     config = EngineConfig(num_blocks=num_blocks, block_size=16, max_model_len=4096)
     return LLMEngine(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import anyio
 import pytest
 
-from engine import AsyncEngine
+from engine import AsyncEngine, LLMEngine, SimulatedRunner
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
@@ -18,9 +19,11 @@ from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
 from predictor.history import HistoryPredictor
+from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
-from tenants.policies import make_policy
+from tenants.policies import JustitiaPolicy
 from tests.gateway.conftest import sim_core
+from tests.gateway.factories import hidden_refiner
 from tests.gateway.jobs.factories import make_node
 
 pytestmark = pytest.mark.anyio
@@ -83,9 +86,35 @@ class CountingStore(MemoryQuotaStore):
         return await super().finish_job(tenant_id, job_id)
 
 
+class RecordingEngine(AsyncEngine):
+    """The real async engine, noting the refined predictions it is told."""
+
+    def __init__(self, core: LLMEngine) -> None:
+        super().__init__(core, run_in_thread=False)
+        self.predictions: list[tuple[str, int]] = []
+
+    def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
+        self.predictions.append((request_id, predicted_output_len))
+        super().set_prediction(request_id, predicted_output_len)
+
+
+class RecordingJustitia(JustitiaPolicy):
+    """Justitia, noting each refinement with the job's tag before and after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refined: list[tuple[str, float, float, float]] = []
+
+    def on_refined(self, call_id: str, predicted_output: float, now: float) -> None:
+        job_id = call_id.split("/")[0]
+        before = self.tag(job_id)
+        super().on_refined(call_id, predicted_output, now)
+        self.refined.append((call_id, predicted_output, before, self.tag(job_id)))
+
+
 @dataclass
 class Env:
-    engine: AsyncEngine
+    engine: RecordingEngine
     dispatcher: Dispatcher
 
 
@@ -103,15 +132,18 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             num_blocks: int = 4096,
             steps: bool = True,
             knee_calls: int | None = None,
+            refiner: PromptModel | None = None,
         ) -> Env:
-            engine = AsyncEngine(sim_core(num_blocks=num_blocks), run_in_thread=False)
+            hidden_size = 0 if refiner is None else refiner.hidden_size
+            engine = RecordingEngine(sim_core(num_blocks=num_blocks, hidden_size=hidden_size))
             if steps:
                 await stack.enter_async_context(engine)
             await store.create_tenant("acme", "Acme", QUOTA)
-            planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), CallDefaults())
+            history = HistoryPredictor(LENGTH_PRIOR)
+            planner = CallPlanner(history, AnomalyGuard(), CallDefaults(), refiner)
             dispatcher = Dispatcher(
                 engine,
-                make_policy("justitia"),
+                RecordingJustitia(),
                 store,
                 engine.core.tokenizer,
                 planner,
@@ -183,6 +215,38 @@ async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) ->
             if produced in (1, predicted + 5, predicted + 50) and requests.get("j/long"):
                 check()  # past its prediction the excess is charged as it runs
     assert len(seen) >= 3, seen
+
+
+async def test_a_prefilled_call_is_predicted_again_from_its_hidden_state(
+    make_env: MakeEnv,
+) -> None:
+    refiner = hidden_refiner()
+    env = await make_env(MemoryQuotaStore(), refiner=refiner)
+    run = job("j", ("a", 40))
+    env.dispatcher.submit(run, QUOTA)
+    async for _ in run.watch():
+        pass
+    runner = env.engine.core.runner
+    assert isinstance(runner, SimulatedRunner)
+    hidden = runner.hidden_vector("j/a")
+    expected = refiner.distribution(1.0 + 3.0 * hidden[0], 40)
+    policy = env.dispatcher.policy
+    assert isinstance(policy, RecordingJustitia)
+    [(call_id, predicted, before, after)] = policy.refined
+    assert call_id == "j/a" and predicted == pytest.approx(expected.mean)
+    assert predicted != LENGTH_PRIOR.capped(40).mean and after != before  # the job was re-keyed
+    assert env.engine.predictions == [("j/a", math.ceil(expected.p90))]
+
+
+async def test_without_a_refiner_no_call_is_refined(make_env: MakeEnv) -> None:
+    env = await make_env(MemoryQuotaStore())
+    run = job("j", ("a", 40))
+    env.dispatcher.submit(run, QUOTA)
+    async for _ in run.watch():
+        pass
+    policy = env.dispatcher.policy
+    assert isinstance(policy, RecordingJustitia) and policy.refined == []
+    assert env.engine.predictions == []
 
 
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:

@@ -10,12 +10,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from fairgate.v1 import gateway_pb2 as pb
+from fairgate.v1 import gateway_pb2_grpc
 from gateway.job_run import JobRun
 from gateway.jobs.model import ChatMessage, JobSpec
 from gateway.jobs.template import render
 from gateway.prompts import encode_prompt
+from gateway.server import running_gateway
 from gateway.service import GatewayService
-from tests.gateway.conftest import Harness, Spans
+from gateway.settings import Settings
+from tenants import MemoryQuotaStore, TenantQuota
+from tests.gateway.conftest import ADMIN_KEY, Harness, Spans, sim_core
 from tests.gateway.jobs.factories import make_node
 
 pytestmark = pytest.mark.anyio
@@ -250,3 +254,34 @@ async def test_hostile_call_is_capped_and_ordinary_one_is_not(harness: Harness) 
     assert "endless_output" in nodes["loop"].reason
     assert nodes["calm"].state == pb.NODE_STATE_SUCCEEDED and nodes["calm"].output_tokens == 64
     assert job.state == pb.JOB_STATE_SUCCEEDED  # a capped node still feeds its job
+
+
+async def test_hidden_refine_needs_an_engine_with_the_artifacts_hidden_size() -> None:
+    settings = Settings(port=0, admin_key=ADMIN_KEY, hidden_refine=True)
+    with pytest.raises(ValueError, match="hidden vectors of 576"):
+        async with running_gateway(settings, core=sim_core(hidden_size=4)):
+            pass
+
+
+async def test_with_hidden_refine_the_committed_model_refines_each_call() -> None:
+    settings = Settings(port=0, admin_key=ADMIN_KEY, hidden_refine=True, max_model_len=4096)
+    store = MemoryQuotaStore()
+    await store.create_tenant("alpha", "Alpha", TenantQuota(max_tokens_ceiling=2048))
+    key = (await store.issue_key("alpha"))[1]
+    refined: list[str] = []
+    async with (
+        running_gateway(settings, core=sim_core(hidden_size=576), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        policy = gateway.dispatcher.policy
+        on_refined = policy.on_refined
+
+        def noting(call_id: str, predicted_output: float, now: float) -> None:
+            refined.append(call_id)
+            on_refined(call_id, predicted_output, now)
+
+        policy.on_refined = noting  # type: ignore[method-assign]
+        harness = Harness(gateway, channel, gateway_pb2_grpc.GatewayStub(channel), {"alpha": key})
+        job = await run_to_end(harness, "alpha", map_reduce(3))
+    assert job.state == pb.JOB_STATE_SUCCEEDED
+    assert sorted(refined) == sorted(f"{job.job_id}/{n.id}" for n in job.nodes)

@@ -1,3 +1,4 @@
+import math
 from dataclasses import replace
 
 import pytest
@@ -97,7 +98,12 @@ def test_call_lifecycle_is_enforced(policy: Policy) -> None:
     call = make_ready(job)
     with pytest.raises(CallNotRunning):
         policy.on_progress(call.call_id, 1, 0.0)
+    with pytest.raises(CallNotRunning):
+        policy.on_refined(call.call_id, 10.0, 0.0)
     policy.mark_dispatched(call.call_id, 0.0)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(InvalidProgress):
+            policy.on_refined(call.call_id, bad, 0.0)
     with pytest.raises(CallNotReady):
         policy.mark_dispatched(call.call_id, 0.0)
     policy.on_progress(call.call_id, 5, 0.0)

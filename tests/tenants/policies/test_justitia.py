@@ -114,6 +114,27 @@ def test_overrun_tag_matches_the_fair_share_arithmetic() -> None:
     assert policy.tag("honest") == pytest.approx(kv_token_time(100, 40))
 
 
+def test_a_refined_prediction_re_keys_the_running_job() -> None:
+    policy = overrun_setup()
+    policy.mark_dispatched("honest/b", 0.0)
+    policy.on_refined("honest/b", 5.0, 0.5)  # prefilled: it looks short after all
+    assert policy.tag("honest") == pytest.approx(kv_token_time(100, 5))
+    assert policy.tag("honest") < policy.tag("liar")
+    policy.on_refined("honest/b", 4000.0, 0.6)  # past its max_tokens: charged the cap
+    assert policy.tag("honest") == pytest.approx(kv_token_time(100, 1024))
+    policy.check_invariants()
+
+
+def test_a_refined_prediction_never_goes_below_what_the_call_produced() -> None:
+    policy = overrun_setup()
+    policy.mark_dispatched("honest/b", 0.0)
+    policy.on_progress("honest/b", 30, 1.0)
+    policy.on_refined("honest/b", 10.0, 1.0)
+    assert policy.tag("honest") == pytest.approx(kv_token_time(100, 30))
+    policy.on_finished("honest/b", 100, 30, 2.0)
+    policy.check_invariants()
+
+
 def knee_setup(pampered_jobs: int = 1) -> JustitiaPolicy:
     policy = JustitiaPolicy(pampered_jobs=pampered_jobs)
     submit(policy, make_job("small", "t1", [make_node("x", predicted=5), make_node("y")]))
