@@ -4,9 +4,10 @@
 fixed 15 ms (reading the weights), 20 µs per batched token (prefill compute) and 0.01 µs per
 context token (KV reads), so a decode step is nearly flat in batch size; the KV pool holds
 `kv_calls = 32` average calls of the workload and is the binding limit (no sequence cap that
-binds). `cpu`: this machine's engine, compute-bound: the step model is measured (a JSON file with
-`overhead_s`, `per_token_s`, `per_context_token_s`) or the placeholder `CPU_STEP_MODEL`; the KV
-pool holds 64 average calls, 128 sequences, 512 batched tokens a step (the engine's defaults).
+binds). `cpu`: this machine's engine, compute-bound: the step model is measured, passed as a JSON
+file (`overhead_s`, `per_token_s`, `per_context_token_s`) or `CPU_STEP_MODEL` (measured on one
+of these machines); the KV pool holds 64 average calls, 128 sequences, 512 batched tokens a step
+(the engine's defaults).
 Its knee is the decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote:
 `B / (o + B k) >= e / k`, i.e. `B = ceil(o k^-1 e / (1 - e))` with `k = per_token_s +
 per_context_token_s * mean_context`, the mean context a decoding call reads. Invariant: every
@@ -24,9 +25,10 @@ from bench.sim.errors import StepModelInvalid
 from engine import EngineConfig, ReserveMode, StepTimeModel
 
 GPU_STEP_MODEL = StepTimeModel(overhead_s=0.015, per_token_s=2e-5, per_context_token_s=1e-8)
-# Placeholder for SmolLM2-135M fp32 on this machine's 2 cores, until a measured file is given
-# (docs/BENCHMARKS.md, "Fair scheduling", says where the numbers come from).
-CPU_STEP_MODEL = StepTimeModel(overhead_s=0.05, per_token_s=0.004, per_context_token_s=3e-6)
+# SmolLM2-135M fp32 on the real engine, 2 cores of an Intel Xeon (Sapphire Rapids), measured by
+# `python -m bench.sim.calibrate` on 2026-11-30 (relative fit; docs/BENCHMARKS.md, "Fair
+# scheduling"). Another machine: calibrate there and pass the file with --cpu-step-model.
+CPU_STEP_MODEL = StepTimeModel(overhead_s=0.0374, per_token_s=1.052e-3, per_context_token_s=2.30e-6)
 KNEE_EFFICIENCY = 0.8
 BLOCK_SIZE = 16
 
