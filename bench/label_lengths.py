@@ -9,8 +9,8 @@ file at once, so a stopped run resumes where it left off and what it labelled so
 sample of the source. Reference mode (`--reference MODEL,...`) instead takes, as
 "samples", the lengths of those models' AlpacaEval answers in the serving tokenizer, capped at
 512: a different model's lengths, only a stand-in until engine labels exist. `--hidden` adds a
-prefill-only pass (max_tokens 1) that stores each prompt's entropy-pooled prefill hidden vector
-(the `hidden` predictor's input) in `hidden_<source>.npz` beside the labels.
+prefill-only pass (max_tokens 1) that stores each prompt's hidden state as the engine hands it
+out (engine/hidden.py; the `hidden` predictor's input) in `hidden_<source>.npz` beside the labels.
 Invariant: a labels file never holds a prompt twice, and holds no prompt text.
 
     python -m bench.label_lengths --source alpaca_eval --samples 4 --hidden
@@ -80,10 +80,10 @@ def label_with_engine(
     return rows, len(prompts) - len(fits)
 
 
-def pooled_hidden(
+def prompt_hidden(
     llm: Any, prompts: Sequence[Prompt], max_model_len: int
 ) -> dict[str, list[float]]:
-    """Each prompt's pooled prefill hidden vector, from a one-token run."""
+    """Each prompt's hidden state (engine/hidden.py), from a one-token run."""
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=1, return_hidden=True)
@@ -175,9 +175,9 @@ def _run_engine(
     )
     llm = LLMEngine(config)
     if args.hidden:
-        vectors = pooled_hidden(llm, prompts, llm.config.max_model_len)
+        vectors = prompt_hidden(llm, prompts, llm.config.max_model_len)
         write_hidden(hidden_out(out), vectors)
-        print(f"wrote {len(vectors)} pooled hidden vectors to {hidden_out(out)}")
+        print(f"wrote {len(vectors)} hidden vectors to {hidden_out(out)}")
     label_in_chunks(llm, todo, rows, out, args.samples, args.chunk)
 
 
@@ -217,7 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", help="the serving dtype by default")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--reference", default="", help="MODEL,...: AlpacaEval answers' lengths")
-    parser.add_argument("--hidden", action="store_true", help="also store pooled hidden vectors")
+    parser.add_argument("--hidden", action="store_true", help="also store hidden states")
     return parser
 
 

@@ -1,56 +1,33 @@
-"""Entropy-weighted pooling of prompt hidden states (EGTP, arXiv 2602.11812).
+"""The prefill hidden state a call hands out for the `hidden` length predictor.
 
-Algorithm: for each prompt position i, the weight is the entropy H_i of the model's next-token
-distribution there; the pooled vector is sum_i H_i h_i / sum_i H_i over the last layer's
-(final-norm) hidden states h_i, i.e. the hidden states averaged with entropies normalised to sum to
-one. Chunked prefill adds each chunk's two running sums; the chunk that samples reads the vector
-out. Invariant: state is held only for requests between their first pooled chunk and their read-out
-or drop, so a preempted or freed request leaves nothing behind.
+What: the residual stream of the prompt's last token after `hidden_layer(L)` of the model's L
+blocks (transformers' `hidden_states[layer]` for that token), read during the prefill chunk that
+samples the first output token. Why this one: on the 805 AlpacaEval prompts labelled by the
+serving model, a ridge model over it ranks output lengths far better than the final layer's
+entropy-weighted mean over all prompt tokens (EGTP, arXiv 2602.11812), and it costs one row
+copy instead of full-vocabulary logits for every prompt token (docs/BENCHMARKS.md, "Predictor",
+has the layer sweep). Invariant: nothing is held across steps, so preemption and frees need no
+clean-up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
-LOGITS_SLICE = 128  # rows of full-vocabulary logits alive at once
+HIDDEN_DEPTH = 0.7  # the tapped layer as a fraction of the model's depth (21 of SmolLM2's 30)
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of softmax(logits) per row, in fp32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def hidden_layer(num_layers: int) -> int:
+    """The block after which the hidden state is read (1-based, as `hidden_states` counts)."""
+    return min(num_layers, max(1, round(HIDDEN_DEPTH * num_layers)))
 
 
-class HiddenPooler:
-    def __init__(self) -> None:
-        self._sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+@dataclass(slots=True)
+class LayerTap:
+    """Rows of the residual stream to copy out after block `layer` of a forward pass."""
 
-    def add(
-        self,
-        request_id: str,
-        hidden: torch.Tensor,  # [n, hidden] final-norm states of the chunk's tokens
-        logits_of: Callable[[torch.Tensor], torch.Tensor],  # hidden rows -> logits
-    ) -> None:
-        entropies = torch.cat(
-            [token_entropy(logits_of(part)) for part in torch.split(hidden, LOGITS_SLICE)]
-        )
-        weighted = entropies @ hidden.float()
-        total = entropies.sum()
-        if request_id in self._sums:
-            prev_weighted, prev_total = self._sums[request_id]
-            weighted, total = prev_weighted + weighted, prev_total + total
-        self._sums[request_id] = (weighted, total)
-
-    def pop(self, request_id: str) -> list[float]:
-        weighted, total = self._sums.pop(request_id)
-        pooled: list[float] = (weighted / total.clamp_min(torch.finfo(torch.float32).tiny)).tolist()
-        return pooled
-
-    def drop(self, request_ids: Iterable[str]) -> None:
-        for request_id in request_ids:
-            self._sums.pop(request_id, None)
-
-    def __len__(self) -> int:
-        return len(self._sums)
+    layer: int  # 1-based: the state after `layer` blocks
+    rows: torch.Tensor  # packed row indices
+    states: torch.Tensor | None = None  # [len(rows), hidden], filled by the forward pass

@@ -26,7 +26,7 @@ from engine.scheduler import Scheduler
 
 class Runner(Protocol):
     eos_token_ids: frozenset[int]
-    hidden_size: int  # length of the pooled hidden vectors it hands out; 0: none
+    hidden_size: int  # length of the hidden vectors it hands out; 0: none
 
     def execute(self, plan: StepPlan) -> StepOutput: ...
 

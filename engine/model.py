@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 
 from engine.attention import PagedAttention, StepBatch
 from engine.errors import UnsupportedModel
+from engine.hidden import LayerTap
 from engine.row_ops import RowOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -126,8 +127,11 @@ class PagedDecoder:
         sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         return cos[0].contiguous(), sin.contiguous()
 
-    def forward(self, batch: StepBatch, attention: PagedAttention) -> torch.Tensor:
-        """Final-norm hidden states [T, hidden] of the step's packed tokens."""
+    def forward(
+        self, batch: StepBatch, attention: PagedAttention, tap: LayerTap | None = None
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, hidden] of the step's packed tokens; `tap` gets a copy
+        of its rows of the residual stream after its layer."""
         tokens, ops, eps = batch.input_ids.shape[0], self.ops, self.eps
         heads, kv_heads, head_dim = self.num_heads, self.num_kv_heads, self.head_dim
         q_width, qk_width = heads * head_dim, (heads + kv_heads) * head_dim
@@ -144,6 +148,8 @@ class PagedDecoder:
             h = ops.add_rms_norm(x, w.o(o.view(tokens, q_width)), w.post_norm, eps)
             h = ops.silu_mul(w.gate_up(h))
             h = ops.add_rms_norm(x, w.down(h), next_norm, eps)
+            if tap is not None and i + 1 == tap.layer:
+                tap.states = x[tap.rows].clone()
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,9 @@
 Algorithm: load the checkpoint with transformers, keep its weights in a `PagedDecoder`, allocate
 the KV pool, and per step pack the plan (`build_step_batch`), run the decoder once over all the
 step's tokens, project to logits only the last row of each sequence that samples, and sample. A
-sequence that wants hidden states adds its chunk to the entropy-weighted pooler and gets the pooled
-vector on its sampling chunk. Invariant: the runner keeps no per-request state except the pooler's,
-which it drops for every id in `plan.preempted_ids` and `plan.freed_ids` before running the step.
+sequence that wants its hidden state gets, on its sampling chunk, its last row of the residual
+stream after `hidden_layer` blocks (engine/hidden.py). Invariant: the runner keeps no
+per-request state.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from engine.attention import PagedAttention, StepBatch, build_step_batch
 from engine.config import EngineConfig
 from engine.cpu_kernels import load_cpu_kernels
 from engine.errors import UnsupportedModel
-from engine.hidden import HiddenPooler
+from engine.hidden import LayerTap, hidden_layer
 from engine.kv_cache import KVCache, head_dim_of
 from engine.kv_cache import kv_bytes_per_block as _kv_bytes_per_block
 from engine.model import PagedDecoder
@@ -58,6 +58,7 @@ class ModelRunner:
         )
         self.vocab_size = int(hf_model.lm_head.weight.shape[0])
         self.hidden_size = int(self.model_config.hidden_size)
+        self.hidden_layer = hidden_layer(int(self.model_config.num_hidden_layers))
         self.eos_token_ids = _eos_token_ids(self.model_config, hf_model.generation_config)
         kernels = load_cpu_kernels() if self.device.type == "cpu" else None
         with torch.inference_mode():
@@ -76,7 +77,6 @@ class ModelRunner:
             cache, self.decoder.num_heads, self.decoder.head_dim, kernels
         )
         self.sampler = Sampler() if kernels is None else Sampler(argmax=kernels.argmax)
-        self.pooler = HiddenPooler()
 
     @staticmethod
     def kv_bytes_per_block(
@@ -93,14 +93,24 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> StepOutput:
         started = time.perf_counter()
-        self.pooler.drop([*plan.preempted_ids, *plan.freed_ids])
         if plan.is_empty:
             return StepOutput(sampled={}, elapsed_s=time.perf_counter() - started)
         with torch.inference_mode():
             batch = build_step_batch(plan.seqs, self.block_size, self.device)
-            hidden = self.decoder.forward(batch, self.attention)
+            tapped = [
+                (plan.seqs[i].request_id, batch.last_rows[j])
+                for j, i in enumerate(batch.seq_order)
+                if plan.seqs[i].want_hidden and plan.seqs[i].sample
+            ]
+            tap = None
+            if tapped:
+                rows = torch.tensor([row for _, row in tapped], device=self.device)
+                tap = LayerTap(self.hidden_layer, rows)
+            hidden = self.decoder.forward(batch, self.attention, tap)
             output = StepOutput(sampled=self._sample(plan, batch, hidden))
-            self._pool(plan, batch, hidden, output)
+            if tap is not None and tap.states is not None:
+                states = tap.states.float().cpu().tolist()
+                output.hidden = {rid: state for (rid, _), state in zip(tapped, states, strict=True)}
         output.elapsed_s = time.perf_counter() - started
         return output
 
@@ -113,19 +123,6 @@ class ModelRunner:
         logits = self.decoder.logits(hidden[rows])
         tokens = self.sampler(logits, [s.params for s in seqs], [s.num_output_tokens for s in seqs])
         return {s.request_id: t for s, t in zip(seqs, tokens, strict=True)}
-
-    def _pool(
-        self, plan: StepPlan, batch: StepBatch, hidden: torch.Tensor, output: StepOutput
-    ) -> None:
-        for j, i in enumerate(batch.seq_order):
-            seq = plan.seqs[i]
-            if not seq.want_hidden:
-                continue
-            last = batch.last_rows[j]
-            rows = hidden[last + 1 - len(seq.token_ids) : last + 1]
-            self.pooler.add(seq.request_id, rows, self.decoder.logits)
-            if seq.sample:
-                output.hidden[seq.request_id] = self.pooler.pop(seq.request_id)
 
 
 def _eos_token_ids(config: PretrainedConfig, generation: GenerationConfig | None) -> frozenset[int]:

@@ -20,7 +20,7 @@ class ScheduledSeq:
     sample: bool  # True when this chunk reaches the end of the known tokens: sample one token
     params: SamplingParams
     num_output_tokens: int  # output tokens so far (seeds a per-request generator's offset)
-    want_hidden: bool = False  # accumulate entropy-pooled hidden states over this chunk
+    want_hidden: bool = False  # on the sampling chunk: hand out the prompt's hidden state
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,5 +38,5 @@ class StepPlan:
 @dataclass(slots=True)
 class StepOutput:
     sampled: dict[str, int]  # request id -> token, for every seq with sample=True
-    hidden: dict[str, list[float]] = field(default_factory=dict)  # pooled prefill vectors
+    hidden: dict[str, list[float]] = field(default_factory=dict)  # prompts' hidden states
     elapsed_s: float = 0.0  # measured (or modelled) time of the step

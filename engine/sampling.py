@@ -23,7 +23,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    return_hidden: bool = False  # hand out one entropy-pooled prefill hidden vector
+    return_hidden: bool = False  # hand out the prompt's hidden state (engine/hidden.py)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -9,7 +9,7 @@ fitted by least squares (of absolute or relative errors) to measured steps of th
 Sampled tokens are a hash of the request id and position, never an end-of-sequence id, so
 lengths are set by max_tokens, unless a request was given a true output length: then it emits
 end-of-sequence there (so a request can carry a large max_tokens and still stop where the trace
-says it did). With `hidden_size`, a request that asks for its pooled prefill hidden vector gets a
+says it did). With `hidden_size`, a request that asks for its prompt's hidden state gets a
 synthetic one (a hash of its id) with its first token, as the real runner hands it out.
 """
 
@@ -81,7 +81,7 @@ class SimulatedRunner:
         hidden_size: int = 0,
     ) -> None:
         self.model = model
-        self.hidden_size = hidden_size  # > 0: hand out synthetic pooled hidden vectors
+        self.hidden_size = hidden_size  # > 0: hand out synthetic hidden vectors
         self.realtime = realtime
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset({eos_token_id})
@@ -109,7 +109,7 @@ class SimulatedRunner:
         return StepOutput(sampled=sampled, elapsed_s=elapsed, hidden=hidden)
 
     def hidden_vector(self, request_id: str) -> list[float]:
-        """The request's synthetic pooled hidden vector: values in [-1, 1], a hash of its id."""
+        """The request's synthetic hidden vector: values in [-1, 1], a hash of its id."""
         return [
             zlib.crc32(f"{request_id}:h{i}".encode()) % 2001 / 1000 - 1
             for i in range(self.hidden_size)

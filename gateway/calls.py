@@ -5,7 +5,7 @@ length), fills sampling defaults, predicts the output length and lets the anomal
 (OWASP LLM10, DESIGN.md §7) judge the call: a flagged call is capped at a tail quantile of its
 prediction, reserves KV at that cap and looks more expensive to the fair-share policy (so it
 yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap. With
-a refiner (a prompt model trained with pooled prefill hidden states), an unflagged call asks the
+a refiner (a prompt model trained with the prompts' hidden states), an unflagged call asks the
 engine for its hidden state, and `refine` predicts it again once it is prefilled. Pure: no I/O,
 no clock.
 """
@@ -43,7 +43,7 @@ class CallPlan:
 
     @property
     def refinable(self) -> bool:
-        """Asks the engine for its pooled prefill hidden state, to refine the prediction."""
+        """Asks the engine for its prompt's hidden state, to refine the prediction."""
         return self.params.return_hidden
 
 
@@ -114,7 +114,7 @@ class CallPlanner:
 
     def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
         """The plan once the call is prefilled: its output predicted again from the prompt and
-        the pooled hidden state (the `hidden` predictor), for the policy and the reservation."""
+        the prompt's hidden state (the `hidden` predictor), for the policy and the reservation."""
         if self.refiner is None or not plan.refinable:
             raise ValueError("refine needs a refiner and a call planned for refinement")
         predicted = self.refiner.refine(plan.features, hidden)

@@ -8,7 +8,7 @@ policy's order is the order that runs. Each dispatched call reserves its worst c
 max_tokens) in the quota store, then a follower task streams its tokens into the job and, when
 it ends, settles (or releases) the reservation exactly once, tells the policy what it really
 cost, and releases dependents; a call planned for refinement is predicted again from its
-pooled hidden state once prefilled (its engine reservation and its job's key follow). Round
+prompt's hidden state once prefilled (its engine reservation and its job's key follow). Round
 trips are saved where the contract allows: a one-call job that the engine would take at once
 reserves its call in the same script as its admission, and a job's last call finishes the job
 in the same script as its settle, before its end is streamed.

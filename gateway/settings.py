@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     # "prompt": the trained prompt model (predictor/artifacts/prompt_model.npz) predicts a call's
     # output length until its DAG node has history; "history": per-node moving averages only
     length_predictor: Literal["prompt", "history"] = "prompt"
-    # predict a call's output again once it is prefilled, from the model's pooled hidden state
+    # predict a call's output again once it is prefilled, from the prompt's hidden state
     # (predictor/artifacts/prompt_hidden_model.npz): the policy re-keys its job and the engine
     # moves its KV reservation; the pooling costs prefill time (docs/BENCHMARKS.md, predictor)
     hidden_refine: bool = False

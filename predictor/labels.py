@@ -7,8 +7,8 @@ serving model's tokenizer; `lengths` are output tokens of independent samples, e
 is what a predicted distribution must cover. Invariant: rows read back equal rows written, and
 every row has at least one length within `[0, max_tokens]`.
 
-Pooled prefill hidden vectors (for the `hidden` predictor) live beside the labels in an
-`.npz` of `ids` and a float16 `vectors` matrix, one row per id.
+The prompts' hidden states (engine/hidden.py; for the `hidden` predictor) live beside the
+labels in an `.npz` of `ids` and a float16 `vectors` matrix, one row per id.
 
 The train/test split is by prompt, never by row: a prompt is held out when the CRC-32 of its
 id is divisible by `HELD_OUT_EVERY`, so every tool agrees on the split without a file.

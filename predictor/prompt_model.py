@@ -3,12 +3,12 @@
 A linear model gives the prompt's central log length `mu = bias + w_dense . dense + v *
 sum(w_hash[bucket])` (see `predictor.features`); each quantile q in `QUANTILES` is
 `expm1(a_q + b_q * mu)`, clipped to `[0, max_tokens]` and made non-decreasing in q. The
-`hidden` variant (trained with pooled prefill hidden vectors) adds `w_hidden . (h - mean)`
-once the call is prefilled (`refine`); before that it predicts as if `h` were the mean. Weights
-live in plain Python lists at inference, which for a few hundred features is faster than
-numpy's per-call overhead. The artifact is one `.npz` (no pickles) whose metadata names the
-feature layout it was trained with. Invariant: a loaded model's feature layout equals the
-running code's, or loading fails.
+`hidden` variant (trained with the prompts' hidden states, engine/hidden.py) adds
+`w_hidden . (h - mean)` once the call is prefilled (`refine`); before that it predicts as if
+`h` were the mean. Weights live in plain Python lists at inference, which for a few hundred
+features is faster than numpy's per-call overhead. The artifact is one `.npz` (no pickles)
+whose metadata names the feature layout it was trained with. Invariant: a loaded model's
+feature layout equals the running code's, or loading fails.
 
     python -m predictor.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
 """
@@ -88,7 +88,7 @@ class PromptModel:
         return len(self.hidden_weights)
 
     def refine(self, call: CallFeatures, hidden: Sequence[float]) -> LengthDistribution:
-        """The prediction once the call is prefilled and its pooled hidden vector is known."""
+        """The prediction once the call is prefilled and its hidden state is known."""
         if len(hidden) != self.hidden_size:
             raise InvalidCall(f"hidden vector of {len(hidden)}, model takes {self.hidden_size}")
         shift = float(np.dot(self.hidden_weights, np.asarray(hidden) - self.hidden_mean))

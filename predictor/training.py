@@ -2,7 +2,7 @@
 
 Point model: ridge regression of a prompt's central log length (the mean of `log1p` over its
 sampled lengths) on standardised dense features, hashed n-grams (scaled by `hash_scale`), for
-the `hidden` variant the standardised pooled prefill hidden vector (scaled by `hidden_scale`),
+the `hidden` variant the standardised hidden state of the prompt (scaled by `hidden_scale`),
 and a large constant column that carries an almost unpenalised intercept, solved by LSQR. The
 ridge strength and the scales are chosen by k-fold cross-validation *by prompt* for Kendall's
 tau.
@@ -47,7 +47,7 @@ class Example:
     text: str
     prompt_tokens: int
     lengths: tuple[int, ...]
-    hidden: tuple[float, ...] = ()  # pooled prefill hidden vector, for the hidden variant
+    hidden: tuple[float, ...] = ()  # the prompt's hidden state, for the hidden variant
     max_tokens: int | None = None  # the cap the samples were generated under (None: no cap)
 
 
@@ -224,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cmd.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR)
     cmd.add_argument("--prompts", type=Path, action="append", default=[], help="JSONL prompts")
     cmd.add_argument(
-        "--hidden", type=Path, action="append", default=[], help="pooled hidden vectors (.npz)"
+        "--hidden", type=Path, action="append", default=[], help="hidden states (.npz)"
     )
     cmd.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT)
     cmd.add_argument("--all", action="store_true", help="also train on the held-out prompts")

@@ -11,7 +11,7 @@ from bench.label_lengths import (
     label_in_chunks,
     label_with_engine,
     label_with_references,
-    pooled_hidden,
+    prompt_hidden,
     sample_seed,
 )
 from predictor.labels import read_labels
@@ -122,10 +122,10 @@ def test_reference_labels_count_answer_tokens_capped(tmp_path: Path) -> None:
     assert rows[0].generator == "reference:m1,m2"
 
 
-def test_pooled_hidden_maps_vectors_to_prompt_ids() -> None:
+def test_prompt_hidden_maps_vectors_to_prompt_ids() -> None:
     llm = FakeEngine(max_model_len=MAX_TOKENS + 40)
     prompts = [Prompt("a:0", "hi"), Prompt("a:1", "z" * 50), Prompt("a:2", "hey")]
-    vectors = pooled_hidden(llm, prompts, max_model_len=MAX_TOKENS + 40)
+    vectors = prompt_hidden(llm, prompts, max_model_len=MAX_TOKENS + 40)
     assert vectors == {
         "a:0": [float(len("<user>hi<assistant>")), 1.0],
         "a:2": [float(len("<user>hey<assistant>")), 1.0],

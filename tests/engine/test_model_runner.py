@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from engine import model_runner
 from engine.attention import build_step_batch
 from engine.config import EngineConfig
-from engine.hidden import token_entropy
+from engine.hidden import hidden_layer
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.plan import ScheduledSeq, StepPlan
@@ -170,36 +170,27 @@ def _rows(batch: object) -> dict[int, slice]:
     }
 
 
-def test_pooled_hidden_matches_entropy_weighted_hf_states(
+def test_hidden_state_is_the_last_prompt_tokens_state_at_the_tapped_layer(
     tiny_model_dir: Callable[[str], Path],
 ) -> None:
     path = tiny_model_dir("llama")
     runner, hf = make_runner(path), load_hf(path)
-    (prompt,) = make_prompts([30], runner.vocab_size, seed=2)
-    table = BlockTables().covering("a", 30)
-    first = ScheduledSeq("a", prompt[:20], 0, table, False, GREEDY, 0, want_hidden=True)
-    last = ScheduledSeq("a", prompt[20:], 20, table, True, GREEDY, 0, want_hidden=True)
-    assert runner.execute(StepPlan([first], 20)).hidden == {}
-    pooled = torch.tensor(runner.execute(StepPlan([last], 10)).hidden["a"])
-    with torch.inference_mode():
-        states = hf.model(torch.tensor([prompt])).last_hidden_state[0]
-        weights = token_entropy(hf.lm_head(states))
-    want = (weights / weights.sum()) @ states
-    torch.testing.assert_close(pooled, want, atol=1e-4, rtol=1e-4)
-    assert len(runner.pooler) == 0
-
-
-def test_hidden_state_is_dropped_on_preemption_and_free(
-    tiny_model_dir: Callable[[str], Path],
-) -> None:
-    runner = make_runner(tiny_model_dir("llama"))
+    assert runner.hidden_layer == hidden_layer(2) == 1
+    a, b = make_prompts([30, 12], runner.vocab_size, seed=2)
     blocks = BlockTables()
-    for rid in ("a", "b"):
-        seq = ScheduledSeq(rid, [5, 6, 7, 8], 0, blocks.covering(rid, 4), False, GREEDY, 0, True)
-        runner.execute(StepPlan([seq], 4))
-    assert len(runner.pooler) == 2
-    runner.execute(StepPlan([], 0, preempted_ids=["a"], freed_ids=["b"]))
-    assert len(runner.pooler) == 0
+    table = blocks.covering("a", 30)
+    first = ScheduledSeq("a", a[:20], 0, table, False, GREEDY, 0, want_hidden=True)
+    last = ScheduledSeq("a", a[20:], 20, table, True, GREEDY, 0, want_hidden=True)
+    other = ScheduledSeq("b", b, 0, blocks.covering("b", 12), True, GREEDY, 0, want_hidden=True)
+    plain = ScheduledSeq("c", b, 0, blocks.covering("c", 12), True, GREEDY, 0)
+    assert runner.execute(StepPlan([first], 20)).hidden == {}  # not the sampling chunk
+    got = runner.execute(StepPlan([other, last, plain], 34)).hidden
+    assert set(got) == {"a", "b"}
+    with torch.inference_mode():
+        for rid, prompt in (("a", a), ("b", b)):
+            states = hf.model(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+            want = states[runner.hidden_layer][0, -1]
+            torch.testing.assert_close(torch.tensor(got[rid]), want, atol=1e-4, rtol=1e-4)
 
 
 def test_step_without_hidden_requests_returns_no_vectors(
@@ -209,7 +200,6 @@ def test_step_without_hidden_requests_returns_no_vectors(
     seq = ScheduledSeq("a", [5, 6, 7], 0, BlockTables().covering("a", 3), True, GREEDY, 0)
     output = runner.execute(StepPlan([seq], 3))
     assert output.hidden == {} and set(output.sampled) == {"a"} and output.elapsed_s > 0
-    assert len(runner.pooler) == 0
 
 
 def test_kv_bytes_per_block_counts_keys_and_values_of_every_layer(
