@@ -102,11 +102,13 @@ async def running_gateway(
         settings.default_temperature, settings.default_top_p, settings.max_model_len
     )
     cold = PromptModel.load() if settings.length_predictor == "prompt" else None
-    refiner = PromptModel.load(HIDDEN_ARTIFACT) if settings.hidden_refine else None
-    if refiner is not None and refiner.hidden_size != core.runner.hidden_size:
+    hidden_size = core.runner.hidden_size  # 0: the engine hands out no hidden states
+    refiner = PromptModel.load(HIDDEN_ARTIFACT) if settings.hidden_refine and hidden_size else None
+    if refiner is not None and refiner.hidden_size != hidden_size:
         raise ValueError(
             f"hidden_refine: {HIDDEN_ARTIFACT.name} takes hidden vectors of "
-            f"{refiner.hidden_size}, the engine's model hands out {core.runner.hidden_size}"
+            f"{refiner.hidden_size}, the engine's model hands out {hidden_size}: set "
+            "hidden_refine = false for this model"
         )
     history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
     planner = CallPlanner(history, AnomalyGuard(), defaults, refiner)

@@ -46,8 +46,9 @@ class Settings(BaseSettings):
     length_predictor: Literal["prompt", "history"] = "prompt"
     # predict a call's output again once it is prefilled, from the prompt's hidden state
     # (predictor/artifacts/prompt_hidden_model.npz): the policy re-keys its job and the engine
-    # moves its KV reservation; the pooling costs prefill time (docs/BENCHMARKS.md, predictor)
-    hidden_refine: bool = False
+    # moves its KV reservation; an engine that hands out no hidden states (the simulated one)
+    # skips it (docs/BENCHMARKS.md, predictor)
+    hidden_refine: bool = True
     default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     reservation_ttl_s: float = Field(default=600.0, gt=0.0)

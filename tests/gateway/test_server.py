@@ -263,6 +263,13 @@ async def test_hidden_refine_needs_an_engine_with_the_artifacts_hidden_size() ->
             pass
 
 
+async def test_an_engine_without_hidden_states_runs_unrefined() -> None:
+    settings = Settings(port=0, admin_key=ADMIN_KEY)
+    assert settings.hidden_refine  # the default
+    async with running_gateway(settings, core=sim_core()) as gateway:
+        assert gateway.dispatcher.planner.refiner is None
+
+
 async def test_with_hidden_refine_the_committed_model_refines_each_call() -> None:
     settings = Settings(port=0, admin_key=ADMIN_KEY, hidden_refine=True, max_model_len=4096)
     store = MemoryQuotaStore()
