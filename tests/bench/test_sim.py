@@ -39,9 +39,13 @@ def single(job_id: str, tenant: str, prompt: int, output: int, arrival: float = 
 
 
 def simulate(
-    jobs: list[Job], policy: str, setup: EngineSetup, predictions: Predictions | None = None
+    jobs: list[Job],
+    policy: str,
+    setup: EngineSetup,
+    predictions: Predictions | None = None,
+    **kwargs: int,
 ) -> Simulation:
-    sim = Simulation(jobs, make_policy(policy), setup, predictions or oracle(jobs))
+    sim = Simulation(jobs, make_policy(policy, **kwargs), setup, predictions or oracle(jobs))
     sim.run()
     return sim
 
@@ -147,7 +151,7 @@ def test_underpredicted_calls_grow_and_get_preempted_yet_finish() -> None:
 def test_the_knee_holds_back_all_but_the_pampered_job() -> None:
     jobs = [single("small", "a", 100, 20), single("big", "b", 100, 200)]
     free = simulate(jobs, "justitia", make_setup()).result.finish
-    kneed = simulate(jobs, "justitia", make_setup(knee=1)).result.finish
+    kneed = simulate(jobs, "justitia", make_setup(knee=1), pampered_jobs=1).result.finish
     assert kneed["small"] <= free["small"]
     assert kneed["big"] > free["big"]  # it waited for the small job to finish
     assert kneed["big"] > kneed["small"]

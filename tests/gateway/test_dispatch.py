@@ -102,7 +102,7 @@ class RecordingJustitia(JustitiaPolicy):
     """Justitia, noting each refinement with the job's tag before and after it."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(pampered_jobs=1)
         self.refined: list[tuple[str, float, float, float]] = []
 
     def on_refined(self, call_id: str, predicted_output: float, now: float) -> None:

@@ -2,7 +2,7 @@
 
 The engine runs at most SLOTS calls, each generating a token a step. After every operation the
 policy's invariants hold; every dispatch is of a ready call; the policy holds back only when it
-may (nothing ready, or justitia past the knee with its pampered job idle). Every job finishes once
+may (nothing ready, or justitia past the knee with its pampered jobs idle). Every job finishes once
 arrivals stop, and under every policy but sjf-oracle no ready call waits longer than MAX_WAIT steps.
 """
 
@@ -115,10 +115,12 @@ class ToyEngine:
     def batch_tokens(self) -> list[int]:
         return [c.call.prompt_tokens + c.generated for c in self.running.values()]
 
-    def pampered_job(self) -> str:
+    def pampered(self) -> set[str]:
+        """The jobs justitia still admits past the knee: its first `pampered_jobs` by tag."""
         assert isinstance(self.policy, JustitiaPolicy)
         policy = self.policy
-        return min(self.jobs, key=lambda j: (policy.tag(j), self.jobs[j].info.arrival, j))
+        ranked = sorted(self.jobs, key=lambda j: (policy.tag(j), self.jobs[j].info.arrival, j))
+        return set(ranked[: policy.pampered_jobs])
 
     def past_knee(self, load: EngineLoad) -> bool:
         knee = load.knee_calls
@@ -130,14 +132,14 @@ class ToyEngine:
 
     def check_holding_back(self, load: EngineLoad) -> None:
         if self.past_knee(load):
-            pampered = self.pampered_job()
-            assert not any(c.startswith(f"{pampered}/") for c in self.ready_since)
+            pampered = self.pampered()
+            assert not any(c.split("/")[0] in pampered for c in self.ready_since)
         else:
             assert not self.ready_since, "held back with calls ready and room"
 
     def check_pampered(self, call: ReadyCall, load: EngineLoad) -> None:
         if self.past_knee(load):
-            assert call.job_id == self.pampered_job()
+            assert call.job_id in self.pampered()
 
     def progress(self, step: int) -> None:
         now = step * STEP_S
@@ -180,7 +182,7 @@ class ToyEngine:
 
 
 def run_blast(name: str, seed: int) -> ToyEngine:
-    policy = make_policy(name)
+    policy = make_policy(name, **({"pampered_jobs": 2} if name == "justitia" else {}))
     assert isinstance(policy, BookPolicy)
     engine = ToyEngine(policy, random.Random(seed))
     knee_choices = [None, 3, 5] if name == "justitia" else [None]
