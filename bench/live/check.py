@@ -101,6 +101,7 @@ def settings_for(config: LiveConfig, policy: str, model: Path) -> Settings:
         kv_cache_mb=config.kv_cache_mb,
         admin_key=ADMIN_KEY,
         default_temperature=0.0,
+        hidden_refine=False,  # the tiny random model's states mean nothing to the artifact
     )
 
 
