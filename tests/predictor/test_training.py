@@ -43,7 +43,8 @@ def test_labels_censored_at_the_cap_keep_short_prompts_below_it() -> None:
     dists = [model.predict(CallFeatures("t", "n", e.prompt_tokens, cap, e.text)) for e in test]
     essays = [d for d, e in zip(dists, test, strict=True) if "essay" in e.text]
     words = [d for d, e in zip(dists, test, strict=True) if "one word" in e.text]
-    assert essays and all(d.p50 == d.p90 == cap for d in essays)
+    # an essay's p90 is the cap; its p50 follows its expected (capped) length, at or just under it
+    assert essays and all(d.p90 == cap and 0.95 * cap <= d.p50 <= cap for d in essays)
     assert words and all(d.p90 < 20 for d in words)
     assert 0.88 <= coverage([d.p90 for d in dists], [e.lengths for e in test]) <= 0.99
 
