@@ -97,22 +97,26 @@ class ModelRunner:
             return StepOutput(sampled={}, elapsed_s=time.perf_counter() - started)
         with torch.inference_mode():
             batch = build_step_batch(plan.seqs, self.block_size, self.device)
-            tapped = [
-                (plan.seqs[i].request_id, batch.last_rows[j])
-                for j, i in enumerate(batch.seq_order)
-                if plan.seqs[i].want_hidden and plan.seqs[i].sample
-            ]
-            tap = None
-            if tapped:
-                rows = torch.tensor([row for _, row in tapped], device=self.device)
-                tap = LayerTap(self.hidden_layer, rows)
+            wanting, tap = self._tap(plan, batch)
             hidden = self.decoder.forward(batch, self.attention, tap)
             output = StepOutput(sampled=self._sample(plan, batch, hidden))
             if tap is not None and tap.states is not None:
-                states = tap.states.float().cpu().tolist()
-                output.hidden = {rid: state for (rid, _), state in zip(tapped, states, strict=True)}
+                output.hidden = dict(zip(wanting, tap.states.float().cpu().tolist(), strict=True))
         output.elapsed_s = time.perf_counter() - started
         return output
+
+    def _tap(self, plan: StepPlan, batch: StepBatch) -> tuple[list[str], LayerTap | None]:
+        """The sequences that want their hidden state now (on their sampling chunk) and a tap
+        on their last rows."""
+        picked = [
+            (plan.seqs[i].request_id, batch.last_rows[j])
+            for j, i in enumerate(batch.seq_order)
+            if plan.seqs[i].want_hidden and plan.seqs[i].sample
+        ]
+        if not picked:
+            return [], None
+        rows = torch.tensor([row for _, row in picked], device=self.device)
+        return [request_id for request_id, _ in picked], LayerTap(self.hidden_layer, rows)
 
     def _sample(self, plan: StepPlan, batch: StepBatch, hidden: torch.Tensor) -> dict[str, int]:
         packed = [j for j, i in enumerate(batch.seq_order) if plan.seqs[i].sample]
