@@ -294,10 +294,19 @@ class Dispatcher:
 
     def _refine(self, ticket: Ticket, hidden: list[float]) -> None:
         """The call is prefilled: predict its output again from its hidden state; the engine
-        moves its KV reservation and the policy re-keys its job."""
-        ticket.plan = self.planner.refine(ticket.plan, hidden)
+        moves its KV reservation and the policy re-keys its job (an event on the call's span)."""
+        before = ticket.plan
+        ticket.plan = self.planner.refine(before, hidden)
         call = ticket.call = dataclasses.replace(
             ticket.call, predicted_output=ticket.plan.policy_output
+        )
+        trace.get_current_span().add_event(
+            "fairgate.prediction.refined",
+            {
+                "fairgate.predicted_output_tokens.before": before.policy_output,
+                "fairgate.predicted_output_tokens": ticket.plan.policy_output,
+                "fairgate.reserved_output_tokens": ticket.plan.reserve_output,
+            },
         )
         self.engine.set_prediction(call.call_id, ticket.plan.reserve_output)
         self.policy.on_refined(call.call_id, call.predicted_output, self.clock())

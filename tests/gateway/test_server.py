@@ -270,25 +270,26 @@ async def test_an_engine_without_hidden_states_runs_unrefined() -> None:
         assert gateway.dispatcher.planner.refiner is None
 
 
-async def test_with_hidden_refine_the_committed_model_refines_each_call() -> None:
+async def test_with_hidden_refine_the_committed_model_refines_each_call(spans: Spans) -> None:
     settings = Settings(port=0, admin_key=ADMIN_KEY, hidden_refine=True, max_model_len=4096)
     store = MemoryQuotaStore()
     await store.create_tenant("alpha", "Alpha", TenantQuota(max_tokens_ceiling=2048))
     key = (await store.issue_key("alpha"))[1]
-    refined: list[str] = []
+    core = sim_core(hidden_size=576)
     async with (
-        running_gateway(settings, core=sim_core(hidden_size=576), store=store) as gateway,
-        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+        running_gateway(settings, core=core, store=store, tracer_provider=spans.provider) as gw,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gw.port}") as channel,
     ):
-        policy = gateway.dispatcher.policy
-        on_refined = policy.on_refined
-
-        def noting(call_id: str, predicted_output: float, now: float) -> None:
-            refined.append(call_id)
-            on_refined(call_id, predicted_output, now)
-
-        policy.on_refined = noting  # type: ignore[method-assign]
-        harness = Harness(gateway, channel, gateway_pb2_grpc.GatewayStub(channel), {"alpha": key})
+        harness = Harness(gw, channel, gateway_pb2_grpc.GatewayStub(channel), {"alpha": key})
         job = await run_to_end(harness, "alpha", map_reduce(3))
     assert job.state == pb.JOB_STATE_SUCCEEDED
-    assert sorted(refined) == sorted(f"{job.job_id}/{n.id}" for n in job.nodes)
+    calls = [s for s in spans.finished() if s.name.startswith("chat ")]
+    assert sorted(str(s.attributes["fairgate.node.id"]) for s in calls) == sorted(  # type: ignore[index]
+        n.id for n in job.nodes
+    )
+    for span in calls:  # each call was predicted again once prefilled, and says so
+        [event] = [e for e in span.events if e.name == "fairgate.prediction.refined"]
+        assert event.attributes is not None and span.attributes is not None
+        refined = event.attributes["fairgate.predicted_output_tokens"]
+        assert refined == span.attributes["fairgate.predicted_output_tokens"]
+        assert event.attributes["fairgate.reserved_output_tokens"] >= 0  # type: ignore[operator]
