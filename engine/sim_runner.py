@@ -95,12 +95,13 @@ class SimulatedRunner:
     def execute(self, plan: StepPlan) -> StepOutput:
         sampled, hidden = {}, {}
         for seq in plan.seqs:
-            if seq.sample and seq.want_hidden and self.hidden_size:
+            if not seq.sample:
+                continue
+            pos = seq.start_pos + len(seq.token_ids)
+            ends = self._lengths.get(seq.request_id) == seq.num_output_tokens + 1
+            sampled[seq.request_id] = self._eos if ends else self._token(seq.request_id, pos)
+            if seq.want_hidden and self.hidden_size:
                 hidden[seq.request_id] = self.hidden_vector(seq.request_id)
-            if seq.sample:
-                pos = seq.start_pos + len(seq.token_ids)
-                ends = self._lengths.get(seq.request_id) == seq.num_output_tokens + 1
-                sampled[seq.request_id] = self._eos if ends else self._token(seq.request_id, pos)
         for request_id in plan.freed_ids:
             self._lengths.pop(request_id, None)
         elapsed = self.model.plan_time(plan)

@@ -29,6 +29,11 @@ from tenants.policies.fairshare import FairShareClock
 PAMPERED_JOBS = 8
 
 
+def _capped(predicted_output: float, max_tokens: int) -> float:
+    """An output prediction as justitia charges it: never past the enforced max_tokens."""
+    return min(predicted_output, float(max_tokens))
+
+
 class JustitiaPolicy(BookPolicy):
     name = "justitia"
 
@@ -65,7 +70,7 @@ class JustitiaPolicy(BookPolicy):
 
     def _job_added(self, job: JobState, now: float) -> None:
         estimates = {
-            n.node_id: (n.prompt_tokens, min(n.predicted_output, float(n.max_tokens)))
+            n.node_id: (n.prompt_tokens, _capped(n.predicted_output, n.max_tokens))
             for n in job.info.nodes
         }
         self._estimates[job.info.job_id] = estimates
@@ -73,13 +78,13 @@ class JustitiaPolicy(BookPolicy):
         self._clock.add_job(job.info.job_id, job.info.tenant_id, job.info.weight, cost)
 
     def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
-        output = min(call.predicted_output, float(call.max_tokens))
+        output = _capped(call.predicted_output, call.max_tokens)
         self._re_estimate(call.job_id, call.node_id, call.prompt_tokens, output)
 
     def _call_refined(self, job: JobState, run: RunningCall, now: float) -> None:
         call = run.call
         prompt, _ = self._estimates[call.job_id][call.node_id]
-        output = min(call.predicted_output, float(call.max_tokens))
+        output = _capped(call.predicted_output, call.max_tokens)
         self._re_estimate(call.job_id, call.node_id, prompt, max(output, run.output_tokens))
 
     def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
