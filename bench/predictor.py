@@ -41,7 +41,7 @@ from predictor import (
     read_labels,
 )
 from predictor.labels import read_hidden
-from predictor.metrics import coverage, kendall_tau, mae
+from predictor.metrics import censored_coverage_floor, coverage, kendall_tau, mae
 from predictor.prompt_model import DEFAULT_ARTIFACT, HIDDEN_ARTIFACT
 from predictor.sources import DEFAULT_DATA_DIR, jsonl_prompts, resolve
 
@@ -126,7 +126,13 @@ def accuracy(
         dists = [refine(c, vectors[r.prompt_id]) for c, r in zip(calls, test, strict=True)]
         results["prompt+hidden"] = score(dists, test)
     generators = sorted({r.generator for r in rows})
-    return {"num_prompts": len(test), "label_generator": generators, "by_predictor": results}
+    floor = censored_coverage_floor([r.lengths for r in test], [r.max_tokens for r in test], 0.9)
+    return {
+        "num_prompts": len(test),
+        "label_generator": generators,
+        "p90_coverage_floor": floor,
+        "by_predictor": results,
+    }
 
 
 def overhead_ms(
@@ -212,7 +218,7 @@ def hidden_overhead(args: argparse.Namespace, n: int = 64, rounds: int = 5) -> d
     from engine import EngineConfig, LLMEngine, SamplingParams
 
     llm = LLMEngine(
-        EngineConfig(dtype="bfloat16", num_threads=args.threads, enable_prefix_cache=False)
+        EngineConfig(dtype=args.dtype, num_threads=args.threads, enable_prefix_cache=False)
     )
     rows = [r for r in read_labels(args.labels) if is_held_out(r.prompt_id)][:n]
     texts = resolve((r.prompt_id for r in rows), args.data)
@@ -263,7 +269,7 @@ def run_guard(args: argparse.Namespace, model: PromptModel | None) -> dict[str, 
         from bench.predictor_guard import run_hostile
         from engine import EngineConfig, LLMEngine
 
-        llm = LLMEngine(EngineConfig(dtype="bfloat16", num_threads=args.threads))
+        llm = LLMEngine(EngineConfig(dtype=args.dtype, num_threads=args.threads))
         result["engine_run"] = run_hostile(
             llm, calls, predict, config, MAX_TOKENS, lambda text: render(llm.tokenizer, text)
         )
@@ -275,7 +281,7 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     from engine import EngineConfig, LLMEngine, SimulatedRunner, StepTimeModel
 
     config = EngineConfig(
-        model="default", dtype="bfloat16", num_threads=args.threads, enable_prefix_cache=False
+        model="default", dtype=args.dtype, num_threads=args.threads, enable_prefix_cache=False
     )
     if args.latency_runner == "sim":
         runner = SimulatedRunner(StepTimeModel(0.02, 0.0008, 1e-6), vocab_size=1000)
@@ -309,6 +315,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-calls", type=int, default=100)
     p.add_argument("--time-scale", type=float, default=20.0, help="stretch trace arrival times")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the engine runs' dtype (the serving default; bfloat16 is slow without AVX-512)",
+    )
     return p
 
 

@@ -1,7 +1,9 @@
+import numpy as np
 import pytest
+from scipy import stats
 
 from predictor.errors import NotEnoughData
-from predictor.metrics import coverage, kendall_tau, mae
+from predictor.metrics import censored_coverage_floor, coverage, kendall_tau, mae
 
 
 def test_kendall_tau_extremes_and_ties() -> None:
@@ -24,3 +26,19 @@ def test_mismatched_inputs_are_refused() -> None:
         mae([], [])
     with pytest.raises(NotEnoughData):
         coverage([1], [])
+
+
+def test_censored_coverage_floor_recovers_a_known_law() -> None:
+    # each prompt reaches the cap (512) with its own chance p ~ Beta(0.6, 1.4), 4 samples each
+    rng = np.random.default_rng(0)
+    chance = rng.beta(0.6, 1.4, size=4000)
+    samples = [[512 if rng.random() < p else 100 for _ in range(4)] for p in chance]
+    above = stats.beta.sf(0.1, 0.6, 1.4)
+    expected = above + 0.9 * (1 - above)
+    floor = censored_coverage_floor(samples, [512] * len(samples), 0.9)
+    assert floor == pytest.approx(expected, abs=0.01)
+    assert floor > 0.95  # a perfect p90 cannot cover as little as 95 % of such samples
+
+
+def test_censored_coverage_floor_without_capped_samples_is_the_level() -> None:
+    assert censored_coverage_floor([[10, 20], [30, 40]], [512, 512], 0.9) == 0.9
