@@ -49,6 +49,14 @@ class JobState:
     started: dict[str, str] = field(default_factory=dict)  # node id -> its ready/running call id
     done: dict[str, tuple[int, int]] = field(default_factory=dict)  # node id -> (prompt, output)
 
+    def longest_path(self, weight: dict[str, float]) -> float:
+        """The heaviest path's weight through the DAG; nodes missing from `weight` weigh 0."""
+        path: dict[str, float] = {}
+        for node_id in self.topo_order:
+            before = max((path[p] for p in self.nodes[node_id].parents), default=0.0)
+            path[node_id] = before + weight.get(node_id, 0.0)
+        return max(path.values(), default=0.0)
+
 
 def validate_job(job: JobInfo) -> tuple[str, ...]:
     """Check a job's numbers and DAG; return its node ids parents-first."""

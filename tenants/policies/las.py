@@ -64,12 +64,7 @@ class LasPolicy(BookPolicy):
         self._attained.pop(job.info.job_id, None)
 
     def _critical_path(self, job: JobState) -> float:
-        served = self._served[job.info.job_id]
-        path: dict[str, float] = {}
-        for node_id in job.topo_order:
-            before = max((path[p] for p in job.nodes[node_id].parents), default=0.0)
-            path[node_id] = before + served.get(node_id, 0.0)
-        return max(path.values())
+        return job.longest_path(self._served[job.info.job_id])
 
     def _check_order(self) -> None:
         assert set(self._served) == set(self._jobs) >= set(self._attained)

@@ -18,6 +18,7 @@ from tests.tenants.policies.factories import (
     dispatch_all,
     make_job,
     make_node,
+    make_ready,
     submit,
 )
 
@@ -146,7 +147,8 @@ def knee_setup(pampered_jobs: int = 1) -> JustitiaPolicy:
 def test_past_the_knee_only_the_pampered_job_is_admitted() -> None:
     policy = knee_setup()
     at_knee = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=4)
-    below = EngineLoad(running_calls=3, batch_tokens=0, knee_calls=4)
+    # one running call: the backlog drains no faster than any job's path, so no job is a chain
+    below = EngineLoad(running_calls=1, batch_tokens=0, knee_calls=4)
     for call_id in ("small/x", "small/y"):
         peeked = policy.peek(0.0, at_knee)
         assert peeked is not None and peeked.call_id == call_id
@@ -192,3 +194,74 @@ def test_a_stream_of_small_jobs_cannot_starve_a_big_one() -> None:
     # As under GPS: the big job finishes once the light tenant, at an equal share, has had as
     # much service as the big job needs.
     assert abs(ahead - kv_token_time(100, 200) / small_cost) <= 1
+
+
+CHAIN = make_job(
+    "chain",
+    "heavy",
+    [make_node(f"c{k}", [f"c{k - 1}"] if k else [], predicted=50) for k in range(4)],
+)
+
+
+def chain_setup() -> JustitiaPolicy:
+    """Six one-call jobs of 20 tokens and a chain of four 50-token calls (the latest tag)."""
+    policy = JustitiaPolicy()
+    for i in range(6):
+        submit(policy, make_job(f"s{i}", f"t{i}", [make_node("n", predicted=20)]))
+    submit(policy, CHAIN)
+    assert max(policy.tag(f"s{i}") for i in range(6)) < policy.tag("chain")
+    return policy
+
+
+def test_a_chain_that_outlasts_the_backlog_goes_first() -> None:
+    policy = chain_setup()
+    # 8 calls a step drain the 320 remaining tokens in 40 steps; the chain needs 200 > 1.5 x 40
+    wide = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None)
+    peeked = policy.peek(0.0, wide)
+    assert peeked is not None and peeked.call_id == "chain/c0"
+    policy.mark_dispatched("chain/c0", 0.0)
+    peeked = policy.peek(0.0, wide)  # the chain has no other ready call: back to the tag order
+    assert peeked is not None and peeked.call_id == "s0/n"
+
+
+def test_a_chain_the_backlog_outlasts_waits_for_its_tag() -> None:
+    policy = chain_setup()
+    # 2 calls a step need 160 steps for the backlog: 200 is not 1.5 times that
+    narrow = EngineLoad(running_calls=2, batch_tokens=0, knee_calls=None)
+    assert dispatch_all_at(policy, narrow) == [*(f"s{i}/n" for i in range(6)), "chain/c0"]
+
+
+def test_past_the_knee_a_chain_gets_no_precedence() -> None:
+    policy = chain_setup()
+    at_knee = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=4)
+    peeked = policy.peek(0.0, at_knee)
+    assert peeked is not None and peeked.call_id == "s0/n"
+
+
+def test_finished_calls_shorten_the_chains_remaining_path() -> None:
+    policy = chain_setup()
+    four = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=None)
+    peeked = policy.peek(0.0, four)  # 200 tokens against 320 / 4 = 80 steps of backlog
+    assert peeked is not None and peeked.call_id == "chain/c0"
+    for k in range(3):
+        policy.mark_dispatched(f"chain/c{k}", 0.0)
+        policy.on_finished(f"chain/c{k}", 100, 50, 0.0)
+        policy.add_ready(make_ready(CHAIN, f"c{k + 1}"), 0.0)
+    peeked = policy.peek(0.0, four)  # 50 left against 170 / 4 = 42.5 steps: not past 1.5 x
+    assert peeked is not None and peeked.call_id == "s0/n"
+    policy.check_invariants()
+
+
+def test_a_refined_prediction_can_make_a_job_a_chain() -> None:
+    policy = JustitiaPolicy()
+    for i in range(6):
+        submit(policy, make_job(f"s{i}", f"t{i}", [make_node("n", predicted=20)]))
+    nodes = [make_node("r", predicted=20), make_node("c0", predicted=20)]
+    submit(policy, make_job("mix", "heavy", [*nodes, make_node("c1", ["c0"], predicted=20)]))
+    four = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=None)
+    peeked = policy.peek(0.0, four)  # path 40 against 180 / 4 = 45 steps of backlog
+    assert peeked is not None and peeked.call_id == "s0/n"
+    policy.mark_dispatched("mix/c0", 0.0)
+    policy.on_refined("mix/c0", 500.0, 0.0)  # path 520 against 660 / 4 = 165 steps
+    peeked = policy.peek(0.0, four)
+    assert peeked is not None and peeked.call_id == "mix/r"
