@@ -6,7 +6,9 @@
    baselines (constant mean; linear in prompt tokens, with a residual p90), `history` (a moving
    average fed the held-out calls one by one, one tenant and node, each observing one sample)
    and `prompt` (the trained artifact), and `prompt`+`hidden` where the prompts' hidden states
-   were stored (`hidden_<source>.npz`). Cross-source: the same on a second labels file.
+   were stored (`hidden_<source>.npz`). Cross-source: the same on a second labels file. With
+   each labels set, `p90_coverage_floor`: the coverage the true p90s would reach on labels
+   censored at the cap (`predictor.metrics.censored_coverage_floor`).
 2. Overhead of `prompt` per call (features + model, batch of 1, warm, pinned to one core), and
    of `hidden` as a fraction of prefill time (the real engine, 64 held-out prompts).
 3. Latency model: completion-time MAPE on a replayed Azure trace (`bench.predictor_latency`).

@@ -54,12 +54,15 @@ def censored_coverage_floor(
     The chance `p` that a prompt's sample reaches its cap is fitted across prompts as a beta law
     (maximum likelihood on the counts of capped samples); a prompt with `p > 1 - q` is covered
     entirely by its true quantile (the cap), any other one at `q` (lengths below the cap are
-    nearly continuous). Returns `P(p > 1 - q) + q * P(p <= 1 - q)`.
+    nearly continuous). Returns `P(p > 1 - q) + q * P(p <= 1 - q)`, a share of prompts, which
+    is the share of samples `coverage` counts when every prompt has as many samples.
     """
     from scipy import optimize, stats
 
-    if len(samples) != len(caps) or not samples:
-        raise NotEnoughData("need one cap per prompt's samples")
+    if len(samples) != len(caps) or not samples or not all(samples):
+        raise NotEnoughData("need one cap per prompt and at least one sample per prompt")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"quantile level must be in (0, 1), got {q}")
     n = np.array([len(group) for group in samples])
     hits = np.array(
         [sum(s >= cap for s in group) for group, cap in zip(samples, caps, strict=True)]
@@ -71,6 +74,9 @@ def censored_coverage_floor(
         alpha, beta = np.exp(log_ab)
         return float(-stats.betabinom.logpmf(hits, n, alpha, beta).sum())
 
-    alpha, beta = np.exp(optimize.minimize(nll, np.zeros(2), method="Nelder-Mead").x)
+    fit = optimize.minimize(nll, np.zeros(2), method="Nelder-Mead")
+    if not fit.success:
+        raise NotEnoughData(f"the beta-binomial fit did not converge: {fit.message}")
+    alpha, beta = np.exp(fit.x)
     above = float(stats.beta.sf(1.0 - q, alpha, beta))
     return above + q * (1.0 - above)

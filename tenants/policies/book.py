@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tenants.policies.base import EngineLoad, JobInfo, NodeCost, ReadyCall
@@ -49,7 +49,7 @@ class JobState:
     started: dict[str, str] = field(default_factory=dict)  # node id -> its ready/running call id
     done: dict[str, tuple[int, int]] = field(default_factory=dict)  # node id -> (prompt, output)
 
-    def longest_path(self, weight: dict[str, float]) -> float:
+    def longest_path(self, weight: Mapping[str, float]) -> float:
         """The heaviest path's weight through the DAG; nodes missing from `weight` weigh 0."""
         path: dict[str, float] = {}
         for node_id in self.topo_order:

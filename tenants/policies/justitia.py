@@ -10,15 +10,18 @@ estimate is charged the excess at once, token by token, so its job's tag moves l
 and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
 its ready calls, then the next (work-conserving). Knee: when the engine reports one and already
 runs that many calls, only the first `pampered_jobs` active jobs by tag may still be admitted.
-Chains: a job whose remaining critical path (predicted output tokens along its longest path of
-unfinished calls, each a token a step at best) exceeds `CHAIN_FACTOR` times the steps the engine
-needs to drain every active job's predicted remaining output at its current batch size would end
-last whatever the order; held back by tag it only stretches the end (the makespan, hence
-throughput), while its few ready calls cost the others one batch slot each. Such a job goes
-before the tag order among the jobs that may be admitted (past the knee, the pampered ones
-only: admitting chains there as well cost the `cpu` regime more JCT than it bought). A job that
-leaves is re-keyed to what it used and stays in the fair share as a ghost until GPS would
-have finished it. Invariant: each active job's cost in the clock is the sum of its node estimates.
+Chains: a job whose remaining critical path (the output estimates along its longest path of
+unfinished calls, a running call counting its whole estimate; a token a step at best) exceeds
+`CHAIN_FACTOR` times the steps the engine needs to drain every active job's estimated remaining
+output at its current batch size (the engine's running calls, at least 1: on an idle or
+single-call engine no job qualifies) would end last whatever the order; held back by tag it only
+stretches the end (the makespan, hence throughput). Such a job goes before the tag order, with
+all its ready calls (a chain has one; a single long call qualifies too), below the knee; past
+it the tag alone decides (admitting chains there cost the `cpu` regime more JCT than it bought).
+The engine's preemption priority stays the tag. A job that leaves is re-keyed to what it used
+and stays in the fair share as a ghost until GPS would have finished it. Invariants: each active
+job's cost in the clock is the sum of its node estimates; a job not marked stale has its
+remaining path and total as its estimates give them now.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ from tenants.policies.fairshare import FairShareClock
 # (seed 1: better than 1 in JCT and throughput at loads 0.9 and 1.1); docs/BENCHMARKS.md.
 PAMPERED_JOBS = 8
 # A chain goes first when its remaining critical path exceeds this many drains of the backlog.
-# 1.5 was chosen on the study's seed-0 cells (1.0: the cpu 0.9 JCT ratio to fcfs rose to 0.800;
-# 1.5: 0.785 with every throughput ratio of gpu 0.9 and cpu 0.9 >= 0.97); docs/BENCHMARKS.md.
+# 1.5 was chosen on the study's seed-0 cells: gpu 0.9 bound violations 2 / 1 / 1 at 1.0 / 1.5 /
+# 2.0; 1.5 keeps cpu 0.9's JCT at 0.785 x fcfs with every throughput ratio of gpu 0.9 and cpu 0.9
+# >= 0.97 (1.0 was measured with chains past the knee among the pampered jobs: 0.800);
+# docs/BENCHMARKS.md, "Fair scheduling".
 CHAIN_FACTOR = 1.5
 
 
@@ -61,7 +66,7 @@ class JustitiaPolicy(BookPolicy):
         self._remaining: dict[str, tuple[float, float]] = {}
         self._remaining_total = 0.0  # the sum of the totals in `_remaining`
         self._stale: set[str] = set()
-        self._drain = math.inf  # steps to drain the backlog, as of the last peek
+        self._drain = math.inf  # steps to drain the backlog: set by `_eligible_jobs`, read by keys
 
     @property
     def pampered_jobs(self) -> int:
@@ -134,24 +139,31 @@ class JustitiaPolicy(BookPolicy):
         del self._estimates[job_id]
         self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0))[1]
         self._stale.discard(job_id)
+        if not self._remaining:
+            self._remaining_total = 0.0  # no float drift outlives a backlog
 
     def _re_estimate(self, job_id: str, node_id: str, prompt: int, output: float) -> None:
         estimates = self._estimates[job_id]
         delta = kv_token_time(prompt, output) - kv_token_time(*estimates[node_id])
+        if estimates[node_id][1] != output:
+            self._stale.add(job_id)
         estimates[node_id] = (prompt, output)
         if delta:
             self._clock.charge(job_id, delta)
-            self._stale.add(job_id)
 
     def _refresh_remaining(self) -> None:
-        """Recompute `_remaining` for the stale jobs (a running call counts its whole estimate)."""
+        """Recompute `_remaining` for the stale jobs."""
         for job_id in self._stale:
-            job, estimates = self._jobs[job_id], self._estimates[job_id]
-            left = {n: d for n, (_, d) in estimates.items() if n not in job.done}
-            total = sum(left.values())
-            self._remaining_total += total - self._remaining.get(job_id, (0.0, 0.0))[1]
-            self._remaining[job_id] = (job.longest_path(left), total)
+            fresh = self._measure_remaining(job_id)
+            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0))[1]
+            self._remaining[job_id] = fresh
         self._stale.clear()
+
+    def _measure_remaining(self, job_id: str) -> tuple[float, float]:
+        """(longest path, total) of the output estimates of the job's unfinished nodes."""
+        job, estimates = self._jobs[job_id], self._estimates[job_id]
+        left = {n: d for n, (_, d) in estimates.items() if n not in job.done}
+        return job.longest_path(left), sum(left.values())
 
     def _check_order(self) -> None:
         self._clock.check_invariants()
@@ -159,6 +171,9 @@ class JustitiaPolicy(BookPolicy):
         assert set(self._remaining) | self._stale == set(self._jobs)
         total = sum(left for _, left in self._remaining.values())
         assert abs(total - self._remaining_total) <= 1e-6 * max(1.0, total)
+        for job_id, cached in self._remaining.items():
+            if job_id not in self._stale:
+                assert cached == self._measure_remaining(job_id), f"{job_id}: stale path"
         for job_id, estimates in self._estimates.items():
             cost = sum(kv_token_time(p, d) for p, d in estimates.values())
             assert abs(cost - self._clock.cost(job_id)) <= 1e-6 * max(1.0, cost)

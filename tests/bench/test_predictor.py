@@ -55,6 +55,7 @@ def test_accuracy_reports_every_predictor_on_a_labelled_jsonl_set(tmp_path: Path
     assert result["num_prompts"] == 120 and result["label_generator"] == ["synthetic"]
     assert by["prompt"]["kendall_tau"] > 0.7 > by["constant_mean"]["kendall_tau"]
     assert by["prompt"]["mae"] < by["constant_mean"]["mae"]
+    assert 0.9 <= result["p90_coverage_floor"] <= 1.0
     held = accuracy(labels, model, tmp_path, prompts, held_out=True)
     assert 0 < held["num_prompts"] < 60
 

@@ -265,3 +265,24 @@ def test_a_refined_prediction_can_make_a_job_a_chain() -> None:
     policy.on_refined("mix/c0", 500.0, 0.0)  # path 520 against 660 / 4 = 165 steps
     peeked = policy.peek(0.0, four)
     assert peeked is not None and peeked.call_id == "mix/r"
+    policy.check_invariants()
+
+
+def test_a_single_long_call_that_outlasts_the_backlog_goes_first() -> None:
+    policy = knee_setup()  # small (5 + 50 in parallel), mid 100, big 400: 555 tokens in all
+    three = EngineLoad(running_calls=3, batch_tokens=0, knee_calls=None)
+    peeked = policy.peek(0.0, three)  # big's 400 > 1.5 x 555 / 3
+    assert peeked is not None and peeked.call_id == "big/w"
+    policy.check_invariants()
+
+
+def test_jobs_leave_the_remaining_paths_whether_or_not_they_were_measured() -> None:
+    policy = chain_setup()
+    policy.peek(0.0, EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None))
+    submit(policy, make_job("late", "t9", [make_node("n", predicted=30)]))
+    policy.remove_job("late", 0.0)  # never measured
+    policy.remove_job("s0", 0.0)  # measured at the peek
+    policy.check_invariants()
+    peeked = policy.peek(0.0, EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None))
+    assert peeked is not None and peeked.call_id == "chain/c0"
+    policy.check_invariants()
