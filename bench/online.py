@@ -22,6 +22,7 @@ import numpy as np
 
 from bench.workloads.engine_workload import EngineWorkload, build_engine_workload
 from engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams
+from gateway.settings import DTYPES
 
 
 async def replay(
@@ -57,7 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--data", type=Path, default=Path(__file__).parents[1].parent / "shared" / "data"
     )
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--load", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)

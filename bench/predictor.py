@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench.label_lengths import hidden_out
+from gateway.settings import DTYPES
 from predictor import (
     CallFeatures,
     GuardConfig,
@@ -319,7 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
+        choices=DTYPES,
         default="float32",
         help="the engine runs' dtype (the serving default; bfloat16 is slow without AVX-512)",
     )

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 
 from gateway.cli_client import register as register_client_commands
-from gateway.settings import load_settings
+from gateway.settings import DTYPES, load_settings
 
 BENCHES = {
     "engine": "bench.engine",
@@ -29,7 +29,7 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="'memory' or a redis:// URL")
     parser.add_argument("--policy")
     parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct) or a local HF folder")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", choices=DTYPES)
     parser.add_argument("--num-threads", type=int)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field
 from pydantic_settings import (
@@ -17,6 +17,9 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class Settings(BaseSettings):
@@ -29,7 +32,7 @@ class Settings(BaseSettings):
     policy: str = "justitia"
     # engine
     model: str = "default"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Dtype = "float32"
     num_threads: int | None = None
     kv_cache_mb: int = Field(default=512, ge=1)
     max_num_seqs: int = Field(default=64, ge=1)
