@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import LLMEngine, Request, SamplingParams, StepTimeModel
+from engine import LLMEngine, Request, SamplingParams, StepShape, StepTimeModel
 from engine.plan import StepOutput, StepPlan
 from predictor.latency import LatencyModel, engine_state
 
@@ -49,8 +49,7 @@ class RecordingRunner:
         start = time.perf_counter()
         out: StepOutput = self.inner.execute(plan)
         seconds = out.elapsed_s or time.perf_counter() - start
-        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
-        self.latency.observe_step(plan.num_batched_tokens, context, seconds)
+        self.latency.observe_step(StepShape.of(plan), seconds)
         return out
 
 
@@ -161,4 +160,6 @@ def run_latency_bench(
     result = replay(llm, trace, latency, simulated)
     fitted = latency.step_model
     return {**result, "step_overhead_ms": fitted.overhead_s * 1e3,
-            "step_per_token_ms": fitted.per_token_s * 1e3}  # fmt: skip
+            "step_per_token_ms": fitted.per_token_s * 1e3,
+            "step_per_context_token_us": fitted.per_context_token_s * 1e6,
+            "step_per_prefill_pair_ns": fitted.per_prefill_pair_s * 1e9}  # fmt: skip

@@ -12,7 +12,7 @@ from engine.plan import ScheduledSeq, StepOutput, StepPlan
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity, Scheduler, StepResult
-from engine.sim_runner import SimulatedRunner, StepTimeModel
+from engine.sim_runner import SimulatedRunner, StepShape, StepTimeModel
 
 __all__ = [
     "AsyncEngine",
@@ -38,6 +38,7 @@ __all__ = [
     "StepOutput",
     "StepPlan",
     "StepResult",
+    "StepShape",
     "StepTimeModel",
     "TokenDelta",
 ]

@@ -1,11 +1,15 @@
 """A simulated model runner: same step contract, modelled step time, synthetic tokens.
 
-Step time is linear in what a step does: a fixed overhead, a cost per batched token (the
-GEMMs) and a cost per token of context read by attention,
+Step time is linear in what a step does (`StepShape`): a fixed overhead, a cost per batched
+token (the GEMMs), a cost per token of context read by attention, and a cost per query-key pair
+of a prefill chunk's causal attention (quadratic in the chunk's length, so a big chunk late in a
+long prompt costs more than its tokens alone say; a decode's attention is its context),
 
     t = overhead_s + per_token_s * num_batched_tokens + per_context_token_s * sum(context)
+        + per_prefill_pair_s * sum(chunk * start + chunk * (chunk + 1) / 2 for chunks > 1 token)
 
-fitted by least squares (of absolute or relative errors) to measured steps of the real engine.
+fitted by non-negative least squares (of absolute or relative errors) to measured steps of the
+real engine.
 Sampled tokens are a hash of the request id and position, never an end-of-sequence id, so
 lengths are set by max_tokens, unless a request was given a true output length: then it emits
 end-of-sequence there (so a request can carry a large max_tokens and still stop where the trace
@@ -26,43 +30,76 @@ from engine.plan import StepOutput, StepPlan
 
 
 @dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step computes, in the units the step-time model charges."""
+
+    num_batched_tokens: int
+    context_tokens: int  # sum over sequences of start_pos + len(token_ids)
+    prefill_pairs: int = 0  # causal query-key pairs of the chunks of more than one token
+
+    @classmethod
+    def of(cls, plan: StepPlan) -> StepShape:
+        return cls(
+            plan.num_batched_tokens,
+            sum(s.start_pos + len(s.token_ids) for s in plan.seqs),
+            sum(prefill_pairs(s.start_pos, len(s.token_ids)) for s in plan.seqs),
+        )
+
+
+def prefill_pairs(start: int, chunk: int) -> int:
+    """Query-key pairs of a chunk of `chunk` tokens at position `start`; 0 for a single token."""
+    return chunk * start + chunk * (chunk + 1) // 2 if chunk > 1 else 0
+
+
+@dataclass(frozen=True, slots=True)
 class StepTimeModel:
     overhead_s: float
     per_token_s: float
     per_context_token_s: float = 0.0
+    per_prefill_pair_s: float = 0.0
 
-    def step_time(self, num_batched_tokens: int, context_tokens: int) -> float:
+    def step_time(
+        self, num_batched_tokens: int, context_tokens: int, prefill_pairs: int = 0
+    ) -> float:
         return (
             self.overhead_s
             + self.per_token_s * num_batched_tokens
             + self.per_context_token_s * context_tokens
+            + self.per_prefill_pair_s * prefill_pairs
         )
 
+    def shape_time(self, shape: StepShape) -> float:
+        return self.step_time(shape.num_batched_tokens, shape.context_tokens, shape.prefill_pairs)
+
     def plan_time(self, plan: StepPlan) -> float:
-        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
-        return self.step_time(plan.num_batched_tokens, context)
+        return self.shape_time(StepShape.of(plan))
 
     @classmethod
     def fit(
-        cls, samples: Sequence[tuple[int, int, float]], *, relative: bool = False
+        cls, samples: Sequence[tuple[StepShape, float]], *, relative: bool = False
     ) -> StepTimeModel:
-        """Fit to (num_batched_tokens, context_tokens, seconds) samples; coefficients >= 0.
+        """Fit to (shape, seconds) samples by non-negative least squares.
 
         `relative` minimises relative rather than absolute errors, so that a few long steps (a
-        calibration's big prefills) do not decide the fit of the many short ones (decodes).
+        calibration's big prefills) do not decide the fit of the many short ones (decodes). A
+        column the samples never exercise (no prefill chunk: no pairs) gets a zero coefficient.
         """
+        from scipy.optimize import nnls
+
         if len(samples) < 3:
             raise ValueError("need at least 3 measured steps to fit a step-time model")
-        data = np.asarray(samples, dtype=np.float64)
-        design = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-        target = data[:, 2]
+        design = np.array(
+            [(1.0, s.num_batched_tokens, s.context_tokens, s.prefill_pairs) for s, _ in samples]
+        )
+        target = np.array([seconds for _, seconds in samples], dtype=np.float64)
         if relative:
             if np.any(target <= 0):
                 raise ValueError("a relative fit needs positive step times")
-            design, target = design / target[:, None], np.ones(len(data))
-        coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-        overhead, per_token, per_context = (max(float(c), 0.0) for c in coef)
-        return cls(overhead, per_token, per_context)
+            design, target = design / target[:, None], np.ones(len(samples))
+        scale = np.maximum(np.abs(design).max(axis=0), 1e-300)  # columns span 1 to ~1e6
+        coef, _ = nnls(design / scale, target)
+        overhead, per_token, per_context, per_pair = (float(c) for c in coef / scale)
+        return cls(overhead, per_token, per_context, per_pair)
 
 
 class SimulatedRunner:

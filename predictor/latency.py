@@ -1,14 +1,17 @@
 """Latency model: TTFT and completion time of calls, from engine state and a step-time model.
 
 A step's time is `engine.StepTimeModel` (fixed overhead + cost per batched token + cost per
-token of context), calibrated online: measured steps go into a sliding window and the model is
-refitted by least squares of relative errors (so that the few long prefill steps do not decide
-the fit of the many decode steps) every `refit_every` observations. Arrivals go into another
+token of context + cost per query-key pair of a prefill chunk), calibrated online: measured
+steps go into a sliding window and the model is refitted by least squares of relative errors (so
+that the few long prefill steps do not decide the fit of the many decode steps) every
+`refit_every` observations. The last `prefill_window` steps that prefilled are kept apart and
+join the fit when they have left the window, so that a stretch of decodes alone never leaves
+the prefill cost unmeasured (a call's TTFT is mostly prefill). Arrivals go into another
 window, whose mean gap and sizes are the traffic expected to join behind a call. An estimate
 replays the engine's continuous batching on the model (`predictor.replay`) from a snapshot of
 the engine's state.
-Invariant: each window holds at most its size; nothing here reads the clock
-(`observe_arrival` takes `now`).
+Invariant: each window holds at most its size; a step is fitted at most once; nothing here
+reads the clock (`observe_arrival` takes `now`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from engine.request import Request
-from engine.sim_runner import StepTimeModel
+from engine.sim_runner import StepShape, StepTimeModel
 from predictor.errors import InvalidCall
 from predictor.replay import (
     ArrivalLoad,
@@ -70,6 +73,7 @@ class LatencyModel:
         token_budget: int,
         max_num_seqs: int,
         window: int = 1024,
+        prefill_window: int = 64,
         refit_every: int = 64,
         arrival_window: int = 64,
     ) -> None:
@@ -78,21 +82,28 @@ class LatencyModel:
                 "need 1 <= max_num_seqs < token_budget (every decode fits a step), "
                 "window >= 3, refit_every >= 1"
             )
-        if arrival_window < 2:
-            raise InvalidCall("arrival_window must be >= 2")
+        if arrival_window < 2 or prefill_window < 0:
+            raise InvalidCall("arrival_window must be >= 2 and prefill_window >= 0")
         self.step_model = step_model
         self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
         self.refit_every = refit_every
-        self._samples: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._samples: deque[tuple[StepShape, float]] = deque(maxlen=window)
+        self._prefills: deque[tuple[int, StepShape, float]] = deque(maxlen=prefill_window)
+        self._num_steps = 0
         self._since_fit = 0
         self._arrivals: deque[tuple[float, int, int]] = deque(maxlen=arrival_window)
 
-    def observe_step(self, num_batched_tokens: int, context_tokens: int, seconds: float) -> None:
+    def observe_step(self, shape: StepShape, seconds: float) -> None:
         """Record one measured engine step; refit the step-time model every few of them."""
-        self._samples.append((num_batched_tokens, context_tokens, seconds))
+        self._samples.append((shape, seconds))
+        if shape.prefill_pairs:
+            self._prefills.append((self._num_steps, shape, seconds))
+        self._num_steps += 1
         self._since_fit += 1
         if self._since_fit >= self.refit_every and len(self._samples) >= 3:
-            self.step_model = StepTimeModel.fit(list(self._samples), relative=True)
+            first_in_window = self._num_steps - len(self._samples)
+            older = [(sh, s) for i, sh, s in self._prefills if i < first_in_window]
+            self.step_model = StepTimeModel.fit([*older, *self._samples], relative=True)
             self._since_fit = 0
 
     def observe_arrival(self, now: float, prompt_tokens: int, output_tokens: int) -> None:

@@ -3,9 +3,10 @@
 Every step, each decoding call advances one token and the rest of the token budget prefills
 queued calls in order (chunked; a call's first token comes with its last prompt chunk),
 admitting a new call only while fewer than `max_num_seqs` run; a step costs
-`StepTimeModel.step_time(batched tokens, context tokens)`. Stretches without prefill are summed
-in closed form up to the next finish or the next expected arrival (context grows by one token
-per decoding call per step), so a replay costs O(prefill steps + calls log calls). Expected
+`StepTimeModel.step_time` of its batched tokens, context tokens and prefill chunks' attention
+pairs, as the engine's steps are measured (`StepShape`). Stretches without prefill are summed in
+closed form up to the next finish or the next expected arrival (context grows by one token per
+decoding call per step), so a replay costs O(prefill steps + calls log calls). Expected
 arrivals (`ArrivalLoad`), evenly spaced and of mean size, join the queue's end as time passes:
 they never get ahead of a real call but make its steps slower, as future traffic does. The
 replay stops when every real queued call has finished. It assumes KV never runs out.
@@ -20,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.sim_runner import StepTimeModel
+from engine.sim_runner import StepTimeModel, prefill_pairs
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,16 +110,17 @@ class Replay:
     def _prefill_step(self) -> None:
         n = len(self.finishes)
         budget, batched, context = self.budget - n, n, self.offset_sum + n * self.step
-        i, completed = self.head, []
+        i, completed, pairs = self.head, [], 0
         while i < len(self.queue) and budget > 0 and n + (i - self.head) < self.max_seqs:
             chunk = min(self.queue[i].prompt_tokens - self.done[i], budget)
+            pairs += prefill_pairs(self.done[i], chunk)
             self.done[i] += chunk
             budget, batched, context = budget - chunk, batched + chunk, context + self.done[i]
             if self.done[i] < self.queue[i].prompt_tokens:
                 break
             completed.append(i)
             i += 1
-        self.time += self.m.step_time(batched, context)
+        self.time += self.m.step_time(batched, context, pairs)
         self._retire(self.step)
         self.step += 1
         for i in completed:

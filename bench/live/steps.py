@@ -1,7 +1,7 @@
 """The live engine's steps, timed, and the step-time model the simulation of the same run uses.
 
-`StepRecorder` wraps the engine's model runner: for each step it keeps the batched tokens, the
-context tokens read (as `StepTimeModel.plan_time` counts them), how long `execute` took, and the
+`StepRecorder` wraps the engine's model runner: for each step it keeps its shape (batched
+tokens, context tokens read, prefill pairs: `StepShape`), how long `execute` took, and the
 wall time since the previous step ended. `fit_step_model` fits `StepTimeModel` to the execute
 times (least squares, as `bench.sim.calibrate` does) and adds to its fixed cost the median time
 between two steps run back to back (a gap under `BACK_TO_BACK_S`): the engine's own bookkeeping
@@ -13,11 +13,12 @@ executed plan, in order.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
 
-from engine import Runner, StepOutput, StepPlan, StepTimeModel
+from engine import Runner, StepOutput, StepPlan, StepShape, StepTimeModel
 
 BACK_TO_BACK_S = 0.25
 
@@ -25,7 +26,7 @@ BACK_TO_BACK_S = 0.25
 @dataclass(slots=True)
 class StepRecorder:
     runner: Runner
-    samples: list[tuple[int, int, float]] = field(default_factory=list)  # (tokens, context, s)
+    samples: list[tuple[StepShape, float]] = field(default_factory=list)  # (shape, seconds)
     gaps: list[float] = field(default_factory=list)  # seconds from a step's end to the next's start
     eos_token_ids: frozenset[int] = field(init=False)
     hidden_size: int = field(init=False)
@@ -39,8 +40,7 @@ class StepRecorder:
         start = time.perf_counter()
         output = self.runner.execute(plan)
         end = time.perf_counter()
-        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
-        self.samples.append((plan.num_batched_tokens, context, end - start))
+        self.samples.append((StepShape.of(plan), end - start))
         if self._last_end is not None:
             self.gaps.append(start - self._last_end)
         self._last_end = end
@@ -49,7 +49,7 @@ class StepRecorder:
 
 def busy_step_s(recorder: StepRecorder) -> float:
     """The mean time a step took, the time between back-to-back steps included."""
-    busy = sum(s[2] for s in recorder.samples) + sum(g for g in recorder.gaps if g < BACK_TO_BACK_S)
+    busy = sum(s[1] for s in recorder.samples) + sum(g for g in recorder.gaps if g < BACK_TO_BACK_S)
     return busy / max(1, len(recorder.samples))
 
 
@@ -58,6 +58,4 @@ def fit_step_model(recorders: list[StepRecorder]) -> tuple[StepTimeModel, float]
     model = StepTimeModel.fit([s for r in recorders for s in r.samples])
     gaps = [g for r in recorders for g in r.gaps if g < BACK_TO_BACK_S]
     between = statistics.median(gaps) if gaps else 0.0
-    return StepTimeModel(
-        model.overhead_s + between, model.per_token_s, model.per_context_token_s
-    ), between
+    return dataclasses.replace(model, overhead_s=model.overhead_s + between), between

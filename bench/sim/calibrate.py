@@ -2,9 +2,10 @@
 
 Runs a few plans through `engine.model_runner.ModelRunner` on the default model (decode batches
 of 1 to 32 sequences at contexts of 256 and 1024 tokens, and prefill chunks of 128 to 512
-tokens), takes the median of `repeats` timings each, and fits `StepTimeModel.fit` (least squares
-of relative errors on batched tokens and context tokens, so the big prefills do not decide the
-fit of the decodes). Writes the JSON that `bench.sched --cpu-step-model` reads.
+tokens, one of them after 512 tokens already prefilled), takes the median of `repeats` timings
+each, and fits `StepTimeModel.fit` (least squares of relative errors on batched tokens, context
+tokens and prefill attention pairs, so the big prefills do not decide the fit of the decodes).
+Writes the JSON that `bench.sched --cpu-step-model` reads.
 The model's KV content is garbage: only time is measured. Invariant: the fit is of measured
 steps only; nothing is assumed.
 
@@ -14,18 +15,19 @@ steps only; nothing is assumed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine import EngineConfig, SamplingParams, ScheduledSeq, StepPlan, StepTimeModel
+from engine import EngineConfig, SamplingParams, ScheduledSeq, StepPlan, StepShape, StepTimeModel
 
 BLOCK = 16
 PARAMS = SamplingParams(max_tokens=64)
 DECODES = ((1, 256), (4, 256), (16, 256), (32, 256), (1, 1024), (8, 1024), (16, 1024))
-PREFILLS = (128, 256, 512)
+PREFILLS = ((128, 0), (256, 0), (512, 0), (512, 512))  # (chunk tokens, start)
 
 
 def decode_plan(batch: int, context: int) -> StepPlan:
@@ -39,19 +41,19 @@ def decode_plan(batch: int, context: int) -> StepPlan:
     return StepPlan(seqs, batch)
 
 
-def prefill_plan(tokens: int) -> StepPlan:
+def prefill_plan(tokens: int, start: int = 0) -> StepPlan:
     ids = [(7 * j) % 30000 + 10 for j in range(tokens)]
-    seq = ScheduledSeq("p0", ids, 0, list(range(-(-tokens // BLOCK))), True, PARAMS, 0)
-    return StepPlan([seq], tokens)
+    blocks = list(range(-(-(start + tokens) // BLOCK)))
+    return StepPlan([ScheduledSeq("p0", ids, start, blocks, True, PARAMS, 0)], tokens)
 
 
-def measure(repeats: int, threads: int | None) -> list[tuple[int, int, float]]:
+def measure(repeats: int, threads: int | None) -> list[tuple[StepShape, float]]:
     from engine.loader import resolve_model
     from engine.model_runner import ModelRunner
 
     config = EngineConfig(num_threads=threads, max_model_len=2048)
     runner = ModelRunner(resolve_model("default"), config, num_blocks=32 * 64 + 64)
-    plans = [decode_plan(b, c) for b, c in DECODES] + [prefill_plan(t) for t in PREFILLS]
+    plans = [decode_plan(b, c) for b, c in DECODES] + [prefill_plan(t, s) for t, s in PREFILLS]
     samples = []
     for plan in plans:
         runner.execute(plan)  # warm-up
@@ -60,11 +62,11 @@ def measure(repeats: int, threads: int | None) -> list[tuple[int, int, float]]:
             start = time.perf_counter()
             runner.execute(plan)
             times.append(time.perf_counter() - start)
-        context = sum(s.start_pos + len(s.token_ids) for s in plan.seqs)
-        samples.append((plan.num_batched_tokens, context, statistics.median(times)))
+        shape = StepShape.of(plan)
+        samples.append((shape, statistics.median(times)))
         print(
-            f"tokens {plan.num_batched_tokens:4d} context {context:6d}: "
-            f"{samples[-1][2] * 1e3:8.1f} ms",
+            f"tokens {shape.num_batched_tokens:4d} context {shape.context_tokens:6d} "
+            f"prefill pairs {shape.prefill_pairs:7d}: {samples[-1][1] * 1e3:8.1f} ms",
             flush=True,
         )
     return samples
@@ -77,11 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)
     model = StepTimeModel.fit(measure(args.repeats, args.threads), relative=True)
-    data = {
-        "overhead_s": model.overhead_s,
-        "per_token_s": model.per_token_s,
-        "per_context_token_s": model.per_context_token_s,
-    }
+    data = dataclasses.asdict(model)
     args.out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(data))
     return 0

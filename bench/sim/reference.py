@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from bench.workloads.format import Job, Node
 from engine import StepTimeModel
+from engine.sim_runner import prefill_pairs
 from tenants.policies import GpsCall, GpsJob, gps_finish_times
 
 
@@ -40,8 +41,11 @@ def solo_call_seconds(node: Node, model: StepTimeModel, token_budget: int) -> fl
     p, d = node.prompt_tokens, node.output_tokens
     chunks = math.ceil(p / token_budget)
     prefill = chunks * model.overhead_s + p * model.per_token_s
-    read = sum(min(p, (k + 1) * token_budget) for k in range(chunks))
-    prefill += model.per_context_token_s * read
+    starts = [k * token_budget for k in range(chunks)]
+    ends = [min(p, s + token_budget) for s in starts]
+    prefill += model.per_context_token_s * sum(ends)
+    pairs = sum(prefill_pairs(s, e - s) for s, e in zip(starts, ends, strict=True))
+    prefill += model.per_prefill_pair_s * pairs
     decodes = d - 1
     decode = decodes * (model.overhead_s + model.per_token_s)
     decode += model.per_context_token_s * (decodes * p + decodes * (decodes + 1) / 2)

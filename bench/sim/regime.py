@@ -5,9 +5,9 @@ fixed 15 ms (reading the weights), 20 µs per batched token (prefill compute) an
 context token (KV reads), so a decode step is nearly flat in batch size; the KV pool holds
 `kv_calls = 32` average calls of the workload and is the binding limit (no sequence cap that
 binds). `cpu`: this machine's engine, compute-bound: the step model is measured, passed as a JSON
-file (`overhead_s`, `per_token_s`, `per_context_token_s`) or `CPU_STEP_MODEL` (measured on one
-of these machines); the KV pool holds 64 average calls, 128 sequences, 512 batched tokens a step
-(the engine's defaults).
+file (`overhead_s`, `per_token_s`, `per_context_token_s`, `per_prefill_pair_s`) or
+`CPU_STEP_MODEL` (measured on one of these machines); the KV pool holds 64 average calls, 128
+sequences, 512 batched tokens a step (the engine's defaults).
 Its knee is the decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote:
 `B / (o + B k) >= e / k`, i.e. `B = ceil(o k^-1 e / (1 - e))` with `k = per_token_s +
 per_context_token_s * mean_context`, the mean context a decoding call reads. Invariant: every
@@ -16,6 +16,7 @@ regime admits by `ReserveMode.PREDICTED` and its pool holds any single call of t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -80,17 +81,19 @@ def cpu_regime(step_model: StepTimeModel = CPU_STEP_MODEL) -> Regime:
 
 
 def load_step_model(path: Path) -> StepTimeModel:
-    """A step model from a JSON object with overhead_s, per_token_s, per_context_token_s."""
+    """A step model from a JSON object with overhead_s, per_token_s and optionally
+    per_context_token_s and per_prefill_pair_s (0 when absent)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         model = StepTimeModel(
             float(data["overhead_s"]),
             float(data["per_token_s"]),
             float(data.get("per_context_token_s", 0.0)),
+            float(data.get("per_prefill_pair_s", 0.0)),
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StepModelInvalid(f"{path}: {exc!r}") from exc
-    coefficients = (model.overhead_s, model.per_token_s, model.per_context_token_s)
+    coefficients = dataclasses.astuple(model)
     if not all(math.isfinite(c) and c >= 0 for c in coefficients) or model.overhead_s <= 0:
         raise StepModelInvalid(f"{path}: coefficients must be finite, >= 0, overhead > 0")
     return model

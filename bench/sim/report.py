@@ -33,7 +33,8 @@ def setup_lines(out: StudyResult) -> list[str]:
         model = p.regime.step_model
         lines.append(
             f"- `{name}`: step = {model.overhead_s * 1e3:.3g} ms + {model.per_token_s * 1e6:.3g} µs"
-            f"/token + {model.per_context_token_s * 1e9:.3g} ns/context token; KV "
+            f"/token + {model.per_context_token_s * 1e9:.3g} ns/context token + "
+            f"{model.per_prefill_pair_s * 1e9:.3g} ns/prefill pair; KV "
             f"{(config.num_blocks or 0) * config.block_size:,} tokens, {config.max_num_seqs} seqs, "
             f"{config.max_num_batched_tokens} tokens/step; knee {p.setup.knee_calls}; measured "
             f"capacity {p.capacity:,.0f} KV token-slots per {p.step_seconds * 1e3:.1f} ms step"

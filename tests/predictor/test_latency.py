@@ -1,12 +1,24 @@
+import dataclasses
 import random
 
 import pytest
 
-from engine import EngineConfig, LLMEngine, Request, SamplingParams, SimulatedRunner, StepTimeModel
+from engine import (
+    EngineConfig,
+    LLMEngine,
+    Request,
+    SamplingParams,
+    SimulatedRunner,
+    StepShape,
+    StepTimeModel,
+)
+from engine.sim_runner import prefill_pairs
 from predictor.errors import InvalidCall
 from predictor.latency import DecodingCall, EngineState, LatencyModel, QueuedCall, engine_state
 
-STEP = StepTimeModel(overhead_s=0.01, per_token_s=0.001, per_context_token_s=1e-5)
+STEP = StepTimeModel(
+    overhead_s=0.01, per_token_s=0.001, per_context_token_s=1e-5, per_prefill_pair_s=2e-6
+)
 BUDGET, SEQS = 64, 8
 
 
@@ -96,20 +108,49 @@ def test_a_new_call_waits_behind_the_queue() -> None:
     assert ttfts == sorted(ttfts)
 
 
+def random_shape(rng: random.Random, prefill: bool) -> StepShape:
+    if not prefill:
+        return StepShape(rng.randint(1, 64), rng.randint(0, 20_000))
+    start, chunk = rng.randint(0, 1024), rng.randint(2, 512)
+    return StepShape(chunk, start + chunk, prefill_pairs(start, chunk))
+
+
 def test_online_refit_recovers_the_step_model_every_refit_every_steps() -> None:
-    true = StepTimeModel(0.02, 0.0005, 2e-6)
+    true = StepTimeModel(0.02, 0.0005, 2e-6, 4e-7)
     model = LatencyModel(
         StepTimeModel(1.0, 0.0), token_budget=BUDGET, max_num_seqs=SEQS, refit_every=10
     )
     rng = random.Random(0)
     for i in range(30):
-        tokens, context = rng.randint(1, 512), rng.randint(0, 20_000)
-        model.observe_step(tokens, context, true.step_time(tokens, context))
+        shape = random_shape(rng, prefill=i % 3 == 0)
+        model.observe_step(shape, true.shape_time(shape))
         assert (model.step_model.overhead_s == 1.0) is (i < 9)
-    fitted = model.step_model
-    assert fitted.overhead_s == pytest.approx(0.02)
-    assert fitted.per_token_s == pytest.approx(0.0005)
-    assert fitted.per_context_token_s == pytest.approx(2e-6)
+    assert dataclasses.astuple(model.step_model) == pytest.approx(dataclasses.astuple(true))
+
+
+@pytest.mark.parametrize("prefill_window", [0, 8])
+def test_prefill_steps_that_left_the_window_still_fit_the_prefill_cost(
+    prefill_window: int,
+) -> None:
+    true = StepTimeModel(0.02, 0.0005, 2e-6, 4e-7)
+    model = LatencyModel(
+        StepTimeModel(1.0, 0.0),
+        token_budget=BUDGET,
+        max_num_seqs=SEQS,
+        window=50,
+        prefill_window=prefill_window,
+        refit_every=50,
+    )
+    rng = random.Random(1)
+    shapes = [random_shape(rng, prefill=True) for _ in range(20)]
+    shapes += [random_shape(rng, prefill=False) for _ in range(80)]  # a long stretch of decodes
+    for shape in shapes:
+        model.observe_step(shape, true.shape_time(shape))
+    fitted = model.step_model.per_prefill_pair_s
+    if prefill_window:
+        assert fitted == pytest.approx(true.per_prefill_pair_s)
+    else:  # the window saw no prefill: the pair cost is unmeasured, so zero
+        assert fitted == 0.0
 
 
 @pytest.mark.parametrize(
