@@ -12,7 +12,7 @@ from engine.plan import ScheduledSeq, StepOutput, StepPlan
 from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity, Scheduler, StepResult
-from engine.sim_runner import SimulatedRunner, StepShape, StepTimeModel
+from engine.sim_runner import SimulatedRunner, StepShape, StepTimeModel, prefill_pairs
 
 __all__ = [
     "AsyncEngine",
@@ -41,4 +41,5 @@ __all__ = [
     "StepShape",
     "StepTimeModel",
     "TokenDelta",
+    "prefill_pairs",
 ]

@@ -38,6 +38,11 @@ class StepShape:
     prefill_pairs: int = 0  # causal query-key pairs of the chunks of more than one token
 
     @classmethod
+    def chunk(cls, start: int, tokens: int) -> StepShape:
+        """A step that prefills one chunk of `tokens` prompt tokens at position `start`."""
+        return cls(tokens, start + tokens, prefill_pairs(start, tokens))
+
+    @classmethod
     def of(cls, plan: StepPlan) -> StepShape:
         return cls(
             plan.num_batched_tokens,
@@ -58,14 +63,13 @@ class StepTimeModel:
     per_context_token_s: float = 0.0
     per_prefill_pair_s: float = 0.0
 
-    def step_time(
-        self, num_batched_tokens: int, context_tokens: int, prefill_pairs: int = 0
-    ) -> float:
+    def step_time(self, num_batched_tokens: int, context_tokens: int, pairs: int = 0) -> float:
+        """A step's time; `pairs`: its prefill chunks' query-key pairs (`prefill_pairs`)."""
         return (
             self.overhead_s
             + self.per_token_s * num_batched_tokens
             + self.per_context_token_s * context_tokens
-            + self.per_prefill_pair_s * prefill_pairs
+            + self.per_prefill_pair_s * pairs
         )
 
     def shape_time(self, shape: StepShape) -> float:
@@ -83,6 +87,7 @@ class StepTimeModel:
         `relative` minimises relative rather than absolute errors, so that a few long steps (a
         calibration's big prefills) do not decide the fit of the many short ones (decodes). A
         column the samples never exercise (no prefill chunk: no pairs) gets a zero coefficient.
+        Needs scipy (a runtime dependency; imported here so the engine starts without it loaded).
         """
         from scipy.optimize import nnls
 
@@ -96,7 +101,8 @@ class StepTimeModel:
             if np.any(target <= 0):
                 raise ValueError("a relative fit needs positive step times")
             design, target = design / target[:, None], np.ones(len(samples))
-        scale = np.maximum(np.abs(design).max(axis=0), 1e-300)  # columns span 1 to ~1e6
+        scale = np.abs(design).max(axis=0)  # columns span many orders of magnitude
+        scale[scale == 0] = 1.0  # a column never exercised stays zero
         coef, _ = nnls(design / scale, target)
         overhead, per_token, per_context, per_pair = (float(c) for c in coef / scale)
         return cls(overhead, per_token, per_context, per_pair)

@@ -2,16 +2,17 @@
 
 A step's time is `engine.StepTimeModel` (fixed overhead + cost per batched token + cost per
 token of context + cost per query-key pair of a prefill chunk), calibrated online: measured
-steps go into a sliding window and the model is refitted by least squares of relative errors (so
-that the few long prefill steps do not decide the fit of the many decode steps) every
-`refit_every` observations. The last `prefill_window` steps that prefilled are kept apart and
-join the fit when they have left the window, so that a stretch of decodes alone never leaves
-the prefill cost unmeasured (a call's TTFT is mostly prefill). Arrivals go into another
+steps go into a sliding window and the model is refitted by non-negative least squares of
+relative errors (so that the few long prefill steps do not decide the fit of the many decode
+steps) every `refit_every` observations. The last `prefill_window` steps with prefill pairs (a
+chunk of more than one token) are kept apart and join the fit when they have left the window,
+so that a stretch of decodes alone never leaves the prefill cost unmeasured (a call's TTFT is
+mostly prefill). Arrivals go into another
 window, whose mean gap and sizes are the traffic expected to join behind a call. An estimate
 replays the engine's continuous batching on the model (`predictor.replay`) from a snapshot of
 the engine's state.
-Invariant: each window holds at most its size; a step is fitted at most once; nothing here
-reads the clock (`observe_arrival` takes `now`).
+Invariant: each window holds at most its size; a step enters any one fit at most once;
+nothing here reads the clock (`observe_arrival` takes `now`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ closed form up to the next finish or the next expected arrival (context grows by
 decoding call per step), so a replay costs O(prefill steps + calls log calls). Expected
 arrivals (`ArrivalLoad`), evenly spaced and of mean size, join the queue's end as time passes:
 they never get ahead of a real call but make its steps slower, as future traffic does. The
-replay stops when every real queued call has finished. It assumes KV never runs out.
+replay stops when every real queued call has finished. It assumes KV never runs out and no
+prefix-cache hits (a cached prefix would be prefilled, and charged, from position 0).
 Invariant: a decoding call's context at step s is `offset + s`, and `offset_sum` is the sum of
 the offsets of the calls decoding now.
 """
@@ -21,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.sim_runner import StepTimeModel, prefill_pairs
+from engine import StepTimeModel, prefill_pairs
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,10 +179,7 @@ def run_check(config: LiveConfig, log: Any = print) -> dict[str, Any]:
         },
         "engine": {"num_blocks": first.num_blocks, "block_size": engine.block_size},
         "step_model": {
-            "overhead_s": step_model.overhead_s,
-            "per_token_s": step_model.per_token_s,
-            "per_context_token_s": step_model.per_context_token_s,
-            "per_prefill_pair_s": step_model.per_prefill_pair_s,
+            **asdict(step_model),
             "between_steps_s": between,
             "steps": sum(len(r.steps.samples) for r in every),
         },

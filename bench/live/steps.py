@@ -3,7 +3,7 @@
 `StepRecorder` wraps the engine's model runner: for each step it keeps its shape (batched
 tokens, context tokens read, prefill pairs: `StepShape`), how long `execute` took, and the
 wall time since the previous step ended. `fit_step_model` fits `StepTimeModel` to the execute
-times (least squares, as `bench.sim.calibrate` does) and adds to its fixed cost the median time
+times (non-negative least squares of absolute errors) and adds to its fixed cost the median time
 between two steps run back to back (a gap under `BACK_TO_BACK_S`): the engine's own bookkeeping
 and the gateway's work between steps on this machine, which the simulation otherwise counts as
 free. `busy_step_s` is a run's mean step so counted: dividing a run's JCTs by it gives them in
@@ -49,7 +49,8 @@ class StepRecorder:
 
 def busy_step_s(recorder: StepRecorder) -> float:
     """The mean time a step took, the time between back-to-back steps included."""
-    busy = sum(s[1] for s in recorder.samples) + sum(g for g in recorder.gaps if g < BACK_TO_BACK_S)
+    busy = sum(seconds for _, seconds in recorder.samples)
+    busy += sum(g for g in recorder.gaps if g < BACK_TO_BACK_S)
     return busy / max(1, len(recorder.samples))
 
 

@@ -3,9 +3,9 @@
 Runs a few plans through `engine.model_runner.ModelRunner` on the default model (decode batches
 of 1 to 32 sequences at contexts of 256 and 1024 tokens, and prefill chunks of 128 to 512
 tokens, one of them after 512 tokens already prefilled), takes the median of `repeats` timings
-each, and fits `StepTimeModel.fit` (least squares of relative errors on batched tokens, context
-tokens and prefill attention pairs, so the big prefills do not decide the fit of the decodes).
-Writes the JSON that `bench.sched --cpu-step-model` reads.
+each, and fits `StepTimeModel.fit` (non-negative least squares of relative errors on batched
+tokens, context tokens and prefill attention pairs, so the big prefills do not decide the fit of
+the decodes). Writes the JSON that `bench.sched --cpu-step-model` reads.
 The model's KV content is garbage: only time is measured. Invariant: the fit is of measured
 steps only; nothing is assumed.
 

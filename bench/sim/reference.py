@@ -10,12 +10,10 @@ the token budget, then one decode step per further output token. The bound a job
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from bench.workloads.format import Job, Node
-from engine import StepTimeModel
-from engine.sim_runner import prefill_pairs
+from engine import StepShape, StepTimeModel
 from tenants.policies import GpsCall, GpsJob, gps_finish_times
 
 
@@ -39,13 +37,10 @@ def gps_finish(jobs: Sequence[Job], capacity: float, step_seconds: float) -> dic
 def solo_call_seconds(node: Node, model: StepTimeModel, token_budget: int) -> float:
     """A call's run time alone: prefill chunks, then `output - 1` decode steps."""
     p, d = node.prompt_tokens, node.output_tokens
-    chunks = math.ceil(p / token_budget)
-    prefill = chunks * model.overhead_s + p * model.per_token_s
-    starts = [k * token_budget for k in range(chunks)]
-    ends = [min(p, s + token_budget) for s in starts]
-    prefill += model.per_context_token_s * sum(ends)
-    pairs = sum(prefill_pairs(s, e - s) for s, e in zip(starts, ends, strict=True))
-    prefill += model.per_prefill_pair_s * pairs
+    prefill = sum(
+        model.shape_time(StepShape.chunk(start, min(token_budget, p - start)))
+        for start in range(0, p, token_budget)
+    )
     decodes = d - 1
     decode = decodes * (model.overhead_s + model.per_token_s)
     decode += model.per_context_token_s * (decodes * p + decodes * (decodes + 1) / 2)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -21,7 +22,9 @@ MODEL = StepTimeModel(overhead_s=0.01, per_token_s=0.001, per_context_token_s=1e
 BUDGET = 256
 
 
-def make_setup(num_blocks: int = 64, knee: int | None = None) -> EngineSetup:
+def make_setup(
+    num_blocks: int = 64, knee: int | None = None, model: StepTimeModel = MODEL
+) -> EngineSetup:
     config = EngineConfig(
         block_size=16,
         num_blocks=num_blocks,
@@ -31,7 +34,7 @@ def make_setup(num_blocks: int = 64, knee: int | None = None) -> EngineSetup:
         enable_prefix_cache=False,
         reserve_mode=ReserveMode.PREDICTED,
     )
-    return EngineSetup(config, MODEL, knee)
+    return EngineSetup(config, model, knee)
 
 
 def single(job_id: str, tenant: str, prompt: int, output: int, arrival: float = 0.0) -> Job:
@@ -60,10 +63,12 @@ def test_jobs_arriving_together_finish_in_justitia_order() -> None:
     assert sorted(fcfs, key=fcfs.__getitem__) == ["job-a", "job-b", "job-c", "job-d"]
 
 
-def test_a_lone_call_takes_its_solo_time() -> None:
+@pytest.mark.parametrize("pair_s", [0.0, 1e-7])
+def test_a_lone_call_takes_its_solo_time(pair_s: float) -> None:
+    model = dataclasses.replace(MODEL, per_prefill_pair_s=pair_s)
     job = single("j", "t", 300, 40)  # a prompt of two chunks
-    finish = simulate([job], "fcfs", make_setup()).result.finish["j"]
-    assert finish == pytest.approx(solo_call_seconds(job.nodes[0], MODEL, BUDGET))
+    finish = simulate([job], "fcfs", make_setup(model=model)).result.finish["j"]
+    assert finish == pytest.approx(solo_call_seconds(job.nodes[0], model, BUDGET))
 
 
 def test_a_child_waits_for_its_parents_and_its_think_delay() -> None:

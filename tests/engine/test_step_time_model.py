@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import SamplingParams, ScheduledSeq, StepPlan
-from engine.sim_runner import StepShape, StepTimeModel, prefill_pairs
+from engine import SamplingParams, ScheduledSeq, StepPlan, StepShape, StepTimeModel, prefill_pairs
 
 TRUE = StepTimeModel(0.015, 0.0008, 2e-6, 3e-7)
 # decodes (no pairs), first prefill chunks and a chunk late in a long prompt
@@ -43,8 +42,10 @@ def test_a_plans_shape_sums_its_sequences() -> None:
         ],
         65,
     )
-    assert StepShape.of(plan) == StepShape(65, 100 + 192, prefill_pairs(128, 64))
-    assert TRUE.plan_time(plan) == pytest.approx(TRUE.shape_time(StepShape.of(plan)))
+    pairs = 64 * 128 + 64 * 65 // 2
+    assert StepShape.of(plan) == StepShape(65, 100 + 192, pairs)
+    assert TRUE.plan_time(plan) == pytest.approx(0.015 + 0.0008 * 65 + 2e-6 * 292 + 3e-7 * pairs)
+    assert StepShape.chunk(128, 64) == StepShape(64, 192, pairs)
 
 
 @pytest.mark.parametrize("relative", [False, True])
