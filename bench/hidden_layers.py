@@ -3,8 +3,8 @@
 For every labelled AlpacaEval prompt, one transformers forward pass of the default model (fp32)
 gives the residual stream at every layer; three representations per layer are compared: the
 prompt's last token, the plain mean over the prompt's tokens, and the mean weighted by each
-position's next-token entropy (EGTP). For each, a ridge regression of the mean `log1p` sampled
-length, its penalty chosen by 5-fold cross-validated Kendall's tau on the training split, is
+position's next-token entropy (EGTP). For each, a ridge regression of `log1p` of the mean sampled
+length (the point model's target in `predictor.training`), its penalty chosen by 5-fold cross-validated Kendall's tau on the training split, is
 scored by tau against the median sampled length on the held-out prompts (split by prompt id, as
 everywhere). The engine's `hidden_layer` (engine/hidden.py) was chosen from this sweep by its
 cross-validated tau. About 12 minutes on 2 cores.
@@ -90,7 +90,7 @@ def sweep(labels: Path, data_dir: Path) -> dict[str, Any]:
     rows = read_labels(labels)
     texts = resolve((r.prompt_id for r in rows), data_dir)
     reps = representations([texts[r.prompt_id] for r in rows])
-    y = np.array([np.mean(np.log1p(r.lengths)) for r in rows])
+    y = np.array([np.log1p(np.mean(r.lengths)) for r in rows])
     medians = np.array([float(np.median(r.lengths)) for r in rows])
     held = np.array([is_held_out(r.prompt_id) for r in rows])
     results: dict[str, Any] = {"prompts": len(rows), "held_out": int(held.sum())}
