@@ -3,11 +3,12 @@
 For every labelled AlpacaEval prompt, one transformers forward pass of the default model (fp32)
 gives the residual stream at every layer; three representations per layer are compared: the
 prompt's last token, the plain mean over the prompt's tokens, and the mean weighted by each
-position's next-token entropy (EGTP). For each, a ridge regression of `log1p` of the mean sampled
-length (the point model's target in `predictor.training`), its penalty chosen by 5-fold cross-validated Kendall's tau on the training split, is
-scored by tau against the median sampled length on the held-out prompts (split by prompt id, as
-everywhere). The engine's `hidden_layer` (engine/hidden.py) was chosen from this sweep by its
-cross-validated tau. About 12 minutes on 2 cores.
+position's next-token entropy (EGTP). For each, a ridge regression of `log1p` of the mean
+sampled length (the point model's target in `predictor.training`), its penalty chosen by 5-fold
+cross-validated Kendall's tau on the training split, is scored by tau against the median sampled
+length on the held-out prompts (split by prompt id, as everywhere). The engine's `hidden_layer`
+(engine/hidden.py) was chosen from this sweep by its cross-validated tau. About 12 minutes on 2
+cores.
 
     python -m bench.hidden_layers --json bench/out/hidden-layers.json
 """
