@@ -153,13 +153,18 @@ def test_underpredicted_calls_grow_and_get_preempted_yet_finish() -> None:
     assert len(sim.result.finish) == 6
 
 
-def test_the_knee_holds_back_all_but_the_pampered_job() -> None:
-    jobs = [single("small", "a", 100, 20), single("big", "b", 100, 200)]
+def test_the_knee_holds_back_all_but_the_pampered_and_the_longest_job() -> None:
+    jobs = [
+        single("small", "a", 100, 20),
+        single("mid", "b", 100, 100),
+        single("big", "c", 100, 200),
+    ]
     free = simulate(jobs, "justitia", make_setup()).result.finish
     kneed = simulate(jobs, "justitia", make_setup(knee=1), pampered_jobs=1).result.finish
-    assert kneed["small"] <= free["small"]
-    assert kneed["big"] > free["big"]  # it waited for the small job to finish
-    assert kneed["big"] > kneed["small"]
+    assert kneed["small"] < free["small"]  # a smaller batch: faster steps
+    assert kneed["mid"] > free["mid"]  # it waited for the small job to finish
+    assert kneed["mid"] > kneed["small"]
+    assert kneed["big"] <= free["big"]  # the longest job ran from the start
 
 
 def test_service_snapshots_add_up_to_the_kv_token_time_served() -> None:

@@ -2,8 +2,9 @@
 
 The engine runs at most SLOTS calls, each generating a token a step. After every operation the
 policy's invariants hold; every dispatch is of a ready call; the policy holds back only when it
-may (nothing ready, or justitia past the knee with its pampered jobs idle). Every job finishes once
-arrivals stop, and under every policy but sjf-oracle no ready call waits longer than MAX_WAIT steps.
+may (nothing ready, or justitia past the knee with its pampered jobs and its longest job idle).
+Every job finishes once arrivals stop, and under every policy but sjf-oracle no ready call waits
+longer than MAX_WAIT steps.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class SimJob:
     info: JobInfo
     parents_left: dict[str, int]
     nodes_left: int
+    done: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -116,11 +118,30 @@ class ToyEngine:
         return [c.call.prompt_tokens + c.generated for c in self.running.values()]
 
     def pampered(self) -> set[str]:
-        """The jobs justitia still admits past the knee: its first `pampered_jobs` by tag."""
+        """The jobs justitia still admits past the knee: its first `pampered_jobs` by tag and
+        the job with the longest remaining critical path (the first such job to arrive)."""
         assert isinstance(self.policy, JustitiaPolicy)
         policy = self.policy
         ranked = sorted(self.jobs, key=lambda j: (policy.tag(j), self.jobs[j].info.arrival, j))
-        return set(ranked[: policy.pampered_jobs])
+        longest = max(self.jobs, key=lambda j: self.remaining_path(self.jobs[j]))
+        return {*ranked[: policy.pampered_jobs], longest}
+
+    def remaining_path(self, job: SimJob) -> float:
+        """The heaviest path of justitia's output estimates over the job's unfinished nodes: the
+        prediction capped at max_tokens, or what a running call reported if that is more."""
+        reported = {
+            run.call.node_id: run.reported
+            for run in self.running.values()
+            if run.call.job_id == job.info.job_id
+        }
+        path: dict[str, float] = {}
+        for node in job.info.nodes:  # parents first
+            estimate = max(
+                min(node.predicted_output, node.max_tokens), reported.get(node.node_id, 0)
+            )
+            before = max((path[p] for p in node.parents), default=0.0)
+            path[node.node_id] = before + (0.0 if node.node_id in job.done else estimate)
+        return max(path.values())
 
     def past_knee(self, load: EngineLoad) -> bool:
         knee = load.knee_calls
@@ -158,6 +179,7 @@ class ToyEngine:
         self.op_done()
         job = self.jobs[run.call.job_id]
         job.nodes_left -= 1
+        job.done.add(run.call.node_id)
         if job.nodes_left == 0:
             self.remove(job.info.job_id, step)
             return

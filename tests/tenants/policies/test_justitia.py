@@ -144,16 +144,13 @@ def knee_setup(pampered_jobs: int = 1) -> JustitiaPolicy:
     return policy
 
 
-def test_past_the_knee_only_the_pampered_job_is_admitted() -> None:
+def test_past_the_knee_only_the_pampered_and_the_longest_job_are_admitted() -> None:
     policy = knee_setup()
     at_knee = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=4)
     # one running call: the backlog drains no faster than any job's path, so no job is a chain
     below = EngineLoad(running_calls=1, batch_tokens=0, knee_calls=4)
-    for call_id in ("small/x", "small/y"):
-        peeked = policy.peek(0.0, at_knee)
-        assert peeked is not None and peeked.call_id == call_id
-        policy.mark_dispatched(call_id, 0.0)
-    assert policy.peek(0.0, at_knee) is None  # the pampered job runs everything it has
+    # the pampered job runs everything it has, then the longest job (big, 400 tokens), by tag
+    assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", "big/w"]
     peeked = policy.peek(0.0, below)
     assert peeked is not None and peeked.call_id == "mid/z"
 
@@ -161,7 +158,23 @@ def test_past_the_knee_only_the_pampered_job_is_admitted() -> None:
 def test_more_pampered_jobs_admit_further_past_the_knee() -> None:
     policy = knee_setup(pampered_jobs=2)
     at_knee = EngineLoad(running_calls=9, batch_tokens=0, knee_calls=4)
-    assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", "mid/z"]
+    assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", "mid/z", "big/w"]
+
+
+def test_past_the_knee_the_longest_remaining_path_is_admitted_not_the_largest_job() -> None:
+    policy = JustitiaPolicy(pampered_jobs=1)
+    submit(policy, make_job("small", "t1", [make_node("n", predicted=5)]))
+    wide = [make_node(f"w{k}", predicted=150) for k in range(4)]  # 600 tokens, path 150
+    submit(policy, make_job("wide", "t2", wide))
+    chain = [make_node(f"c{k}", [f"c{k - 1}"] if k else [], predicted=60) for k in range(3)]
+    long = make_job("long", "t3", chain)  # 180 tokens, all on its path
+    submit(policy, long)
+    at_knee = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=4)
+    assert dispatch_all_at(policy, at_knee) == ["small/n", "long/c0"]
+    policy.on_finished("long/c0", 100, 60, 0.0)
+    policy.add_ready(make_ready(long, "c1"), 0.0)  # its path is down to 120: wide is longest
+    assert dispatch_all_at(policy, at_knee) == [f"wide/w{k}" for k in range(4)]
+    policy.check_invariants()
 
 
 def dispatch_all_at(policy: JustitiaPolicy, load: EngineLoad) -> list[str]:
