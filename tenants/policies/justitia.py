@@ -89,6 +89,10 @@ class JustitiaPolicy(BookPolicy):
     def _is_chain(self, job_id: str) -> bool:
         return self._drain < math.inf and self._remaining[job_id][0] > CHAIN_FACTOR * self._drain
 
+    def _path(self, job: JobState) -> float:
+        """The job's remaining critical path, as last measured."""
+        return self._remaining[job.info.job_id][0]
+
     def _job_priority(self, job: JobState) -> float:
         return self._clock.tag(job.info.job_id)
 
@@ -99,8 +103,8 @@ class JustitiaPolicy(BookPolicy):
             return self._ready_jobs.values()
         self._drain = math.inf  # past the knee a slot is scarce: the tag alone decides
         pampered = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)
-        longest = max(self._jobs.values(), key=lambda job: self._remaining[job.info.job_id][0])
-        if all(job is not longest for job in pampered):
+        longest = max(self._jobs.values(), key=self._path, default=None)
+        if longest is not None and all(job is not longest for job in pampered):
             pampered.append(longest)
         return [job for job in pampered if job.ready]
 

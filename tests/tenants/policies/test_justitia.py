@@ -155,6 +155,12 @@ def test_past_the_knee_only_the_pampered_and_the_longest_job_are_admitted() -> N
     assert peeked is not None and peeked.call_id == "mid/z"
 
 
+def test_past_the_knee_with_no_active_job_nothing_is_admitted() -> None:
+    # calls of a removed job may still hold the engine past the knee
+    policy = JustitiaPolicy()
+    assert policy.peek(0.0, EngineLoad(running_calls=5, batch_tokens=0, knee_calls=4)) is None
+
+
 def test_more_pampered_jobs_admit_further_past_the_knee() -> None:
     policy = knee_setup(pampered_jobs=2)
     at_knee = EngineLoad(running_calls=9, batch_tokens=0, knee_calls=4)
