@@ -9,10 +9,12 @@ it has produced), and the truth replaces all when it finishes. A call that runs 
 estimate is charged the excess at once, token by token, so its job's tag moves later while it runs
 and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
 its ready calls, then the next (work-conserving). Knee: when the engine reports one and already
-runs that many calls, only the first `pampered_jobs` active jobs by tag may still be admitted, and
-the job with the longest remaining critical path (below): the one that ends last whatever the
-order. Held back through a congestion it would run its whole path once the congestion clears,
-nearly alone on the engine, and stretch the makespan; admitted, it adds one call for a chain.
+runs that many calls, only the first `pampered_jobs` active jobs by tag and the job with the
+longest remaining critical path (defined below; the first to arrive on a tie) may still be
+admitted, in tag order; both are chosen among all active jobs, so one that is thinking (no ready
+call) admits nothing in its place. The longest job is the one predicted to end last whatever the
+order: held back through a congestion it would run its whole path once the congestion clears,
+nearly alone on the engine, and stretch the makespan; admitted, it costs one slot for a chain.
 Chains: a job whose remaining critical path (the output estimates along its longest path of
 unfinished calls, a running call counting its whole estimate; a token a step at best) exceeds
 `CHAIN_FACTOR` times the steps the engine needs to drain every active job's estimated remaining
@@ -101,7 +103,7 @@ class JustitiaPolicy(BookPolicy):
         if load.knee_calls is None or load.running_calls < load.knee_calls:
             self._drain = self._remaining_total / max(load.running_calls, 1)
             return self._ready_jobs.values()
-        self._drain = math.inf  # past the knee a slot is scarce: the tag alone decides
+        self._drain = math.inf  # past the knee a slot is scarce: no chain goes before the tags
         pampered = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)
         longest = max(self._jobs.values(), key=self._path, default=None)
         if longest is not None and all(job is not longest for job in pampered):
