@@ -86,10 +86,10 @@ class JustitiaPolicy(BookPolicy):
         return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
 
     def _job_order(self, job: JobState, now: float) -> OrderKey:
-        return (not self._is_chain(job.info.job_id), *self._rank(job))
+        return (not self._is_chain(job), *self._rank(job))
 
-    def _is_chain(self, job_id: str) -> bool:
-        return self._drain < math.inf and self._remaining[job_id][0] > CHAIN_FACTOR * self._drain
+    def _is_chain(self, job: JobState) -> bool:
+        return self._drain < math.inf and self._path(job) > CHAIN_FACTOR * self._drain
 
     def _path(self, job: JobState) -> float:
         """The job's remaining critical path, as last measured."""
@@ -104,11 +104,11 @@ class JustitiaPolicy(BookPolicy):
             self._drain = self._remaining_total / max(load.running_calls, 1)
             return self._ready_jobs.values()
         self._drain = math.inf  # past the knee a slot is scarce: no chain goes before the tags
-        pampered = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)
+        admitted = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)
         longest = max(self._jobs.values(), key=self._path, default=None)
-        if longest is not None and all(job is not longest for job in pampered):
-            pampered.append(longest)
-        return [job for job in pampered if job.ready]
+        if longest is not None and all(job is not longest for job in admitted):
+            admitted.append(longest)
+        return [job for job in admitted if job.ready]
 
     def _job_added(self, job: JobState, now: float) -> None:
         estimates = {
