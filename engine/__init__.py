@@ -10,11 +10,13 @@ from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestNotF
 from engine.llm import LLMEngine, RequestOutput, Runner
 from engine.plan import ScheduledSeq, StepOutput, StepPlan
 from engine.request import FinishReason, Request, RequestStatus
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingParams
 from engine.scheduler import Capacity, Scheduler, StepResult
 from engine.sim_runner import SimulatedRunner, StepShape, StepTimeModel, prefill_pairs
 
 __all__ = [
+    "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
     "AsyncEngine",
     "BlockManager",
     "Capacity",

@@ -6,6 +6,13 @@ scheduler (add, abort, priority) happens on the event loop between steps: while 
 flight such changes are queued and applied the moment it returns, so an abort frees the
 request's blocks at once, or at the end of the step that is using them.
 
+A failing step never ends the loop. When the model runner raises, the core fails that step's
+requests with `FinishReason.ERROR`; when anything else in a step raises (the scheduler's update,
+say), no request's progress can be trusted, so every live request is failed with ERROR; either
+way the exception is logged and the loop carries on with the requests that come next. `healthy`
+turns False after `max_consecutive_failures` failed steps in a row and True again at the next
+good one; `health_changed()` wakes whoever follows it.
+
 Invariant: every stream ends with exactly one delta whose `finished` is True, or is closed by
 `abort`/`aclose`, and every request the engine accepted is finished, aborted or live.
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +36,8 @@ from engine.llm import LLMEngine, RequestOutput
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,15 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, core: LLMEngine, run_in_thread: bool = True) -> None:
+    def __init__(
+        self, core: LLMEngine, run_in_thread: bool = True, max_consecutive_failures: int = 3
+    ) -> None:
+        if max_consecutive_failures < 1:
+            raise ValueError("max_consecutive_failures must be >= 1")
         self.core = core
+        self.max_consecutive_failures = max_consecutive_failures
+        self._consecutive_failures = 0
+        self._health_flipped = anyio.Event()
         self._run_in_thread = run_in_thread
         self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._pending: list[Callable[[], None]] = []
@@ -124,6 +141,7 @@ class AsyncEngine:
         request_id: str | None = None,
         priority: float = 0.0,
         predicted_output_len: int | None = None,
+        cache_salt: str = "",
     ) -> RequestStream:
         if self._closed:
             raise EngineClosed("engine is shut down")
@@ -135,6 +153,7 @@ class AsyncEngine:
             request_id=request_id,
             priority=priority,
             predicted_output_len=predicted_output_len,
+            cache_salt=cache_salt,
         )
         self._run(lambda: self.core.submit(request))
         self._capacity = self._capacity_after(request)
@@ -200,6 +219,21 @@ class AsyncEngine:
         )
 
     @property
+    def healthy(self) -> bool:
+        """False while the last `max_consecutive_failures` steps all failed, True again after
+        the next good step.
+
+        An isolated failure costs only its own requests (they end with `FinishReason.ERROR`)
+        and leaves the engine healthy; a gateway reports NOT_SERVING only while steps keep
+        failing, that is while the engine really cannot serve.
+        """
+        return self._consecutive_failures < self.max_consecutive_failures
+
+    async def health_changed(self) -> None:
+        """Return once `healthy` has flipped."""
+        await self._health_flipped.wait()
+
+    @property
     def num_live(self) -> int:
         return len(self._streams)
 
@@ -213,21 +247,50 @@ class AsyncEngine:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue
-            self._stepping = True
             try:
-                if self._run_in_thread:
-                    outputs = await anyio.to_thread.run_sync(self.core.step)
-                else:
-                    outputs = self.core.step()
-                    await anyio.lowlevel.checkpoint()
-            finally:
-                self._stepping = False
-            for apply in self._pending:
-                apply()
-            self._pending.clear()
-            self._capacity = self.core.scheduler.capacity()
+                outputs = await self._step()
+            except Exception:
+                logger.exception("engine step failed outside the runner; failing every request")
+                self._apply_pending()
+                self._record_step(failed=True)
+                self._fail_live()
+                continue
+            self._apply_pending()
+            self._record_step(failed=self.core.last_step_failed)
             for out in outputs:
                 self._deliver(out)
+
+    def _apply_pending(self) -> None:
+        for apply in self._pending:
+            apply()
+        self._pending.clear()
+        self._capacity = self.core.scheduler.capacity()
+
+    async def _step(self) -> list[RequestOutput]:
+        self._stepping = True
+        try:
+            if self._run_in_thread:
+                return await anyio.to_thread.run_sync(self.core.step)
+            outputs = self.core.step()
+            await anyio.lowlevel.checkpoint()
+            return outputs
+        finally:
+            self._stepping = False
+
+    def _record_step(self, failed: bool) -> None:
+        was_healthy = self.healthy
+        self._consecutive_failures = self._consecutive_failures + 1 if failed else 0
+        if self.healthy != was_healthy:
+            self._health_flipped.set()
+            self._health_flipped = anyio.Event()
+
+    def _fail_live(self) -> None:
+        """End every live request with ERROR, freeing its blocks."""
+        for out in self.core.fail_all():
+            self._deliver(out)
+        for rid in list(self._streams):  # finished by the broken step before it raised
+            self._deliver(RequestOutput(rid, [], finished=True, finish_reason=FinishReason.ERROR))
+        self._capacity = self.core.scheduler.capacity()
 
     def _deliver(self, out: RequestOutput) -> None:
         send = self._streams.get(out.request_id)

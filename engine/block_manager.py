@@ -1,8 +1,12 @@
 """KV block pool: ref-counted fixed-size blocks, a free pool, and a prefix cache.
 
 A request's KV lives in `request.block_ids`, `block_size` tokens per block. Full blocks are
-keyed by a chained hash (hash of the previous block's key and this block's tokens), so two
-requests with the same prefix share the same blocks; a hit is confirmed by comparing tokens.
+keyed by a chained BLAKE2b digest: a block's key is the hash of its parent's key (fixed length)
+and its token ids (fixed-width little-endian), and the first block's parent is the hash of the
+request's cache salt. So a key commits to the salt and to every token before the block's end,
+an attacker cannot craft a collision to be handed KV computed under another prefix, and requests
+with different salts never share a block. Two requests with the same salt and prefix share the
+same blocks; a hit is also confirmed by comparing the block's own tokens.
 Freed blocks keep their key and wait in the free pool (`FreePool`: evicted only when no clean
 block is left, least recently freed first), so a later request can revive them until then. New
 blocks come from the pool in runs of consecutive ids, sized by the tokens the request expects
@@ -15,25 +19,43 @@ The manager answers "fits?"; it never picks a victim.
 
 from __future__ import annotations
 
+import hashlib
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.free_pool import FreePool
 from engine.request import Request
 
-BlockKey = tuple[int, int]  # (chained hash, block index): index keeps equal hashes of
-# different depths apart
+BlockHash = bytes  # DIGEST_SIZE bytes, committing to the salt and the whole prefix
+DIGEST_SIZE = 32
+TOKEN_ID_LIMIT = 1 << 64  # token ids are encoded as unsigned 64-bit integers
+# Personalised (domain-separated) so a salt root is never a block's key; only ever copied,
+# which is cheaper than building a hasher per block.
+_ROOT_HASHER = hashlib.blake2b(digest_size=DIGEST_SIZE, person=b"fairgate-salt")
+_BLOCK_HASHER = hashlib.blake2b(digest_size=DIGEST_SIZE, person=b"fairgate-block")
 
 
 @dataclass(slots=True)
 class Block:
     block_id: int
     ref_count: int = 0
-    key: BlockKey | None = None
-    token_ids: tuple[int, ...] = ()
+    key: BlockHash | None = None
+    token_bytes: bytes = b""  # the keyed tokens, packed: a hit is confirmed against them
 
 
-def chain_hash(prev: int, token_ids: tuple[int, ...]) -> int:
-    return hash((prev, token_ids))
+def root_hash(cache_salt: str) -> BlockHash:
+    """The parent of a request's first block: only requests with equal salts share blocks."""
+    hasher = _ROOT_HASHER.copy()
+    hasher.update(cache_salt.encode())
+    return hasher.digest()
+
+
+def block_hash(parent: BlockHash, token_bytes: bytes) -> BlockHash:
+    """A full block's key from its parent's key and its packed token ids."""
+    hasher = _BLOCK_HASHER.copy()
+    hasher.update(parent + token_bytes)
+    return hasher.digest()
 
 
 class BlockManager:
@@ -45,10 +67,11 @@ class BlockManager:
         self.enable_prefix_cache = enable_prefix_cache
         self.blocks = [Block(i) for i in range(num_blocks)]
         self._free = FreePool(num_blocks)
-        self._cached: dict[BlockKey, int] = {}
+        self._cached: dict[BlockHash, int] = {}
         self._tails: dict[str, int] = {}  # request id -> last block, whose room it claimed
         self._num_hashed: dict[str, int] = {}  # request id -> leading blocks already keyed
-        self._hashes: dict[str, list[int]] = {}  # request id -> chained hash per full block
+        self._last_key: dict[str, BlockHash] = {}  # request id -> key of its last keyed block
+        self._pack = struct.Struct(f"<{block_size}Q").pack  # one full block's token ids
 
     @property
     def num_free_blocks(self) -> int:
@@ -64,8 +87,8 @@ class BlockManager:
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= len(self._free)
 
-    def find_cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Block ids holding the longest cached prefix of full blocks.
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """Block ids holding the longest cached prefix of the request's full blocks.
 
         Never the whole sequence: at least one token is left to compute, so the step that
         finishes the prompt still produces logits.
@@ -73,12 +96,10 @@ class BlockManager:
         if not self.enable_prefix_cache:
             return []
         found: list[int] = []
-        prev = 0
-        for index in range((len(token_ids) - 1) // self.block_size):
-            chunk = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
-            prev = chain_hash(prev, chunk)
-            block_id = self._cached.get((prev, index))
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
+        num_full = (request.num_tokens - 1) // self.block_size
+        for key, packed in self._chain(request, 0, num_full, root_hash(request.cache_salt)):
+            block_id = self._cached.get(key)
+            if block_id is None or self.blocks[block_id].token_bytes != packed:
                 break
             found.append(block_id)
         return found
@@ -110,23 +131,31 @@ class BlockManager:
         if not self.enable_prefix_cache:
             return
         rid = request.request_id
-        hashes = self._hashes.setdefault(rid, [])
         start = self._num_hashed.get(rid, 0)
         num_full = request.num_computed_tokens // self.block_size
         if num_full <= start:
             return
-        prev = hashes[-1] if hashes else 0
-        size = self.block_size
-        for index in range(start, num_full):
-            chunk = tuple(request.token_slice(index * size, (index + 1) * size))
-            prev = chain_hash(prev, chunk)
-            hashes.append(prev)
-            block = self.blocks[request.block_ids[index]]
-            if block.key is None and (prev, index) not in self._cached:
-                block.key = (prev, index)
-                block.token_ids = chunk
-                self._cached[block.key] = block.block_id
+        parent = self._last_key.get(rid) or root_hash(request.cache_salt)
+        chain = self._chain(request, start, num_full, parent)
+        for block_id, (key, packed) in zip(request.block_ids[start:num_full], chain, strict=True):
+            block = self.blocks[block_id]
+            if block.key is None and key not in self._cached:
+                block.key, block.token_bytes = key, packed
+                self._cached[key] = block_id
         self._num_hashed[rid] = num_full
+        self._last_key[rid] = key
+
+    def _chain(
+        self, request: Request, start: int, stop: int, parent: BlockHash
+    ) -> Iterator[tuple[BlockHash, bytes]]:
+        """(key, packed tokens) of the request's full blocks [start, stop), `parent` the key
+        of the block before `start`."""
+        size = self.block_size
+        key = parent
+        for index in range(start, stop):
+            packed = self._pack(*request.token_slice(index * size, (index + 1) * size))
+            key = block_hash(key, packed)
+            yield key, packed
 
     def free(self, request: Request) -> None:
         """Drop the request's hold on its blocks; tail blocks are evicted before shared heads."""
@@ -141,7 +170,7 @@ class BlockManager:
                 self._free.release(block_id, cached=block.key is not None)
         request.block_ids = []
         self._num_hashed.pop(request.request_id, None)
-        self._hashes.pop(request.request_id, None)
+        self._last_key.pop(request.request_id, None)
 
     def _take_free_blocks(self, request: Request, count: int) -> None:
         """Append `count` new blocks to the request, continuing its run of ids where it can."""
@@ -156,7 +185,7 @@ class BlockManager:
             if block.key is not None:  # evicted from the prefix cache
                 del self._cached[block.key]
                 block.key = None
-                block.token_ids = ()
+                block.token_bytes = b""
             block.ref_count = 1
             request.block_ids.append(block_id)
         if room > count:

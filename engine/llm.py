@@ -1,14 +1,17 @@
 """The synchronous engine core: scheduler + runner + detokenizers, one `step()` at a time.
 
 `step()` asks the scheduler for a plan, has the runner execute it, applies the output, and
-returns what each advanced request gained. The clock is injected: by default, wall time for a
-real runner and the runner's modelled time for the simulated one. `generate()` is the offline
-entry point (benchmarks, labelling, tests).
+returns what each advanced request gained. A runner that raises fails that step's requests only:
+each is finished with `FinishReason.ERROR` (its blocks freed, as an abort frees them) and gets a
+final output, and every request outside the plan carries on at the next step. The clock is
+injected: by default, wall time for a real runner and the runner's modelled time for the
+simulated one. `generate()` is the offline entry point (benchmarks, labelling, tests).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +25,8 @@ from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
@@ -65,6 +70,7 @@ class LLMEngine:
         self._detok: dict[str, Detokenizer] = {}
         self._ids = itertools.count()
         self.last_step_s = 0.0
+        self.last_step_failed = False  # the runner raised in the last step
 
     def now(self) -> float:
         return self._clock() if self._clock is not None else self.virtual_time
@@ -77,6 +83,7 @@ class LLMEngine:
         request_id: str | None = None,
         priority: float = 0.0,
         predicted_output_len: int | None = None,
+        cache_salt: str = "",
     ) -> Request:
         """Build and validate a request without touching the scheduler (safe mid-step)."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
@@ -87,6 +94,7 @@ class LLMEngine:
             arrival_time=self.now(),
             priority=priority,
             predicted_output_len=predicted_output_len,
+            cache_salt=cache_salt,
         )
         self.scheduler.check(request)
         return request
@@ -106,6 +114,7 @@ class LLMEngine:
         request_id: str | None = None,
         priority: float = 0.0,
         predicted_output_len: int | None = None,
+        cache_salt: str = "",
         detokenize: bool = True,
     ) -> str:
         request = self.make_request(
@@ -114,6 +123,7 @@ class LLMEngine:
             request_id=request_id,
             priority=priority,
             predicted_output_len=predicted_output_len,
+            cache_salt=cache_salt,
         )
         self.submit(request, detokenize)
         return request.request_id
@@ -127,11 +137,17 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
+        self.last_step_failed = False
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
         start = time.perf_counter()
-        output = self.runner.execute(plan)
+        try:
+            output = self.runner.execute(plan)
+        except Exception:
+            logger.exception("model step failed; failing its %d requests", len(plan.seqs))
+            self.last_step_failed = True
+            return self._fail([seq.request_id for seq in plan.seqs])
         self.last_step_s = time.perf_counter() - start
         self.virtual_time += output.elapsed_s or self.last_step_s
         result = self.scheduler.update(plan, output, self.now())
@@ -141,12 +157,30 @@ class LLMEngine:
             out = RequestOutput(rid, tokens, hidden=result.hidden.get(rid))
             self._detokenize(out, finished)
             if rid in finished:
-                out.finished, out.request = True, finished[rid]
-                out.finish_reason = finished[rid].finish_reason
-                detok = self._detok.pop(rid, None)
-                out.new_text += detok.flush() if detok and not detok.stopped else ""
+                self._close(out, finished[rid])
             outputs.append(out)
         return outputs
+
+    def fail_all(self) -> list[RequestOutput]:
+        """Finish every request with ERROR: for a caller whose step failed in a way that leaves
+        no request's progress trustworthy."""
+        return self._fail(list(self.scheduler.requests))
+
+    def _fail(self, request_ids: list[str]) -> list[RequestOutput]:
+        now = self.now()
+        outputs = []
+        for rid in request_ids:
+            out = RequestOutput(rid, [])
+            self._close(out, self.scheduler.finish(rid, FinishReason.ERROR, now))
+            outputs.append(out)
+        return outputs
+
+    def _close(self, out: RequestOutput, request: Request) -> None:
+        """Make `out` the request's last output, with the text its detokenizer still held."""
+        out.finished, out.request, out.finish_reason = True, request, request.finish_reason
+        detok = self._detok.pop(out.request_id, None)
+        if detok is not None and not detok.stopped:
+            out.new_text += detok.flush()
 
     def _detokenize(self, out: RequestOutput, finished: dict[str, Request]) -> None:
         detok = self._detok.get(out.request_id)

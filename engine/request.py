@@ -25,6 +25,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached
     STOP = "stop"  # EOS, a stop token id or a stop string
     ABORT = "abort"
+    ERROR = "error"  # the step computing it failed; the engine kept serving others
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class Request:
     arrival_time: float
     priority: float = 0.0  # lower runs first and is preempted last
     predicted_output_len: int | None = None  # what admission reserves KV for, when known
+    cache_salt: str = ""  # prefix-cache blocks are shared only among requests with equal salts
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at last admission

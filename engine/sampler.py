@@ -1,12 +1,14 @@
 """Token choice from last-position logits: greedy, temperature, top-k, top-p, per-request seeds.
 
 Algorithm: greedy rows take the argmax (the whole batch in one call when every row is greedy).
-Sampled rows are divided by their temperature, cut to their top-k and top-p sets (top-k first, then
-the smallest prefix of the sorted distribution whose mass reaches top_p, never empty, looked for
-among the top 256 tokens before sorting the whole row), and drawn by inverse CDF with one uniform
-number per row. A seeded row's uniform comes from a generator seeded with (seed, output index), so
-its draw depends only on its own logits, seed and position, never on the rest of the batch;
-unseeded rows share the sampler's generator.
+Sampled rows, in float32 and shifted so their maximum is 0, are divided by their temperature (a
+shifted logit is <= 0, so even the smallest legal temperature cannot overflow it, and the top token
+keeps probability >= 1 / vocab), cut to their top-k and top-p sets (top-k first, then the smallest
+prefix of the sorted distribution whose mass reaches top_p, never empty, looked for among the top
+256 tokens before sorting the whole row), and drawn by inverse CDF with one uniform number per
+row. A seeded row's uniform comes from a generator seeded with (seed, output index), so its draw
+depends only on its own logits, seed and position, never on the rest of the batch; unseeded rows
+share the sampler's generator.
 Invariant: a returned token always has non-zero probability under the row's filtered distribution.
 """
 
@@ -73,7 +75,8 @@ class Sampler:
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, with tokens outside the top-k / top-p sets zeroed."""
     temps = torch.tensor([p.temperature for p in params], device=logits.device)
-    probs = torch.softmax(logits / temps[:, None], dim=-1)
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # <= 0: dividing cannot overflow
+    probs = torch.softmax(shifted / temps[:, None], dim=-1)
     vocab = logits.shape[-1]
     top_k = [min(p.top_k, vocab) for p in params]
     if any(k > 0 for k in top_k):

@@ -1,10 +1,22 @@
-"""Per-request sampling parameters: plain, immutable data that travels in step plans."""
+"""Per-request sampling parameters: plain, immutable data that travels in step plans.
+
+Validation is the engine's own guard, whatever the gateway checked first: every accepted value
+keeps the sampler's arithmetic finite. Temperature is 0 (greedy) or in
+[MIN_TEMPERATURE, MAX_TEMPERATURE]: dividing logits by a tinier one overflows them, and a larger
+one only flattens the distribution to uniform. A seed is an unsigned 64-bit integer, the range
+the sampler's seed mixing is defined on.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.errors import InvalidRequest
+
+MIN_TEMPERATURE = 0.01  # the smallest non-zero temperature accepted
+MAX_TEMPERATURE = 100.0
+SEED_LIMIT = 1 << 64  # seeds are in [0, SEED_LIMIT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,14 +39,25 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1")
-        if self.temperature < 0:
-            raise InvalidRequest("temperature must be >= 0")
-        if not 0 < self.top_p <= 1:
-            raise InvalidRequest("top_p must be in (0, 1]")
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check_temperature(self.temperature)
+        if not (math.isfinite(self.top_p) and 0 < self.top_p <= 1):
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise InvalidRequest("top_k must be >= 0")
+            raise InvalidRequest(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not 0 <= self.seed < SEED_LIMIT:
+            raise InvalidRequest(f"seed must be an unsigned 64-bit integer, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _check_temperature(temperature: float) -> None:
+    if temperature == 0.0:
+        return
+    if not (math.isfinite(temperature) and MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        raise InvalidRequest(
+            f"temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}], "
+            f"got {temperature}"
+        )

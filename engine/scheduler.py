@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import TOKEN_ID_LIMIT, BlockManager
 from engine.config import EngineConfig, ReserveMode
 from engine.errors import InvalidRequest, RequestNotFound
 from engine.plan import ScheduledSeq, StepOutput, StepPlan
@@ -63,6 +63,8 @@ class Scheduler:
         limit = self.config.max_model_len
         if request.num_prompt_tokens == 0:
             raise InvalidRequest("empty prompt")
+        if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= TOKEN_ID_LIMIT:
+            raise InvalidRequest(f"prompt token ids must be in [0, {TOKEN_ID_LIMIT})")
         if request.num_prompt_tokens + request.params.max_tokens > limit:
             raise InvalidRequest(
                 f"prompt ({request.num_prompt_tokens}) + max_tokens "
@@ -191,7 +193,7 @@ class Scheduler:
         self.waiting.sort(key=lambda r: r.sort_key)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            cached = self.blocks.find_cached_prefix(request.all_token_ids)
+            cached = self.blocks.find_cached_prefix(request)
             num_cached = len(cached) * self.blocks.block_size
             num_new = min(request.num_tokens - num_cached, budget)
             reserve = self._admission_tokens(request, num_cached + num_new)

@@ -27,7 +27,7 @@ class QuotaViolation:
 
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
-    reason: str  # e.g. `TOKEN_RATE_EXCEEDED`
+    reason: str  # e.g. `QUOTA_TOKEN_RATE`
     domain: str
     metadata: Mapping[str, str] = field(default_factory=dict)
 

@@ -34,11 +34,12 @@ from tenants.models import check_display_name, check_tenant_id
 
 Context = grpc.aio.ServicerContext[Any, Any]
 TenantDeleted = Callable[[str], Awaitable[None]]
+KeyRevoked = Callable[[str, str], Awaitable[None]]
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
-async def _nothing(tenant_id: str) -> None:
+async def _nothing(*ids: str) -> None:
     return None
 
 
@@ -48,11 +49,14 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         store: QuotaStore,
         default_quota: TenantQuota | None = None,
         on_tenant_deleted: TenantDeleted = _nothing,
+        on_key_revoked: KeyRevoked = _nothing,
     ) -> None:
-        """`on_tenant_deleted(tenant_id)` runs after a delete, e.g. to cancel the tenant's jobs."""
+        """`on_tenant_deleted(tenant_id)` runs after a delete and `on_key_revoked(tenant_id,
+        key_id)` after a revocation, e.g. to cancel their jobs and close their streams."""
         self.store = store
         self.default_quota = default_quota or TenantQuota()
         self.on_tenant_deleted = on_tenant_deleted
+        self.on_key_revoked = on_key_revoked
 
     @grpc_edge
     async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.Tenant:
@@ -128,6 +132,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         _find_key(await self.store.list_keys(request.tenant_id), request.key_id, request.tenant_id)
         if not await self.store.revoke_key(request.key_id):
             raise NotFound(f"key {request.key_id!r} of tenant {request.tenant_id!r} not found")
+        await self.on_key_revoked(request.tenant_id, request.key_id)
         return pb.RevokeKeyResponse()
 
     @grpc_edge

@@ -1,28 +1,39 @@
-"""Authentication at the gRPC edge: `authorization: Bearer <key>` -> the calling tenant.
+"""Authentication at the gRPC edge: `authorization: Bearer <key>` -> the calling tenant and key.
 
 The interceptor wraps every fairgate handler so that, when the call runs, the key is checked
 (tenant keys against the quota store, the admin key for `fairgate.v1.Admin`) and the caller is
-put in a context variable for the handler; a bad key aborts with UNAUTHENTICATED, a tenant
+put in context variables for the handler; a bad key aborts with UNAUTHENTICATED, a tenant
 key on the Admin service with PERMISSION_DENIED. Health and reflection stay open.
+
+Failed authentications are throttled per peer address: each failure takes a token from the
+peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
+calls with RESOURCE_EXHAUSTED + RetryInfo (reason AUTH_RATE_LIMITED) before the store is asked,
+so guessing keys is slow and costs the store nothing. Known keys are cached for `cache_ttl_s`;
+`forget_key` and `forget_tenant` drop them at once when a key is revoked or a tenant deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
 from cachetools import TTLCache
 
-from gateway.errors import PermissionDenied, Unauthenticated, abort_with
+from gateway.errors import AuthThrottled, PermissionDenied, Unauthenticated, abort_with
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
+from tenants.keys import key_id_of
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller")
+CALLER_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller_key")
 ADMIN = "__admin__"
 ADMIN_PREFIX = "/fairgate.v1.Admin/"
 OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
+FAILURES_PER_MINUTE = 30
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
 else:
@@ -34,12 +45,70 @@ def current_tenant() -> str:
     return CALLER.get()
 
 
+def current_key() -> str:
+    """The id of the key that authenticated the RPC being served ('' for the admin key)."""
+    return CALLER_KEY.get("")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant_id: str  # ADMIN for the admin key
+    key_id: str = ""
+
+
+@dataclass(slots=True)
+class _Bucket:
+    level: float
+    at: float
+
+
+class FailureThrottle:
+    """A token bucket of failed authentications per peer; peers are forgotten after an hour."""
+
+    def __init__(
+        self, per_minute: int = FAILURES_PER_MINUTE, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_minute = per_minute
+        self.clock = clock
+        self._buckets: TTLCache[str, _Bucket] = TTLCache(maxsize=65_536, ttl=3600, timer=clock)
+
+    def retry_after(self, peer: str) -> float | None:
+        """Seconds until the peer may try again, or None when it may now."""
+        level = self._level(peer)
+        return None if level >= 1 else (1 - level) * 60 / self.per_minute
+
+    def failed(self, peer: str) -> None:
+        self._buckets[peer] = _Bucket(self._level(peer) - 1, self.clock())
+
+    def _level(self, peer: str) -> float:
+        bucket = self._buckets.get(peer)
+        if bucket is None:
+            return float(self.per_minute)
+        refill = (self.clock() - bucket.at) * self.per_minute / 60
+        return min(float(self.per_minute), bucket.level + refill)
+
+
 class AuthInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, store: QuotaStore, admin_key: str, cache_ttl_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        store: QuotaStore,
+        admin_key: str,
+        cache_ttl_s: float = 5.0,
+        throttle: FailureThrottle | None = None,
+    ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
-        # key digest -> tenant: a revoked key stops working within cache_ttl_s
-        self._known: TTLCache[str, str] = TTLCache(maxsize=65_536, ttl=cache_ttl_s)
+        self.throttle = throttle or FailureThrottle()
+        # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
+        self._known: TTLCache[str, Caller] = TTLCache(maxsize=65_536, ttl=cache_ttl_s)
+
+    def forget_key(self, key_id: str) -> None:
+        for digest in [d for d, c in self._known.items() if c.key_id == key_id]:
+            self._known.pop(digest, None)
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        for digest in [d for d, c in self._known.items() if c.tenant_id == tenant_id]:
+            self._known.pop(digest, None)
 
     async def intercept_service(
         self,
@@ -53,9 +122,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         metadata = dict(details.invocation_metadata or ())
         credential = str(metadata.get("authorization", ""))
         admin = method.startswith(ADMIN_PREFIX)
-        return _wrap(handler, lambda: self._caller(credential, admin))
+        return _wrap(handler, lambda peer: self._caller(credential, admin, peer))
 
-    async def _caller(self, credential: str, admin: bool) -> str:
+    async def _caller(self, credential: str, admin: bool, peer: str) -> Caller:
+        retry = self.throttle.retry_after(peer)
+        if retry is not None:
+            raise AuthThrottled(retry)
+        try:
+            return await self._check(credential, admin)
+        except Unauthenticated:
+            self.throttle.failed(peer)
+            raise
+
+    async def _check(self, credential: str, admin: bool) -> Caller:
         if not credential:
             raise Unauthenticated("missing 'authorization: Bearer <key>' metadata")
         try:
@@ -63,34 +142,33 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         except AuthFailed as exc:
             raise Unauthenticated(str(exc)) from None
         if verify_admin(key, self.admin_key_hash):
-            return ADMIN
+            return Caller(ADMIN)
         if admin:
-            try:
-                await self.store.authenticate(key)
-            except AuthFailed:
-                raise Unauthenticated("invalid API key") from None
+            await self._tenant_of(key)
             raise PermissionDenied("the Admin service needs the admin key")
         digest = hash_key(key)
-        tenant = self._known.get(digest)
-        if tenant is None:
-            try:
-                tenant = await self.store.authenticate(key)
-            except AuthFailed:
-                raise Unauthenticated("invalid API key") from None
-            self._known[digest] = tenant
-        return tenant
+        caller = self._known.get(digest)
+        if caller is None:
+            caller = self._known[digest] = await self._tenant_of(key)
+        return caller
+
+    async def _tenant_of(self, key: str) -> Caller:
+        try:
+            return Caller(await self.store.authenticate(key), key_id_of(key))
+        except AuthFailed:
+            raise Unauthenticated("invalid API key") from None
 
 
-def _wrap(handler: Handler, caller: Callable[[], Awaitable[str]]) -> Handler:
+def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handler:
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
 
         async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            token = await _authenticate(caller, context)
+            tokens = await _authenticate(caller, context)
             try:
                 return await inner(request, context)
             finally:
-                CALLER.reset(token)
+                _reset(tokens)
 
         return grpc.unary_unary_rpc_method_handler(
             unary, handler.request_deserializer, handler.response_serializer
@@ -101,7 +179,7 @@ def _wrap(handler: Handler, caller: Callable[[], Awaitable[str]]) -> Handler:
         async def stream(
             request: Any, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            token = await _authenticate(caller, context)
+            tokens = await _authenticate(caller, context)
             try:
                 async for response in inner_stream(request, context):
                     yield response
@@ -109,7 +187,7 @@ def _wrap(handler: Handler, caller: Callable[[], Awaitable[str]]) -> Handler:
                 # A stream the client cancelled may be closed by the garbage collector, in
                 # another context: there the caller was never set, so there is nothing to reset
                 with contextlib.suppress(ValueError):
-                    CALLER.reset(token)
+                    _reset(tokens)
 
         return grpc.unary_stream_rpc_method_handler(
             stream, handler.request_deserializer, handler.response_serializer
@@ -117,12 +195,25 @@ def _wrap(handler: Handler, caller: Callable[[], Awaitable[str]]) -> Handler:
     return handler  # no client-streaming RPCs in fairgate
 
 
+_Tokens = tuple[contextvars.Token[str], contextvars.Token[str]]
+
+
 async def _authenticate(
-    caller: Callable[[], Awaitable[str]], context: grpc.aio.ServicerContext[Any, Any]
-) -> contextvars.Token[str]:
+    caller: Callable[[str], Awaitable[Caller]], context: grpc.aio.ServicerContext[Any, Any]
+) -> _Tokens:
     try:
-        return CALLER.set(await caller())
-    except (Unauthenticated, PermissionDenied) as exc:
+        found = await caller(_peer_host(context.peer()))
+    except Exception as exc:  # refusals and the store failing: translated once, at the edge
         await abort_with(context, exc)
-    except Exception as exc:  # the store failing: translated once, at the edge
-        await abort_with(context, exc)
+    return CALLER.set(found.tenant_id), CALLER_KEY.set(found.key_id)
+
+
+def _reset(tokens: _Tokens) -> None:
+    CALLER.reset(tokens[0])
+    CALLER_KEY.reset(tokens[1])
+
+
+def _peer_host(peer: str) -> str:
+    """The address part of a gRPC peer ("ipv4:1.2.3.4:5678" -> "ipv4:1.2.3.4")."""
+    host, _, port = peer.rpartition(":")
+    return host if host and port.isdigit() else peer

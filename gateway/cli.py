@@ -34,9 +34,13 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from gateway.server import serve
+    from gateway.server import UnsafeSettings, serve
 
-    await serve(load_settings(args.config, **_overrides(args)))
+    try:
+        await serve(load_settings(args.config, **_overrides(args)))
+    except UnsafeSettings as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

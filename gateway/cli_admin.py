@@ -1,14 +1,16 @@
 """`fairgate admin ...`: tenants, keys, weights, quotas and usage through the Admin service.
 
 Every command takes `--target` and `--admin-key` (default: $FAIRGATE_ADMIN_KEY) and prints its
-result as JSON. Quota flags (`--tokens-per-minute`, ...) are generated from
-`fairgate.QuotaFields`, one per quota setting; only the flags given change anything.
+result as JSON. Quota flags (`--tokens-per-minute`, ...) are generated from the fields of
+`tenants.TenantQuota`, one per quota setting; only the flags given change anything, and the help
+of `tenant create` states the default each one left out takes (the server's `TenantQuota()`).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TypeAlias, cast, get_type_hints
+import dataclasses
+from typing import TypeAlias, cast
 
 from fairgate import AdminClient, QuotaFields
 from gateway.cli_common import (
@@ -19,8 +21,24 @@ from gateway.cli_common import (
     print_json,
     reporting_errors,
 )
+from tenants import TenantQuota
 
-QUOTA_TYPES: dict[str, type] = get_type_hints(QuotaFields)
+QUOTA_DEFAULTS = TenantQuota()
+QUOTA_TYPES: dict[str, type] = {
+    f.name: type(getattr(QUOTA_DEFAULTS, f.name)) for f in dataclasses.fields(TenantQuota)
+}
+QUOTA_HELP = {
+    "weight": "fair-share weight, > 0",
+    "tokens_per_minute": "token bucket rate over prompt + output tokens; 0: no limit",
+    "max_concurrent_calls": "calls running at once; 0: no limit",
+    "max_queued_jobs": "admitted, unfinished jobs; 0: no limit",
+    "max_nodes_per_job": "nodes of one job; 0: no limit",
+    "max_prompt_tokens": "tokens of one rendered prompt; 0: no limit",
+    "max_tokens_ceiling": "the most tokens any call may generate",
+    "default_max_tokens": "max_tokens of calls that set none",
+    "daily_token_budget": "prompt + output tokens per UTC day; 0: no limit",
+    "max_streams": "open WatchJob, RunJob and Generate streams; 0: no limit",
+}
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
@@ -28,7 +46,7 @@ def register_admin(subparsers: Subparsers) -> None:
     admin = subparsers.add_parser("admin", help="manage tenants, keys and quotas")
     kinds = admin.add_subparsers(dest="admin_command", required=True)
     tenant = _group(kinds, "tenant", "create, get, list, update or delete tenants")
-    _command(tenant, "create", tenant_create, "create a tenant", "tenant", "name", "quota")
+    _command(tenant, "create", tenant_create, "create a tenant", "tenant", "name", "new quota")
     _command(tenant, "get", tenant_get, "show a tenant, its quota and keys", "tenant")
     listing = _command(tenant, "list", tenant_list, "list every tenant")
     listing.add_argument("--page-size", type=int, default=0, help="tenants per request")
@@ -69,13 +87,21 @@ def _command(
         parser.add_argument("tenant", help="tenant id")
     if "name" in parts:
         parser.add_argument("--name", help="display name")
-    if "quota" in parts:
-        for field, kind in QUOTA_TYPES.items():
-            parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind)
+    if "quota" in parts or "new quota" in parts:
+        _add_quota_flags(parser, with_defaults="new quota" in parts)
     add_target(parser)
     parser.add_argument("--admin-key", help="the admin key (default: $FAIRGATE_ADMIN_KEY)")
     parser.set_defaults(func=handler)
     return parser
+
+
+def _add_quota_flags(parser: argparse.ArgumentParser, *, with_defaults: bool) -> None:
+    """One flag per quota setting; on create the help names the default a flag left out takes,
+    elsewhere a flag left out keeps the tenant's value."""
+    for field, kind in QUOTA_TYPES.items():
+        left_out = f"default: {getattr(QUOTA_DEFAULTS, field)}" if with_defaults else "unchanged"
+        help_text = f"{QUOTA_HELP[field]} ({left_out})"
+        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind, help=help_text)
 
 
 def _client(args: argparse.Namespace) -> AdminClient:

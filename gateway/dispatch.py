@@ -1,29 +1,41 @@
 """The dispatch loop: ready calls go to the engine in policy order, only when it has room.
 
 Jobs are admitted against the tenant's quotas, then join the fair-share policy; a node whose
-parents are done is rendered, tokenized and handed to the policy as a ready call. The loop asks
-the policy for the next call and dispatches it only when the engine can admit it now (KV for
-prompt + reservation, a batch slot), so the engine's own waiting list stays short and the
-policy's order is the order that runs. Each dispatched call reserves its worst case (prompt +
-max_tokens) in the quota store, then a follower task streams its tokens into the job and, when
-it ends, settles (or releases) the reservation exactly once, tells the policy what it really
-cost, and releases dependents; a call planned for refinement is predicted again from its
-prompt's hidden state once prefilled (its engine reservation and its job's key follow). Round
-trips are saved where the contract allows: a one-call job that the engine would take at once
-reserves its call in the same script as its admission, and a job's last call finishes the job
-in the same script as its settle, before its end is streamed.
+parents are done is rendered and tokenized (in a worker thread, after its rendered size is
+checked against the bound) and handed to the policy as a ready call. The loop asks the policy
+for the next call and takes it only when the engine can admit it now (KV for prompt +
+reservation, a batch slot, counting what calls handed out but not yet admitted will take), so
+the engine's own waiting list stays short and the policy's order is the order that runs.
 
-Invariant: every dispatched call's reservation is settled or released exactly once, in a
-`finally` shielded from cancellation, and one held from admission but never dispatched is
-released when its job ends; a call refused by a rate limit waits and is retried.
+A taken call first reserves its worst case (prompt + max_tokens) in the quota store, in a task
+of its own so that no slow store reply stalls the loop: meanwhile the policy holds it (it stays
+ready, unseen) and its room is promised. A reserve that cannot reach the store is retried with
+backoff until `reserve_deadline_s`; a quota refusal with a retry time holds the call's tenant
+in the policy until then (or until one of its calls ends), so other tenants go on. A reserved
+call is marked dispatched and started; a follower task streams its tokens into the job and, when
+it ends, settles (or releases) the reservation exactly once through the outbox, tells the
+policy what it really cost, and releases dependents. Reservations and admitted jobs are leases
+that `Leases` renews while they run. A call planned for refinement is predicted again from its
+prompt's hidden state once prefilled (its engine reservation and its job's key follow). A
+one-call job that the engine would take at once reserves its call in the same script as its
+admission, and a job's last call finishes the job in the same script as its settle.
+
+Isolation: every task of one call (its preparation, its reserve, its follower) catches what it
+raises and fails that call's node only; nothing a call does can end the loop.
+
+Invariant: every reservation is settled or released exactly once (directly or through the
+outbox), in a `finally` shielded from cancellation; a call is settled exactly when its node ends
+SUCCEEDED or CAPPED (a cancel that comes once its end is seen is too late for it); one held from
+admission but never dispatched is released when its job ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,32 +45,51 @@ from opentelemetry import trace
 
 from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
 from gateway.calls import CallPlanner, CallRefused
-from gateway.job_run import JobRun, NodeState
+from gateway.deadlines import Deadlines
+from gateway.job_run import ENDED, JobRun, NodeState
+from gateway.jobs import rendered_chars
+from gateway.leases import Leases, reserve_within
+from gateway.outbox import Close, Outbox
+from gateway.owned import OwnsTasks
 from gateway.room import WaitingCalls, has_room
 from gateway.spans import annotate_call, start_job_span
-from gateway.tickets import Ticket, Tickets
-from tenants import QuotaExceeded, QuotaLimit, QuotaStore, QuotaUnavailable, TenantQuota
+from gateway.tickets import Blank, Ticket, Tickets
+from tenants import (
+    CallClosed,
+    QuotaExceeded,
+    QuotaLimit,
+    QuotaStore,
+    QuotaUnavailable,
+    TenantNotFound,
+    TenantQuota,
+)
 from tenants.policies import EngineLoad, JobInfo, Policy
+
+log = logging.getLogger(__name__)
+INTERNAL_ERROR = "internal error"
 
 
 @dataclass(slots=True)
 class Admitted:
-    """A job the store has admitted: its costs for the policy, its roots' encoded prompts, and
+    """A job the store has admitted: its costs for the policy, its nodes' blank prompts, and
     the ticket of a one-call job that was planned before admission (held or not)."""
 
     info: JobInfo
-    encoded: dict[str, list[int]]
+    blanks: dict[str, Blank]
     ticket: Ticket | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     model_name: str
-    reservation_ttl_s: float = 600.0
+    reservation_ttl_s: float = 60.0  # lease of a reservation or an admitted job, renewed
     knee_calls: int | None = None
+    reserve_deadline_s: float = 30.0  # how long a reserve retries an unreachable store
+    max_prompt_chars: int = 262_144  # bound on a rendered prompt, checked before rendering
+    cache_salt_per_tenant: bool = False  # tenants never share prefix-cache blocks
 
 
-class Dispatcher:
+class Dispatcher(OwnsTasks):
     def __init__(
         self,
         engine: AsyncEngine,
@@ -70,7 +101,9 @@ class Dispatcher:
         clock: Callable[[], float] = time.time,
         on_job_end: Callable[[JobRun], None] = lambda run: None,
         tracer: trace.Tracer | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
+        super().__init__()
         self.engine = engine
         self.policy = policy
         self.store = store
@@ -80,172 +113,278 @@ class Dispatcher:
         self.config = config
         self.clock = clock
         self.on_job_end = on_job_end
-        self.tickets: dict[str, Ticket] = {}
+        self.outbox = outbox if outbox is not None else Outbox(store)
+        self.leases = Leases(store, config.reservation_ttl_s)
+        self.tickets: dict[str, Ticket] = {}  # ready calls in the policy
+        self.reserving: dict[str, Ticket] = {}  # held in the policy while they reserve
         self.running: dict[str, RequestStream] = {}
+        self.runs: dict[str, JobRun] = {}  # active jobs
         self._quotas: dict[str, TenantQuota] = {}
         self._wake = anyio.Event()
-        self._tg: TaskGroup | None = None
-        self._stack = contextlib.AsyncExitStack()
         self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
         self._followed: dict[str, dict[str, Ticket]] = {}  # job id -> call id -> in the engine
         self._waiting = WaitingCalls(engine.core.block_manager.blocks_for)
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
+        self._deadlines = Deadlines(clock, self._expire)
+        self._tokenizing = anyio.CapacityLimiter(1)  # the tokenizer is one worker's job
 
-    async def __aenter__(self) -> Dispatcher:
-        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
-        self._tg.start_soon(self._loop)
-        return self
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        await stack.enter_async_context(self.outbox)
+        await stack.enter_async_context(self.leases)
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._tg is not None:
-            self._tg.cancel_scope.cancel()
-            await self._stack.aclose()
-            self._tg = None
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        tg.start_soon(self._loop)
+        tg.start_soon(self._deadlines.run)
 
     async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the engine would take at once has its call reserved in the same script."""
-        info, encoded = self._tickets.job_info(run, quota, self.clock())
-        ticket = self._ticket_to_hold(run, quota, encoded)
+        blanks = await anyio.to_thread.run_sync(
+            self._tickets.encode_blanks, run, limiter=self._tokenizing
+        )
+        info = self._tickets.job_info(run, quota, self.clock(), blanks)
+        ticket = self._ticket_to_hold(run, quota, blanks)
+        ttl = self.config.reservation_ttl_s
         if ticket is None:
-            await self.store.admit_job(run.tenant_id, run.job_id, len(run.nodes))
+            await self.store.admit_job(run.tenant_id, run.job_id, len(run.nodes), ttl_s=ttl)
         else:
+            call = ticket.call
             held = await self.store.admit_job_and_reserve(
-                run.tenant_id,
-                run.job_id,
-                len(run.nodes),
-                ticket.call.call_id,
-                ticket.quota_tokens,
-                self.config.reservation_ttl_s,
+                run.tenant_id, run.job_id, len(run.nodes), call.call_id, ticket.quota_tokens, ttl,
+                ttl_s=ttl,
             )
             ticket.held = held is not None
-        return Admitted(info, encoded, ticket)
+        return Admitted(info, blanks, ticket)
 
-    def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted | None = None) -> None:
+    def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
         self._quotas[run.tenant_id] = quota
+        self.runs[run.job_id] = run
+        self.leases.hold_job(run.tenant_id, run.job_id)
+        if run.spec.deadline_unix_s is not None:
+            self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
         if self._tracer is not None:
             self._job_spans[run.job_id] = start_job_span(self._tracer, run)
-        if admitted is None:
-            admitted = Admitted(*self._tickets.job_info(run, quota, now))
         self.policy.add_job(admitted.info, now)
+        ticket = admitted.ticket
+        if ticket is not None and ticket.held:
+            self.leases.hold_call(run.tenant_id, ticket.call.call_id)
         for node_id in run.start(now):
-            ticket = admitted.ticket
             if ticket is not None and ticket.call.node_id == node_id:
-                self.tickets[ticket.call.call_id] = ticket
-                self.policy.add_ready(ticket.call, now)
+                self._add_ready(ticket, now)
             else:
-                self._make_ready(run, node_id, now, admitted.encoded.get(node_id))
+                self._plan_ready(run, node_id, admitted.blanks[node_id])
         self._wake.set()
 
     def running_jobs(self) -> list[JobRun]:
-        """Jobs with a call in the engine or waiting for it."""
-        runs = {id(t.run): t.run for t in self.tickets.values()}
-        runs.update({id(t.run): t.run for c in self._followed.values() for t in c.values()})
-        return [r for r in runs.values() if not r.ended]
+        """Jobs that have not ended."""
+        return [r for r in self.runs.values() if not r.ended]
 
-    def cancel(self, run: JobRun, reason: str = "cancelled") -> None:
-        """Cancel a job: running calls are aborted (their followers release their quota)."""
+    def cancel(self, run: JobRun, reason: str = "cancelled", *, failed: bool = False) -> None:
+        """Cancel a job: running calls are aborted (their followers release their quota);
+        `failed` ends the job FAILED instead of CANCELLED."""
+        if run.ended:
+            return
         now = self.clock()
-        for node_id in run.cancel(now, reason):
+        for node_id in run.cancel(now, reason, failed=failed):
             self.engine.abort(f"{run.job_id}/{node_id}")
-        self._forget(run, now)
+        if run.ended:
+            self._forget(run, now)
+        else:  # a finished call is being settled: the job ends with it
+            self._withdraw_ready(run, now)
+
+    def _expire(self, job_id: str) -> None:
+        run = self.runs.get(job_id)
+        if run is not None:
+            self.cancel(run, "deadline exceeded", failed=True)
 
     def _ticket_to_hold(
-        self, run: JobRun, quota: TenantQuota, encoded: dict[str, list[int]]
+        self, run: JobRun, quota: TenantQuota, blanks: dict[str, Blank]
     ) -> Ticket | None:
         """The ticket of a one-call job that the next dispatch pass will start whatever the
         policy's order: the engine, below its knee, has room for it and every ready call."""
         cap, ready, knee = self.engine.capacity, len(self.tickets), self.config.knee_calls
-        if len(run.nodes) != 1 or cap.free_seqs <= ready:
+        if len(run.nodes) != 1 or cap.free_seqs <= ready + len(self.reserving):
             return None
         if knee is not None and cap.num_running + cap.num_waiting + ready >= knee:
             return None
         (node_id,) = run.nodes
         try:
-            ticket = self._tickets.make(run, node_id, quota, encoded[node_id])
+            ticket = self._tickets.make(run, node_id, quota, blanks[node_id])
         except CallRefused:
             return None  # refused again once submitted, where its node fails
-        if self._waiting:
-            self._waiting.prune(self.engine.core.scheduler.requests)
+        free = self._free_blocks()
         blocks_for = self.engine.core.block_manager.blocks_for
-        free = cap.free_blocks - self._waiting.blocks
         for other in (ticket, *self.tickets.values()):  # at most free_seqs of them
             free -= blocks_for(other.call.prompt_tokens + other.plan.reserve_output)
             if free < 0:
                 return None
         return ticket
 
-    def _make_ready(
-        self, run: JobRun, node_id: str, now: float, prompt_ids: list[int] | None = None
-    ) -> None:
+    def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
         try:
-            ticket = self._tickets.make(run, node_id, self._quotas[run.tenant_id], prompt_ids)
+            ticket = self._tickets.make(run, node_id, self._quotas[run.tenant_id], encoded)
         except CallRefused as exc:
             self._finish_node(run, node_id, NodeState.FAILED, str(exc))
             return
+        self._add_ready(ticket, self.clock())
+
+    def _add_ready(self, ticket: Ticket, now: float) -> None:
         self.tickets[ticket.call.call_id] = ticket
         self.policy.add_ready(ticket.call, now)
+
+    async def _prepare(self, run: JobRun, node_id: str) -> None:
+        """Render and encode a node whose parents are done (off the event loop), then make it
+        ready; a prompt over the bound fails the node before any of it is rendered."""
+        with self._failing_node(run, node_id):
+            outputs = {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}
+            size = rendered_chars(run.nodes[node_id].spec, _sizes(run.spec.inputs), outputs)
+            if size > self.config.max_prompt_chars:
+                reason = (
+                    f"the prompt renders to {size:,} characters; at most "
+                    f"{self.config.max_prompt_chars:,}"
+                )
+                self._finish_node(run, node_id, NodeState.FAILED, reason)
+                return
+            encoded = await anyio.to_thread.run_sync(
+                self._tickets.encode_node, run, node_id, limiter=self._tokenizing
+            )
+            if not run.ended:
+                self._plan_ready(run, node_id, encoded)
+                self._wake.set()
 
     async def _loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
-            await self._dispatch_ready()
+            try:
+                self._dispatch_ready()
+            except Exception:  # a policy bug must not end the gateway: the next wake retries
+                log.exception("dispatch pass failed")
 
     def _load(self) -> EngineLoad:
         cap = self.engine.capacity
-        return EngineLoad(cap.num_running + cap.num_waiting, 0, self.config.knee_calls)
+        busy = cap.num_running + cap.num_waiting + len(self.reserving)
+        return EngineLoad(busy, 0, self.config.knee_calls)
 
-    async def _dispatch_ready(self) -> None:
+    def _dispatch_ready(self) -> None:
         while (call := self.policy.peek(self.clock(), self._load())) is not None:
             ticket = self.tickets[call.call_id]
             if not self._has_room(call.prompt_tokens + ticket.plan.reserve_output):
                 return  # woken again when a running call ends
-            self.policy.mark_dispatched(call.call_id, self.clock())
-            del self.tickets[call.call_id]
-            if ticket.held or await self._reserve(ticket):
-                self._start(ticket)
+            if ticket.held:
+                self._launch(ticket)
+                continue
+            self.policy.hold(call.call_id)
+            self.reserving[call.call_id] = ticket
+            self.tasks.start_soon(self._reserve_and_launch, ticket)
 
-    def _has_room(self, num_tokens: int) -> bool:
+    def _free_blocks(self) -> int:
+        """Free KV blocks less what calls handed out and not yet admitted will take."""
         if self._waiting:
             self._waiting.prune(self.engine.core.scheduler.requests)
         blocks_for = self.engine.core.block_manager.blocks_for
-        return has_room(self.engine.capacity, blocks_for, num_tokens, self._waiting.blocks)
+        promised = sum(
+            blocks_for(t.call.prompt_tokens + t.plan.reserve_output)
+            for t in self.reserving.values()
+        )
+        return self.engine.capacity.free_blocks - self._waiting.blocks - promised
 
-    async def _reserve(self, ticket: Ticket) -> bool:
+    def _has_room(self, num_tokens: int) -> bool:
+        cap = self.engine.capacity
+        room = dataclasses.replace(
+            cap, free_seqs=cap.free_seqs - len(self.reserving), free_blocks=self._free_blocks()
+        )
+        return has_room(room, self.engine.core.block_manager.blocks_for, num_tokens, 0)
+
+    async def _reserve_and_launch(self, ticket: Ticket) -> None:
+        call, run = ticket.call, ticket.run
+        with self._failing_node(run, call.node_id):
+            try:
+                deadline = self.clock() + self.config.reserve_deadline_s
+                if run.spec.deadline_unix_s is not None:
+                    deadline = min(deadline, run.spec.deadline_unix_s)
+                await reserve_within(
+                    self.store,
+                    call.tenant_id,
+                    call.call_id,
+                    ticket.quota_tokens,
+                    self.config.reservation_ttl_s,
+                    deadline,
+                    self.clock,
+                )
+            except QuotaExceeded as exc:
+                self._refused(ticket, exc)
+                return
+            except QuotaUnavailable:
+                self.reserving.pop(call.call_id, None)
+                # the reserve may have landed after all: close it
+                await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+                self._drop_ready(ticket, "quota store unavailable")
+                return
+            except (CallClosed, TenantNotFound) as exc:
+                self.reserving.pop(call.call_id, None)
+                self._drop_ready(ticket, str(exc))
+                return
+            finally:
+                self._wake.set()
+            del self.reserving[call.call_id]
+            if run.ended or call.call_id not in self.tickets:  # cancelled meanwhile
+                await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+                return
+            self.leases.hold_call(call.tenant_id, call.call_id)
+            self.policy.unhold(call.call_id)
+            self._launch(ticket)
+
+    def _refused(self, ticket: Ticket, exc: QuotaExceeded) -> None:
+        """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""
         call = ticket.call
-        try:
-            await self.store.reserve(
-                call.tenant_id, call.call_id, ticket.quota_tokens, self.config.reservation_ttl_s
-            )
-        except QuotaExceeded as exc:
-            if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
-                self._finish_node(ticket.run, call.node_id, NodeState.FAILED, str(exc))
-            else:
-                assert self._tg is not None
-                self._tg.start_soon(self._retry_later, ticket, exc.retry_after_s)
-            return False
-        except QuotaUnavailable as exc:
-            reason = f"quota store unavailable: {exc}"
-            self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
-            return False
-        return True
-
-    async def _retry_later(self, ticket: Ticket, delay: float) -> None:
-        await anyio.sleep(max(delay, 0.01))
-        if ticket.run.ended:
+        self.reserving.pop(call.call_id, None)
+        if call.call_id not in self.tickets:
+            return  # its job ended meanwhile
+        if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
+            self._drop_ready(ticket, str(exc))
             return
-        self.tickets[ticket.call.call_id] = ticket
-        self.policy.add_ready(ticket.call, self.clock())
+        self.policy.unhold(call.call_id)
+        delay = max(exc.retry_after_s, 0.01)
+        self.policy.hold_tenant(call.tenant_id, self.clock() + delay)
+        self.tasks.start_soon(self._wake_after, delay)
+
+    async def _wake_after(self, delay: float) -> None:
+        await anyio.sleep(delay)
         self._wake.set()
 
-    def _start(self, ticket: Ticket) -> None:
+    def _drop_ready(self, ticket: Ticket, reason: str) -> None:
+        """Fail a call that never reached the engine: the policy sees it end unserved."""
+        call, now = ticket.call, self.clock()
+        if self.tickets.pop(call.call_id, None) is not None:
+            self.policy.mark_dispatched(call.call_id, now)
+            self.policy.on_finished(call.call_id, 0, 0, now)
+        self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+
+    def _launch(self, ticket: Ticket) -> None:
+        """Start a reserved call in the engine; a call the engine refuses fails alone."""
+        call = ticket.call
+        self.policy.mark_dispatched(call.call_id, self.clock())
+        del self.tickets[call.call_id]
+        try:
+            self._start_call(ticket)
+        except Exception as exc:
+            log.warning("the engine refused %s: %s", call.call_id, exc)
+            self.tasks.start_soon(self._close_unstarted, ticket, str(exc))
+
+    async def _close_unstarted(self, ticket: Ticket, reason: str) -> None:
+        call = ticket.call
+        with anyio.CancelScope(shield=True):
+            self.leases.drop_call(call.call_id)
+            await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+            if not ticket.run.ended:
+                self.policy.on_finished(call.call_id, call.prompt_tokens, 0, self.clock())
+            self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+
+    def _start_call(self, ticket: Ticket) -> None:
         call = ticket.call
         ticket.priority = self.policy.priority(call.call_id)
         stream = self.engine.add_request(
@@ -254,19 +393,20 @@ class Dispatcher:
             request_id=call.call_id,
             priority=ticket.priority,
             predicted_output_len=ticket.plan.reserve_output,
+            cache_salt=call.tenant_id if self.config.cache_salt_per_tenant else "",
         )
         self.running[call.call_id] = stream
         self._followed.setdefault(call.job_id, {})[call.call_id] = ticket
         self._waiting.add(call.call_id, call.prompt_tokens, ticket.plan.reserve_output)
         ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
-        assert self._tg is not None
-        self._tg.start_soon(self._follow, ticket, stream)
+        self.tasks.start_soon(self._follow, ticket, stream)
 
     async def _follow(self, ticket: Ticket, stream: RequestStream) -> None:
         call, run = ticket.call, ticket.run
         last: TokenDelta | None = None
         last_at = 0.0
         produced = 0
+        failure = ""  # why following the call failed, if it did
         with self._call_span(run) as span:
             try:
                 async for delta in stream:
@@ -277,10 +417,16 @@ class Dispatcher:
                     if not run.ended:  # an ended job has left the policy
                         self._progress(ticket, delta, produced)
                     last = delta
+                    if delta.finished and delta.finish_reason is not FinishReason.ERROR:
+                        run.finishing.add(call.node_id)  # a cancel from now on is too late
+            except Exception:
+                log.exception("following %s", call.call_id)
+                failure = INTERNAL_ERROR
             finally:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()  # aborts the request if it has not finished
-                    await self._close_call(ticket, last, last_at, produced)
+                    with self._failing_node(run, call.node_id):
+                        await self._close_call(ticket, last, last_at, produced, failure)
                     if span is not None:
                         annotate_call(span, ticket, last, produced)
 
@@ -321,11 +467,17 @@ class Dispatcher:
         return self._tracer.start_as_current_span(name, context=parent)
 
     async def _close_call(
-        self, ticket: Ticket, last: TokenDelta | None, last_at: float, produced: int
+        self,
+        ticket: Ticket,
+        last: TokenDelta | None,
+        last_at: float,
+        produced: int,
+        failure: str = "",
     ) -> None:
         """Settle or release the call, then end its node. A finished call's last tokens are
         added only now, after the settle, next to the node's end (and the job's, if it was the
-        last call): whoever watches the job gets them in one wake-up."""
+        last call): whoever watches the job gets them in one wake-up. A call that failed here
+        (`failure`) or in the engine is released and its node fails."""
         call, run = ticket.call, ticket.run
         self.running.pop(call.call_id, None)
         calls = self._followed[call.job_id]
@@ -333,28 +485,35 @@ class Dispatcher:
         if not calls:
             del self._followed[call.job_id]
         self._waiting.discard(call.call_id)
-        finished = last is not None and last.finished
+        self.leases.drop_call(call.call_id)
+        self.policy.unhold_tenant(call.tenant_id)  # a concurrency slot is free again
+        engine_error = last is not None and last.finish_reason is FinishReason.ERROR
+        finished = not failure and last is not None and last.finished and not engine_error
+        # a call is charged exactly when its node succeeds: one cancelled before its end was
+        # seen is released like any cancelled call
+        finished = finished and run.nodes[call.node_id].state not in ENDED
         ends_job = finished and run.is_last_open(call.node_id)  # one script closes both
-        try:
-            if finished:
-                await self.store.settle(
-                    call.tenant_id,
-                    call.call_id,
-                    call.prompt_tokens,
-                    produced,
-                    finish_job=run.job_id if ends_job else None,
-                )
-            else:
-                await self.store.release(call.tenant_id, call.call_id)
-        except QuotaUnavailable:
-            ends_job = False  # the reservation expires on its own: nothing leaks
+        if finished:
+            close = Close(
+                "settle",
+                call.tenant_id,
+                call.call_id,
+                call.prompt_tokens,
+                produced,
+                run.job_id if ends_job else None,
+            )
+        else:
+            close = Close("release", call.tenant_id, call.call_id)
+        if await self.outbox.send(close) is None:
+            ends_job = False  # the outbox settles it; the job is finished as it ends
         if ends_job and not run.ended:
             self._finished_in_store.add(run.job_id)
         now = self.clock()
         if not run.ended:
             self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
             self._refresh_priorities(call.job_id)  # re-keyed with the truth
-        if last is not None and last.finished:
+        if finished:
+            assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
             self.planner.predictor.observe(ticket.plan.features, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
@@ -364,7 +523,8 @@ class Dispatcher:
             else:
                 self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
         elif not run.ended:
-            self._finish_node(run, call.node_id, NodeState.FAILED, "call aborted by the engine")
+            reason = failure or ("engine error" if engine_error else "call aborted by the engine")
+            self._finish_node(run, call.node_id, NodeState.FAILED, reason)
         self._wake.set()
 
     def _refresh_priorities(self, job_id: str) -> None:
@@ -378,17 +538,45 @@ class Dispatcher:
     def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
         now = self.clock()
         for ready in run.finish_node(node_id, state, now, reason):
-            self._make_ready(run, ready, now)
+            self.tasks.start_soon(self._prepare, run, ready)
         if run.ended:
             self._forget(run, now)
         self._wake.set()
 
+    @contextlib.contextmanager
+    def _failing_node(self, run: JobRun, node_id: str) -> Iterator[None]:
+        """Whatever goes wrong in one call's task fails that call's node, never the loop."""
+        try:
+            yield
+        except Exception:
+            log.exception("call %s/%s failed", run.job_id, node_id)
+            with contextlib.suppress(Exception):
+                self._finish_node(run, node_id, NodeState.FAILED, INTERNAL_ERROR)
+
+    def _withdraw_ready(self, run: JobRun, now: float) -> None:
+        """Take a cancelled job's ready calls out of the policy before the job has ended."""
+        for ticket in self._drop_tickets(run):
+            self.policy.mark_dispatched(ticket.call.call_id, now)
+            self.policy.on_finished(ticket.call.call_id, 0, 0, now)
+
+    def _drop_tickets(self, run: JobRun) -> list[Ticket]:
+        """Forget the job's ready calls; those reserved with the job are released."""
+        dropped = [t for t in self.tickets.values() if t.run is run]
+        for ticket in dropped:
+            call_id = ticket.call.call_id
+            del self.tickets[call_id]
+            if ticket.held:  # reserved with the job, never dispatched
+                self.leases.drop_call(call_id)
+                self.tasks.start_soon(self._send, Close("release", run.tenant_id, call_id))
+        return dropped
+
     def _forget(self, run: JobRun, now: float) -> None:
+        if self.runs.pop(run.job_id, None) is None:
+            return
         self.policy.remove_job(run.job_id, now)
-        assert self._tg is not None
-        for call_id in [c for c, t in self.tickets.items() if t.run is run]:
-            if self.tickets.pop(call_id).held:  # reserved with the job, never dispatched
-                self._tg.start_soon(self._release_held, run.tenant_id, call_id)
+        self._deadlines.discard(run.job_id)
+        self.leases.drop_job(run.job_id)
+        self._drop_tickets(run)
         span = self._job_spans.pop(run.job_id, None)
         if span is not None:
             span.set_attribute("fairgate.job.state", run.state.value)
@@ -397,13 +585,13 @@ class Dispatcher:
         if run.job_id in self._finished_in_store:
             self._finished_in_store.discard(run.job_id)
         else:
-            self._tg.start_soon(self._end_job, run)
+            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
         self._wake.set()
 
-    async def _end_job(self, run: JobRun) -> None:
-        with anyio.CancelScope(shield=True), contextlib.suppress(QuotaUnavailable):
-            await self.store.finish_job(run.tenant_id, run.job_id)
+    async def _send(self, close: Close) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.outbox.send(close)
 
-    async def _release_held(self, tenant_id: str, call_id: str) -> None:
-        with anyio.CancelScope(shield=True), contextlib.suppress(QuotaUnavailable):
-            await self.store.release(tenant_id, call_id)
+
+def _sizes(values: Mapping[str, str]) -> dict[str, int]:
+    return {name: len(value) for name, value in values.items()}

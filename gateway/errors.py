@@ -1,8 +1,16 @@
 """The one place where domain errors become gRPC statuses with rich error details.
 
-Handlers raise the packages' own errors; `translate` turns each into a status code, a message
+Handlers raise the packages' own errors; `to_status` turns each into a status code, a message
 and google.rpc details (BadRequest, QuotaFailure, RetryInfo, ErrorInfo), and aborts the RPC.
-Anything unexpected is INTERNAL with no internals leaked.
+Anything unexpected is INTERNAL "internal error", logged here, with no internals leaked.
+
+ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota ones
+(`QUOTA_TOKEN_RATE`, `QUOTA_CONCURRENT_CALLS`, `QUOTA_DAILY_BUDGET`, `QUOTA_QUEUED_JOBS`,
+`QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`; RESOURCE_EXHAUSTED), `AUTH_RATE_LIMITED` (too many failed
+authentications from one peer; RESOURCE_EXHAUSTED), `OVERLOADED` (the gateway holds as much
+work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the quota store cannot be reached, so new
+work is refused: fail closed; UNAVAILABLE) and `SHUTTING_DOWN` (UNAVAILABLE). Each carries
+RetryInfo when waiting can help.
 """
 
 from __future__ import annotations
@@ -59,28 +67,26 @@ class Unauthenticated(Exception):
 
 
 class Overloaded(Exception):
-    """The gateway cannot take more work now."""
+    """The gateway cannot take more work now; retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
-_DOMAIN_ERRORS = (
-    JobInvalid,
-    FieldsInvalid,
-    QuotaExceeded,
-    InvalidRequest,
-    QuotaInvalid,
-    RequestInvalid,
-    TenantInvalid,
-    NotFound,
-    TenantNotFound,
-    TenantExists,
-    CallClosed,
-    AuthFailed,
-    Unauthenticated,
-    PermissionDenied,
-    QuotaUnavailable,
-    Overloaded,
-    EngineClosed,
-)
+class AuthThrottled(Exception):
+    """Too many failed authentications from this peer; it may try again after a while."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("too many failed authentications from this address")
+        self.retry_after_s = retry_after_s
+
+
+class IdempotencyConflict(Exception):
+    """An idempotency key reused with a different job."""
+
+
+STORE_RETRY_S = 1.0  # retry hint while the quota store is unreachable
 
 
 def _pack(*messages: object) -> list[any_pb2.Any]:
@@ -106,13 +112,23 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         return _status(code_pb2.INVALID_ARGUMENT, str(exc), bad)
     if isinstance(exc, QuotaExceeded):
         return _quota_status(exc)
+    if isinstance(exc, QuotaUnavailable):
+        message = "the quota store is unavailable: new work is refused until it returns"
+        return _refusal(code_pb2.UNAVAILABLE, "STORE_UNAVAILABLE", message, STORE_RETRY_S)
+    if isinstance(exc, Overloaded):
+        return _refusal(code_pb2.UNAVAILABLE, "OVERLOADED", str(exc), exc.retry_after_s)
+    if isinstance(exc, EngineClosed):
+        return _refusal(code_pb2.UNAVAILABLE, "SHUTTING_DOWN", str(exc), STORE_RETRY_S)
+    if isinstance(exc, AuthThrottled):
+        return _refusal(
+            code_pb2.RESOURCE_EXHAUSTED, "AUTH_RATE_LIMITED", str(exc), exc.retry_after_s
+        )
     simple: list[tuple[type[BaseException] | tuple[type[BaseException], ...], int]] = [
         ((InvalidRequest, QuotaInvalid, RequestInvalid, TenantInvalid), code_pb2.INVALID_ARGUMENT),
         ((NotFound, TenantNotFound), code_pb2.NOT_FOUND),
-        ((TenantExists, CallClosed), code_pb2.ALREADY_EXISTS),
+        ((TenantExists, CallClosed, IdempotencyConflict), code_pb2.ALREADY_EXISTS),
         ((AuthFailed, Unauthenticated), code_pb2.UNAUTHENTICATED),
         (PermissionDenied, code_pb2.PERMISSION_DENIED),
-        ((QuotaUnavailable, Overloaded, EngineClosed), code_pb2.UNAVAILABLE),
     ]
     for kinds, code in simple:
         if isinstance(exc, kinds):
@@ -132,11 +148,20 @@ def _quota_status(exc: QuotaExceeded) -> status_pb2.Status:
     info = error_details_pb2.ErrorInfo(reason=exc.reason, domain=DOMAIN, metadata=exc.metadata)
     details: list[object] = [failure, info]
     if exc.retry_after_s is not None:
-        seconds = max(exc.retry_after_s, 0.0)
-        nanos = int((seconds - math.floor(seconds)) * 1e9)
-        delay = duration_pb2.Duration(seconds=math.floor(seconds), nanos=nanos)
-        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(_retry_info(exc.retry_after_s))
     return _status(code_pb2.RESOURCE_EXHAUSTED, exc.description, *details)
+
+
+def _refusal(code: int, reason: str, message: str, retry_after_s: float) -> status_pb2.Status:
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
+    return _status(code, message, info, _retry_info(retry_after_s))
+
+
+def _retry_info(retry_after_s: float) -> error_details_pb2.RetryInfo:
+    seconds = max(retry_after_s, 0.0)
+    nanos = int((seconds - math.floor(seconds)) * 1e9)
+    delay = duration_pb2.Duration(seconds=math.floor(seconds), nanos=nanos)
+    return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
 def _status(code: int, message: str, *details: object) -> status_pb2.Status:
@@ -155,7 +180,8 @@ Method = TypeVar("Method", bound=Callable[..., Any])
 
 
 def grpc_edge(method: Method) -> Method:
-    """Translate domain errors raised by a servicer method (unary or server-streaming)."""
+    """Translate what a servicer method (unary or server-streaming) raises: domain errors to
+    their statuses, anything else to INTERNAL (logged). Cancellation passes through."""
     if inspect.isasyncgenfunction(method):
 
         @functools.wraps(method)
@@ -163,7 +189,9 @@ def grpc_edge(method: Method) -> Method:
             try:
                 async for response in method(self, request, context):
                     yield response
-            except _DOMAIN_ERRORS as exc:
+            except grpc.aio.AbortError:
+                raise
+            except Exception as exc:
                 await abort_with(context, exc)
 
         return cast(Method, streaming)
@@ -172,7 +200,9 @@ def grpc_edge(method: Method) -> Method:
     async def unary(self: Any, request: Any, context: Any) -> Any:
         try:
             return await method(self, request, context)
-        except _DOMAIN_ERRORS as exc:
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
             await abort_with(context, exc)
 
     return cast(Method, unary)

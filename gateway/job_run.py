@@ -6,14 +6,19 @@ SUCCEEDED, CAPPED (stopped by the anomaly guard; its output still feeds dependen
 CANCELLED. A failed node fails every descendant with a reason naming it; independent branches
 run on. The job ends when every node has ended: SUCCEEDED when none failed or was cancelled.
 
-Invariant: the event log only grows, its sequence numbers are 1, 2, 3, ...; every state change
-appears in it exactly once, and the last event of an ended job is JobFinished.
+Invariant: events get sequence numbers 1, 2, 3, ...; every state change appears in the log
+exactly once, and the last event of an ended job is JobFinished. The log is bounded: once a node
+has ended, its token deltas may be dropped (its output is in the node itself), which happens when
+the retained deltas pass `max_delta_bytes`, and once the job has ended and no watcher is still
+reading; surviving events keep their sequence numbers, and a watch from `s` gets every retained
+event with sequence >= `s`.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -43,6 +48,8 @@ class JobState(enum.Enum):
 
 DONE = frozenset({NodeState.SUCCEEDED, NodeState.CAPPED})
 ENDED = DONE | {NodeState.FAILED, NodeState.CANCELLED}
+MAX_DELTA_BYTES = 1 << 20  # token deltas of ended nodes kept per job before they are dropped
+_EVENT_BYTES = 160  # what one event costs in memory besides its text and token ids
 
 
 @dataclass(slots=True)
@@ -98,8 +105,18 @@ class JobRun:
     finished_at: float | None = None
     nodes: dict[str, NodeRun] = field(default_factory=dict)
     events: list[JobEvent] = field(default_factory=list)
+    key_id: str = ""  # the API key that submitted it: revoking the key cancels the job
+    fingerprint: str = ""  # digest of the submitted spec, for idempotency keys
+    max_delta_bytes: int = MAX_DELTA_BYTES
     _dag: Dag | None = None
     _changed: anyio.Event = field(default_factory=anyio.Event)
+    # nodes whose call has finished and is being settled: a cancel arriving meanwhile is too
+    # late for them, so they end as their call did and the job ends after them
+    finishing: set[str] = field(default_factory=set)
+    _last_sequence: int = 0
+    _delta_bytes: int = 0  # memory held by retained token deltas
+    _watchers: int = 0
+    _end_state: JobState | None = None  # how a cancelled job ends once its last node has
 
     def __post_init__(self) -> None:
         self.nodes = {n.id: NodeRun(n) for n in self.spec.nodes}
@@ -145,6 +162,7 @@ class JobRun:
     ) -> list[str]:
         """End a node; returns the nodes this makes ready."""
         assert state in ENDED
+        self.finishing.discard(node_id)
         if self.nodes[node_id].state in ENDED:
             return []
         self._end(node_id, state, now, reason)
@@ -163,32 +181,56 @@ class JobRun:
         """Whether every other node has ended, so that ending this one ends the job."""
         return all(node.state in ENDED for other, node in self.nodes.items() if other != node_id)
 
-    def cancel(self, now: float, reason: str = "cancelled") -> list[str]:
-        """Cancel every node that has not ended; returns the ones that were running."""
-        running = [n for n, r in self.nodes.items() if r.state is NodeState.RUNNING]
+    def cancel(self, now: float, reason: str = "cancelled", *, failed: bool = False) -> list[str]:
+        """Cancel every node that has not ended, except those `finishing`; returns the ones
+        that were running. The job ends CANCELLED, or FAILED with `failed` (its deadline
+        passed), at once or when its finishing nodes have ended."""
+        running = [
+            n
+            for n, r in self.nodes.items()
+            if r.state is NodeState.RUNNING and n not in self.finishing
+        ]
         for node_id, node in self.nodes.items():
-            if node.state not in ENDED:
+            if node.state not in ENDED and node_id not in self.finishing:
                 self._end(node_id, NodeState.CANCELLED, now, reason)
+        self._end_state = JobState.FAILED if failed else JobState.CANCELLED
         self._maybe_end(now)
         return running
 
-    async def watch(self, from_sequence: int = 0) -> AsyncIterator[JobEvent]:
-        """Events with sequence > from_sequence, live, until the job has ended."""
-        async for batch in self.watch_batches(from_sequence):
+    def poke(self) -> None:
+        """Wake every watcher (one whose stream is being closed checks why)."""
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def watch(
+        self, from_sequence: int = 0, stop: Callable[[], bool] = lambda: False
+    ) -> AsyncIterator[JobEvent]:
+        """Retained events with sequence > from_sequence, live, until the job has ended or
+        `stop()` is true at a wake-up."""
+        async for batch in self.watch_batches(from_sequence, stop):
             for event in batch:
                 yield event
 
-    async def watch_batches(self, from_sequence: int = 0) -> AsyncIterator[list[JobEvent]]:
+    async def watch_batches(
+        self, from_sequence: int = 0, stop: Callable[[], bool] = lambda: False
+    ) -> AsyncIterator[list[JobEvent]]:
         """Like `watch`, but all the events logged since the last batch at once."""
-        index = from_sequence
-        while True:
-            if index < len(self.events):
-                batch, index = self.events[index:], len(self.events)
-                yield batch
-            elif self.ended:
-                return
-            else:
-                await self._changed.wait()
+        seen = from_sequence
+        self._watchers += 1
+        try:
+            while not stop():
+                if seen < self._last_sequence:
+                    start = bisect.bisect_right(self.events, seen, key=lambda e: e.sequence)
+                    batch, seen = self.events[start:], self._last_sequence
+                    yield batch
+                elif self.ended:
+                    return
+                else:
+                    await self._changed.wait()
+        finally:
+            self._watchers -= 1
+            if self.ended and not self._watchers:
+                self._drop_deltas()
 
     def _parents_done(self, node_id: str) -> bool:
         return all(self.nodes[p].state in DONE for p in self.dag.parents[node_id])
@@ -223,7 +265,9 @@ class JobRun:
         if self.ended or any(n.state not in ENDED for n in self.nodes.values()):
             return
         states = {n.state for n in self.nodes.values()}
-        if NodeState.CANCELLED in states:
+        if self._end_state is not None:
+            self.state = self._end_state
+        elif NodeState.CANCELLED in states:
             self.state = JobState.CANCELLED
         elif NodeState.FAILED in states:
             self.state = JobState.FAILED
@@ -231,8 +275,34 @@ class JobRun:
             self.state = JobState.SUCCEEDED
         self.finished_at = now
         self._emit(JobEnded(self.state), now)
+        if not self._watchers:
+            self._drop_deltas()
 
     def _emit(self, body: NodeChanged | TokensAdded | JobEnded, now: float) -> None:
-        self.events.append(JobEvent(len(self.events) + 1, now, body))
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._last_sequence += 1
+        self.events.append(JobEvent(self._last_sequence, now, body))
+        if isinstance(body, TokensAdded):
+            self._delta_bytes += _delta_size(body)
+        elif isinstance(body, NodeChanged) and body.state in ENDED and self._over_budget():
+            self._drop_deltas()
+        self.poke()
+
+    def _over_budget(self) -> bool:
+        return self._delta_bytes > self.max_delta_bytes
+
+    def _drop_deltas(self) -> None:
+        """Drop the token deltas of ended nodes (their outputs are complete in the nodes)."""
+        if not self._delta_bytes:
+            return
+        kept = [e for e in self.events if not self._droppable(e)]
+        deltas = (e.body for e in kept if isinstance(e.body, TokensAdded))
+        self._delta_bytes = sum(map(_delta_size, deltas))
+        self.events = kept
+
+    def _droppable(self, event: JobEvent) -> bool:
+        body = event.body
+        return isinstance(body, TokensAdded) and self.nodes[body.node_id].state in ENDED
+
+
+def _delta_size(delta: TokensAdded) -> int:
+    return _EVENT_BYTES + len(delta.text) + 8 * len(delta.token_ids)

@@ -4,8 +4,11 @@
 same ids faster. A fast tokenizer first splits its input at the added tokens (`<|im_start|>`, ...)
 and then tokenizes each piece between them on its own, so no token spans a split: the ids of a
 text are the concatenation of its pieces' ids. The encoder renders the template (transformers,
-exact), splits the text the same way and takes each piece's ids from a bounded cache, so the
-template's constant text (a default system prompt, role headers) is tokenized once, not per call.
+exact), splits the text the same way and takes each piece's ids from a cache bounded in bytes
+(pieces up to `MAX_CACHED_PIECE` characters, `cache_bytes` in all, least recently used out first;
+one lock, since the gateway encodes in a worker thread), so the template's constant text (a
+default system prompt, role headers) is tokenized once, not per call, and no tenant's large input
+can fill the memory.
 It does so only where the split is provably the tokenizer's own: added tokens that strip no
 whitespace, match anywhere and are matched before normalisation; otherwise it falls back to
 `encode_prompt`.
@@ -15,13 +18,17 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from typing import Any
+
+from cachetools import LRUCache
 
 from gateway.jobs.model import ChatMessage
 
 Prompt = str | tuple[ChatMessage, ...]
+MAX_CACHED_PIECE = 4096  # characters; longer pieces are tenant text, rarely seen twice
+CACHE_BYTES = 8 << 20
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
@@ -40,12 +47,20 @@ def prompt_text(prompt: Prompt) -> str:
 class PromptEncoder:
     """`encode_prompt` with a per-piece cache; `__call__` returns a fresh list each time."""
 
-    def __init__(self, tokenizer: Any, cache_size: int = 4096) -> None:
+    def __init__(self, tokenizer: Any, cache_bytes: int = CACHE_BYTES) -> None:
         self.tokenizer = tokenizer
         self._pieces = _piece_splitter(tokenizer)
-        self._piece_ids: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
-            self._encode_piece
+        # piece -> (its length, its ids): the length lets the cache count the key's bytes too
+        self._cache: LRUCache[str, tuple[int, tuple[int, ...]]] = LRUCache(
+            cache_bytes, getsizeof=_cost
         )
+        self._lock = threading.Lock()
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the cached pieces take, as the cache counts it."""
+        with self._lock:
+            return int(self._cache.currsize)
 
     def __call__(self, prompt: Prompt) -> list[int]:
         if self._pieces is None:
@@ -58,9 +73,27 @@ class PromptEncoder:
             ids += self._piece_ids(piece)
         return ids
 
+    def _piece_ids(self, piece: str) -> tuple[int, ...]:
+        if len(piece) > MAX_CACHED_PIECE:
+            return self._encode_piece(piece)
+        with self._lock:
+            found = self._cache.get(piece)
+        if found is not None:
+            return found[1]
+        ids = self._encode_piece(piece)
+        with self._lock:
+            self._cache[piece] = (len(piece), ids)
+        return ids
+
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
         backend = self.tokenizer.backend_tokenizer
         return tuple(backend.encode(piece, add_special_tokens=False).ids)
+
+
+def _cost(entry: tuple[int, tuple[int, ...]]) -> int:
+    """Bytes a cached piece holds, about: its text (up to 4 bytes a character), its ids."""
+    length, ids = entry
+    return 128 + 4 * length + 8 * len(ids)
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

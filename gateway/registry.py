@@ -1,24 +1,30 @@
 """The jobs this gateway process runs or has run, by id and by idempotency key.
 
 A tenant only ever sees its own jobs: a lookup of another tenant's job is NotFound, exactly
-like a job that does not exist. Ended jobs are kept for lookups until `max_ended` newer ones
-have ended, then dropped, oldest first.
+like a job that does not exist. Each tenant's ended jobs are kept for lookups until
+`max_ended_per_tenant` newer ones of that tenant have ended, then dropped, oldest first, with
+their idempotency keys: one tenant's churn never evicts another's jobs. A deleted tenant's jobs
+are forgotten at once, so a tenant created again under the same id never sees them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 
 from gateway.errors import NotFound
 from gateway.job_run import JobRun
 
+MAX_ENDED_PER_TENANT = 1000
+
 
 class JobRegistry:
-    def __init__(self, max_ended: int = 10_000) -> None:
-        self.max_ended = max_ended
+    def __init__(self, max_ended_per_tenant: int = MAX_ENDED_PER_TENANT) -> None:
+        if max_ended_per_tenant < 1:
+            raise ValueError("max_ended_per_tenant must be at least 1")
+        self.max_ended_per_tenant = max_ended_per_tenant
         self._jobs: dict[str, JobRun] = {}
         self._keys: dict[tuple[str, str], str] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ended: defaultdict[str, OrderedDict[str, None]] = defaultdict(OrderedDict)
 
     def add(self, run: JobRun) -> None:
         self._jobs[run.job_id] = run
@@ -36,13 +42,29 @@ class JobRegistry:
         return self._jobs.get(job_id) if job_id is not None else None
 
     def ended(self, run: JobRun) -> None:
-        """Note an ended job; forget the oldest ended ones beyond the limit."""
-        self._ended[run.job_id] = None
-        while len(self._ended) > self.max_ended:
-            job_id, _ = self._ended.popitem(last=False)
-            old = self._jobs.pop(job_id)
-            if old.spec.idempotency_key:
-                self._keys.pop((old.tenant_id, old.spec.idempotency_key), None)
+        """Note an ended job; forget the tenant's oldest ended ones beyond the limit."""
+        if run.job_id not in self._jobs:
+            return  # its tenant was deleted
+        ended = self._ended[run.tenant_id]
+        ended[run.job_id] = None
+        while len(ended) > self.max_ended_per_tenant:
+            job_id, _ = ended.popitem(last=False)
+            self._drop(self._jobs[job_id])
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """Drop every job of a deleted tenant (call after its running jobs were cancelled)."""
+        for run in [r for r in self._jobs.values() if r.tenant_id == tenant_id]:
+            self._drop(run)
+        self._ended.pop(tenant_id, None)
+
+    def of_tenant(self, tenant_id: str) -> list[JobRun]:
+        return [r for r in self._jobs.values() if r.tenant_id == tenant_id]
+
+    def _drop(self, run: JobRun) -> None:
+        del self._jobs[run.job_id]
+        key = (run.tenant_id, run.spec.idempotency_key)
+        if run.spec.idempotency_key and self._keys.get(key) == run.job_id:
+            del self._keys[key]
 
     def __len__(self) -> int:
         return len(self._jobs)

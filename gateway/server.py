@@ -3,16 +3,21 @@
 `running_gateway(settings)` is an async context manager that owns everything it starts;
 `serve(settings)` runs one until cancelled (Ctrl-C, SIGTERM). Shutdown is graceful: health
 turns NOT_SERVING, running RPCs get `settings.grace_s` to end, then calls still running are
-cancelled, their engine blocks freed and their quota released, in that order.
+cancelled, their engine blocks freed and their quota released, in that order. Health is
+NOT_SERVING too while the engine cannot serve (its steps keep failing). `serve` refuses to
+start on a non-loopback host with the default admin key, and serves TLS (or mTLS) when the
+settings name a certificate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import grpc
@@ -25,12 +30,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
+from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.engine_setup import build_engine_core
+from gateway.outbox import Outbox
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
-from gateway.settings import Settings
+from gateway.settings import DEFAULT_ADMIN_KEY, Settings
+from gateway.streams import OpenStreams
 from gateway.telemetry import setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
@@ -56,6 +64,45 @@ class RunningGateway:
     engine: AsyncEngine
     dispatcher: Dispatcher
     jobs: JobRegistry
+    service: GatewayService
+    health: health.aio.HealthServicer
+
+
+class UnsafeSettings(ValueError):
+    """Settings that would expose the gateway (the default admin key off loopback...)."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse the documented default admin key anywhere but on a loopback host."""
+    if settings.admin_key == DEFAULT_ADMIN_KEY and not _is_loopback(settings.host):
+        raise UnsafeSettings(
+            f"refusing to serve on {settings.host!r} with the default admin key: set "
+            "FAIRGATE_ADMIN_KEY (or admin_key in the config file) to a secret, e.g. the output "
+            "of `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+        )
+    named = [settings.tls_cert_file, settings.tls_key_file]
+    if any(named) and not all(named):
+        raise UnsafeSettings("TLS needs both tls_cert_file and tls_key_file")
+    if settings.tls_client_ca_file is not None and settings.tls_cert_file is None:
+        raise UnsafeSettings("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def outbox_path(settings: Settings) -> Path | None:
+    """Where quota closes wait while the store is away; none for the in-memory store."""
+    if settings.outbox_file is not None:
+        return settings.outbox_file
+    if settings.store == "memory":
+        return None
+    return Path.home() / ".local" / "state" / "fairgate" / f"outbox-{settings.port}.jsonl"
 
 
 def make_store(settings: Settings) -> QuotaStore:
@@ -74,7 +121,21 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_connection_idle_ms", int(settings.max_connection_idle_s * 1000)),
     ]
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    """TLS credentials from the settings' files; None when TLS is off."""
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    pair = (settings.tls_key_file.read_bytes(), settings.tls_cert_file.read_bytes())
+    client_ca = settings.tls_client_ca_file
+    return grpc.ssl_server_credentials(
+        [pair],
+        root_certificates=client_ca.read_bytes() if client_ca is not None else None,
+        require_client_auth=client_ca is not None,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -87,16 +148,20 @@ async def running_gateway(
 ) -> AsyncIterator[RunningGateway]:
     """Start a gateway; `core` and `store` replace the ones the settings would build. Spans go
     to `tracer_provider`; without one the gateway does no span work."""
+    check_exposure(settings)
     # The simulated engine's steps are instant: a thread hop would be all they cost
     instant = core is None and settings.simulated_engine
     if core is None:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
-    jobs = JobRegistry()
+    jobs = JobRegistry(settings.retained_jobs_per_tenant)
     config = DispatchConfig(
         model_name=settings.model,
         reservation_ttl_s=settings.reservation_ttl_s,
         knee_calls=settings.knee_calls,
+        reserve_deadline_s=settings.reserve_deadline_s,
+        max_prompt_chars=settings.max_prompt_chars,
+        cache_salt_per_tenant=settings.prefix_cache_per_tenant,
     )
     defaults = CallDefaults(
         settings.default_temperature, settings.default_top_p, settings.max_model_len
@@ -126,21 +191,51 @@ async def running_gateway(
                 config,
                 on_job_end=jobs.ended,
                 tracer=tracer(tracer_provider) if tracer_provider is not None else None,
+                outbox=Outbox(store, outbox_path(settings)),
             )
         )
-        server, health_servicer = _build_server(settings, store, jobs, dispatcher, tracer_provider)
-        port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+        server, service, health_servicer = _build_server(
+            settings, store, jobs, dispatcher, tracer_provider
+        )
+        address = f"{settings.host}:{settings.port}"
+        credentials = server_credentials(settings)
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
         await server.start()
-        for name in ("", *SERVICES):
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await _set_health(health_servicer, True)
+        tg = await stack.enter_async_context(anyio.create_task_group())
+        tg.start_soon(_report_health, engine, health_servicer)
         try:
-            yield RunningGateway(settings, port, store, engine, dispatcher, jobs)
+            yield RunningGateway(
+                settings, port, store, engine, dispatcher, jobs, service, health_servicer
+            )
         finally:
+            tg.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await health_servicer.enter_graceful_shutdown()
                 await server.stop(settings.grace_s)
                 for run in list(dispatcher.running_jobs()):
                     dispatcher.cancel(run, "server shutting down")
+
+
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.NOT_SERVING
+    if serving:
+        status = health_pb2.HealthCheckResponse.SERVING
+    for name in ("", *SERVICES):
+        await servicer.set(name, status)
+
+
+async def _report_health(engine: AsyncEngine, servicer: health.aio.HealthServicer) -> None:
+    """SERVING while the engine can serve, NOT_SERVING while its steps keep failing."""
+    serving = True
+    while True:
+        await engine.health_changed()
+        if engine.healthy != serving:
+            serving = engine.healthy
+            await _set_health(servicer, serving)
 
 
 def _build_server(
@@ -149,29 +244,47 @@ def _build_server(
     jobs: JobRegistry,
     dispatcher: Dispatcher,
     tracer_provider: TracerProvider | None,
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
-    from gateway.auth import AuthInterceptor
-
-    interceptors: list[grpc.aio.ServerInterceptor] = [AuthInterceptor(store, settings.admin_key)]
+) -> tuple[grpc.aio.Server, GatewayService, health.aio.HealthServicer]:
+    throttle = FailureThrottle(settings.auth_failures_per_minute)
+    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle)
+    interceptors: list[grpc.aio.ServerInterceptor] = [auth]
     if tracer_provider is not None:
         spans = aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]
         interceptors.insert(0, spans)
-    server = grpc.aio.server(interceptors=interceptors, options=server_options(settings))
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayService(jobs, dispatcher, store), server)
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=server_options(settings),
+        maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+    )
+    streams = OpenStreams()
+    service = GatewayService(
+        jobs, dispatcher, store, streams, max_active_jobs=settings.max_active_jobs
+    )
+    gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)
 
-    async def cancel_jobs_of(tenant_id: str) -> None:
+    async def tenant_deleted(tenant_id: str) -> None:
+        auth.forget_tenant(tenant_id)
+        streams.close(lambda s: s.tenant_id == tenant_id, "the tenant was deleted")
         for run in dispatcher.running_jobs():
             if run.tenant_id == tenant_id:
                 dispatcher.cancel(run, "tenant deleted")
+        jobs.forget_tenant(tenant_id)
 
-    admin = AdminService(store, on_tenant_deleted=cancel_jobs_of)
+    async def key_revoked(tenant_id: str, key_id: str) -> None:
+        auth.forget_key(key_id)
+        streams.close(lambda s: s.key_id == key_id, "the API key was revoked")
+        for run in dispatcher.running_jobs():
+            if run.key_id == key_id:
+                dispatcher.cancel(run, "API key revoked")
+
+    admin = AdminService(store, on_tenant_deleted=tenant_deleted, on_key_revoked=key_revoked)
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    return server, health_servicer
+    return server, service, health_servicer
 
 
 async def serve(settings: Settings) -> None:

@@ -1,15 +1,23 @@
 """The `fairgate.v1.Gateway` servicer: thin handlers that translate and delegate.
 
-SubmitJob validates the DAG against the tenant's limits, admits it against the tenant's
-quotas and hands it to the dispatcher; the same idempotency key returns the same job. RunJob and
-Generate cancel their job when the client goes away; WatchJob only stops watching.
+SubmitJob validates the DAG against the tenant's limits (before anything is rendered or
+tokenized), admits it against the tenant's quotas and hands it to the dispatcher. The same
+idempotency key returns the same job when the body is the same, and ALREADY_EXISTS when it is
+not; only submissions with the same key wait for each other (one lock per tenant and key), so
+no tenant's admission waits for another's. The gateway holds at most `max_active_jobs` jobs
+(beyond: UNAVAILABLE, OVERLOADED). Streams count against the tenant's `max_streams`. RunJob and
+Generate cancel their job when the last client running it goes away; WatchJob only stops
+watching. A stream whose key is revoked (or whose tenant is deleted) ends with UNAUTHENTICATED.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -18,23 +26,33 @@ from cachetools import TTLCache
 
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
-from gateway.auth import current_tenant
+from gateway.auth import current_key, current_tenant
 from gateway.dispatch import Dispatcher
-from gateway.errors import grpc_edge
+from gateway.errors import IdempotencyConflict, Overloaded, Unauthenticated, grpc_edge
 from gateway.job_run import JobEnded, JobRun, TokensAdded
-from gateway.jobs import JobLimits, JobSpec, NodeSpec, job_spec_from_proto, validate_job
+from gateway.jobs import (
+    ChatMessage,
+    JobLimits,
+    JobSpec,
+    NodeSpec,
+    job_spec_from_proto,
+    validate_job,
+)
 from gateway.jobs.convert import chat_from_proto, sampling_from_proto
 from gateway.registry import JobRegistry
+from gateway.streams import OpenStreams, Stream
 from gateway.views import event_to_proto, finish_reason, job_to_proto, usage
 from tenants import QuotaStore, TenantQuota
 
 Context = grpc.aio.ServicerContext[Any, Any]
+MAX_ACTIVE_JOBS = 10_000
 
 
-def limits_for(quota: TenantQuota) -> JobLimits:
+def limits_for(quota: TenantQuota, max_prompt_chars: int) -> JobLimits:
     return JobLimits(
         max_nodes=quota.max_nodes_per_job or JobLimits().max_nodes,
         max_tokens_ceiling=quota.max_tokens_ceiling,
+        max_prompt_chars=max_prompt_chars,
     )
 
 
@@ -44,38 +62,59 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         jobs: JobRegistry,
         dispatcher: Dispatcher,
         store: QuotaStore,
+        streams: OpenStreams,
         clock: Callable[[], float] = time.time,
         quota_ttl_s: float = 1.0,
+        max_active_jobs: int = MAX_ACTIVE_JOBS,
     ) -> None:
         self.jobs = jobs
         self.dispatcher = dispatcher
         self.store = store
+        self.streams = streams
         self.clock = clock
-        self._submit_lock = anyio.Lock()  # idempotency keys: check-and-add is one step
+        self.max_active_jobs = max_active_jobs
+        self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
+        self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # tenant -> quota: an operator's change reaches new jobs within quota_ttl_s
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 
-    async def submit(self, tenant_id: str, spec: JobSpec) -> JobRun:
+    async def submit(self, tenant_id: str, spec: JobSpec, fingerprint: str = "") -> JobRun:
         if not spec.idempotency_key:
-            return await self._admit(tenant_id, spec)
-        async with self._submit_lock:
+            return await self._admit(tenant_id, spec, fingerprint)
+        async with self._key_locks.hold((tenant_id, spec.idempotency_key)):
             existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
-            return existing if existing is not None else await self._admit(tenant_id, spec)
+            if existing is None:
+                return await self._admit(tenant_id, spec, fingerprint)
+            if existing.fingerprint != fingerprint:
+                raise IdempotencyConflict(
+                    f"idempotency key {spec.idempotency_key!r} was used for another job "
+                    f"({existing.job_id})"
+                )
+            return existing
 
-    async def _admit(self, tenant_id: str, spec: JobSpec) -> JobRun:
-        quota = self._quotas.get(tenant_id)
-        if quota is None:
-            quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
-        validate_job(spec, limits_for(quota))
+    async def _admit(self, tenant_id: str, spec: JobSpec, fingerprint: str) -> JobRun:
+        quota = await self._quota(tenant_id)
+        limits = limits_for(quota, self.dispatcher.config.max_prompt_chars)
+        validate_job(spec, limits, now=self.clock())
+        if len(self.dispatcher.runs) >= self.max_active_jobs:
+            raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
+        run.key_id, run.fingerprint = current_key(), fingerprint
         admitted = await self.dispatcher.admit(run, quota)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
         return run
 
+    async def _quota(self, tenant_id: str) -> TenantQuota:
+        quota = self._quotas.get(tenant_id)
+        if quota is None:
+            quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
+        return quota
+
     @grpc_edge
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.Job:
-        run = await self.submit(current_tenant(), job_spec_from_proto(request.job))
+        spec = job_spec_from_proto(request.job)
+        run = await self.submit(current_tenant(), spec, _fingerprint(request.job))
         return job_to_proto(run)
 
     @grpc_edge
@@ -93,54 +132,112 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def WatchJob(
         self, request: pb.WatchJobRequest, context: Context
     ) -> AsyncIterator[pb.JobEvent]:
-        run = self.jobs.get(current_tenant(), request.job_id)
-        # from_sequence names the first event wanted; watch() takes the last one seen
-        async for event in run.watch(max(request.from_sequence - 1, 0)):
-            yield event_to_proto(run, event)
+        async with self._stream() as stream:
+            run = self.jobs.get(current_tenant(), request.job_id)
+            stream.watch(run)
+            # from_sequence names the first event wanted; watch() takes the last one seen
+            async for event in run.watch(max(request.from_sequence - 1, 0), stream.is_closed):
+                yield event_to_proto(run, event)
 
     @grpc_edge
     async def RunJob(
         self, request: pb.SubmitJobRequest, context: Context
     ) -> AsyncIterator[pb.JobEvent]:
-        run = await self.submit(current_tenant(), job_spec_from_proto(request.job))
-        try:
-            async for event in run.watch():
-                yield event_to_proto(run, event)
-        finally:
-            if not run.ended:  # the client went away
-                self.dispatcher.cancel(run, "client disconnected")
+        async with self._stream() as stream:
+            spec = job_spec_from_proto(request.job)
+            run = await self.submit(current_tenant(), spec, _fingerprint(request.job))
+            stream.watch(run)
+            async with self._running_by_client(run):
+                async for event in run.watch(0, stream.is_closed):
+                    yield event_to_proto(run, event)
 
     @grpc_edge
     async def Generate(
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
-        run = await self.submit(current_tenant(), _single_call(request))
+        async with self._stream() as stream:
+            run = await self.submit(current_tenant(), _single_call(request))
+            stream.watch(run)
+            async with self._running_by_client(run):
+                # One response per wake-up: the tokens that came meanwhile, with the end if so
+                async for batch in run.watch_batches(0, stream.is_closed):
+                    response = _generate_response(run, batch)
+                    if response.token_ids or response.text or response.HasField("usage"):
+                        yield response
+
+    @asynccontextmanager
+    async def _stream(self) -> AsyncIterator[Stream]:
+        """An open stream of the caller's; one closed from outside ends UNAUTHENTICATED."""
+        tenant = current_tenant()
+        quota = await self._quota(tenant)
+        with self.streams.open(tenant, current_key(), quota.max_streams) as stream:
+            yield stream
+            if stream.closed:
+                raise Unauthenticated(stream.closed)
+
+    @asynccontextmanager
+    async def _running_by_client(self, run: JobRun) -> AsyncIterator[None]:
+        """The job is cancelled when the last client stream running it goes away early."""
+        self._running[run.job_id] += 1
         try:
-            # One response per wake-up: the tokens that came meanwhile, with the end if it came
-            async for batch in run.watch_batches():
-                response = pb.GenerateResponse()
-                for event in batch:
-                    if isinstance(event.body, TokensAdded):
-                        response.text += event.body.text
-                        response.token_ids.extend(event.body.token_ids)
-                    elif isinstance(event.body, JobEnded):
-                        node = run.nodes["generate"]
-                        response.finish_reason = finish_reason(node)
-                        response.usage.CopyFrom(usage([node]))
-                if response.token_ids or response.text or response.HasField("usage"):
-                    yield response
+            yield
         finally:
-            if not run.ended:
-                self.dispatcher.cancel(run, "client disconnected")
+            self._running[run.job_id] -= 1
+            if not self._running[run.job_id]:
+                del self._running[run.job_id]
+                if not run.ended:
+                    self.dispatcher.cancel(run, "client disconnected")
+
+
+def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:
+    response = pb.GenerateResponse()
+    for event in batch:
+        if isinstance(event.body, TokensAdded):
+            response.text += event.body.text
+            response.token_ids.extend(event.body.token_ids)
+        elif isinstance(event.body, JobEnded):
+            node = run.nodes["generate"]
+            response.finish_reason = finish_reason(node)
+            response.usage.CopyFrom(usage([node]))
+    return response
+
+
+def _fingerprint(job: pb.JobSpec) -> str:
+    """A digest of the submitted job (deterministic: map entries sorted)."""
+    return hashlib.sha256(job.SerializeToString(deterministic=True)).hexdigest()
 
 
 def _single_call(request: pb.GenerateRequest) -> JobSpec:
-    """A one-node job for Generate; a plain prompt travels as an input, so it stays literal."""
+    """A one-node job for Generate; its text travels as inputs, so it stays literal (plain
+    text, no templates, as the proto says)."""
     sampling = sampling_from_proto(request.sampling)
     if request.WhichOneof("input") == "chat":
-        messages = chat_from_proto(request.chat)
+        given = chat_from_proto(request.chat)
+        inputs = {f"m{i}": m.content for i, m in enumerate(given)}
+        messages = tuple(ChatMessage(m.role, f"{{{{inputs.m{i}}}}}") for i, m in enumerate(given))
         node = NodeSpec(id="generate", messages=messages, sampling=sampling, name=request.name)
-        return JobSpec(nodes=(node,), name="generate")
+        return JobSpec(nodes=(node,), inputs=inputs, name="generate")
     template = "{{inputs.prompt}}"
     node = NodeSpec(id="generate", prompt_template=template, sampling=sampling, name=request.name)
     return JobSpec(nodes=(node,), inputs={"prompt": request.prompt}, name="generate")
+
+
+class _KeyedLocks:
+    """One lock per key, alive while someone holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[Hashable, tuple[anyio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: Hashable) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (anyio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

@@ -1,7 +1,7 @@
 """One typed settings object, fed from flags, `FAIRGATE_*` variables or a TOML file.
 
 Precedence: explicit values (CLI flags) > environment > TOML file (`--config` or
-`FAIRGATE_CONFIG`) > defaults.
+`FAIRGATE_CONFIG`) > defaults. docs/OPERATIONS.md lists what each safety setting bounds.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
+DEFAULT_ADMIN_KEY = "fg_admin_local_dev"
 DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
@@ -28,8 +29,27 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
     store: str = "memory"  # "memory" or a redis:// URL
-    admin_key: str = "fg_admin_local_dev"  # change it for anything but a local demo
+    # the documented default works on loopback hosts only: `serve` refuses it on any other
+    admin_key: str = DEFAULT_ADMIN_KEY
     policy: str = "justitia"
+    # TLS: a certificate and its key turn it on; a client CA as well requires client certs (mTLS)
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
+    # gRPC edge: RPCs served at once (more are refused by gRPC with RESOURCE_EXHAUSTED), a
+    # connection closed after this long idle, and the most jobs the gateway holds at once
+    max_concurrent_rpcs: int = Field(default=4096, ge=1)
+    max_connection_idle_s: float = Field(default=600.0, gt=0.0)
+    max_active_jobs: int = Field(default=10_000, ge=1)
+    auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
+    # quota closes that could not reach the store wait here (a redis store only; default
+    # ~/.local/state/fairgate/outbox-<port>.jsonl)
+    outbox_file: Path | None = None
+    # how long a call's reserve retries an unreachable store before its node fails
+    reserve_deadline_s: float = Field(default=30.0, gt=0.0)
+    max_prompt_chars: int = Field(default=262_144, ge=1)  # a rendered prompt, before tokens
+    retained_jobs_per_tenant: int = Field(default=1000, ge=1)  # ended jobs kept for GetJob
+    prefix_cache_per_tenant: bool = False  # tenants never share prefix-cache blocks
     # engine
     model: str = "default"
     dtype: Dtype = "float32"
@@ -54,7 +74,9 @@ class Settings(BaseSettings):
     hidden_refine: bool = True
     default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
-    reservation_ttl_s: float = Field(default=600.0, gt=0.0)
+    # lease of a call's quota reservation and of an admitted job; renewed every third of it
+    # while they run, so a crashed gateway holds a tenant's quota for at most this long
+    reservation_ttl_s: float = Field(default=60.0, gt=0.0)
     max_message_bytes: int = 16 * 1024 * 1024
     grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
 

@@ -2,10 +2,12 @@
 
 `Tickets.job_info` is what the fair-share policy learns when a job arrives: each node's
 predicted cost, where an unrun node's prompt is its template with the inputs filled and its
-ancestors' outputs empty, plus its parents' predicted outputs (the roots' prompts are final, so
-their token ids are kept). `Tickets.make` turns a ready node into a Ticket: its rendered and
-encoded prompt, its plan (limits, sampling, prediction, anomaly guard) and the ReadyCall the
-policy orders. No I/O and no clock: `now` is passed in.
+ancestors' outputs empty (`encode_blanks`), plus its parents' predicted outputs (the roots'
+prompts are final, so their token ids are kept). `Tickets.make` turns a ready node into a Ticket:
+its rendered and encoded prompt (`encode_node`), its plan (limits, sampling, prediction, anomaly
+guard) and the ReadyCall the policy orders. No I/O and no clock: `now` is passed in. The two
+encoders are the CPU-heavy part (rendering, the chat template, the tokenizer): they read nothing
+that changes while they run, so the dispatcher calls them in a worker thread.
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ from typing import Any
 from gateway.calls import CallPlan, CallPlanner
 from gateway.job_run import JobRun
 from gateway.jobs.template import render_node
-from gateway.prompts import PromptEncoder, prompt_text
+from gateway.prompts import Prompt, PromptEncoder, prompt_text
 from predictor.base import CallFeatures
 from tenants import TenantQuota
 from tenants.policies import JobInfo, NodeCost, ReadyCall
+
+
+@dataclass(frozen=True, slots=True)
+class Blank:
+    """A node's rendered prompt and its token ids."""
+
+    prompt: Prompt
+    ids: list[int]
 
 
 @dataclass(slots=True)
@@ -46,40 +56,45 @@ class Tickets:
         self.planner = planner
         self.model_name = model_name
 
+    def encode_blanks(self, run: JobRun) -> dict[str, Blank]:
+        """Every node's prompt with its ancestors' outputs empty, rendered and encoded."""
+        blanks = {}
+        for node_id in run.dag.order:
+            outputs = dict.fromkeys(run.dag.ancestors(node_id), "")
+            prompt = render_node(run.nodes[node_id].spec, run.spec.inputs, outputs)
+            blanks[node_id] = Blank(prompt, self.encode(prompt))
+        return blanks
+
+    def encode_node(self, run: JobRun, node_id: str) -> Blank:
+        """A ready node's prompt, rendered from its ancestors' outputs and encoded."""
+        prompt = run.prompt(node_id)
+        return Blank(prompt, self.encode(prompt))
+
     def job_info(
-        self, run: JobRun, quota: TenantQuota, now: float
-    ) -> tuple[JobInfo, dict[str, list[int]]]:
-        """The job as the policy sees it on arrival, and its roots' encoded prompts."""
+        self, run: JobRun, quota: TenantQuota, now: float, blanks: dict[str, Blank]
+    ) -> JobInfo:
+        """The job as the policy sees it on arrival."""
         nodes = []
         predicted: dict[str, float] = {}
-        encoded: dict[str, list[int]] = {}
         for node_id in run.dag.order:
             spec = run.nodes[node_id].spec
             max_tokens = self.planner.max_tokens(spec, quota)
-            blank = render_node(
-                spec, run.spec.inputs, dict.fromkeys(run.dag.ancestors(node_id), "")
-            )
+            blank = blanks[node_id]
             parents = run.dag.parents[node_id]
-            ids = self.encode(blank)
-            if not parents:
-                encoded[node_id] = ids
-            prompt = len(ids) + int(sum(predicted[p] for p in parents))
+            prompt = len(blank.ids) + int(sum(predicted[p] for p in parents))
             features = CallFeatures(
-                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank)
+                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank.prompt)
             )
             predicted[node_id] = self.planner.predictor.predict(features).mean
             nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
-        return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes)), encoded
+        weight = quota.weight
+        return JobInfo(run.job_id, run.tenant_id, weight, now, tuple(nodes), run.spec.priority)
 
-    def make(
-        self, run: JobRun, node_id: str, quota: TenantQuota, prompt_ids: list[int] | None = None
-    ) -> Ticket:
-        """The node's call; raises CallRefused when it breaks the tenant's or the model's
-        limits."""
+    def make(self, run: JobRun, node_id: str, quota: TenantQuota, encoded: Blank) -> Ticket:
+        """The node's call from its encoded prompt; raises CallRefused when it breaks the
+        tenant's or the model's limits."""
         spec = run.nodes[node_id].spec
-        prompt = run.prompt(node_id)
-        if prompt_ids is None:
-            prompt_ids = self.encode(prompt)
+        prompt, prompt_ids = encoded.prompt, encoded.ids
         plan = self.planner.plan(run.tenant_id, spec, prompt_text(prompt), len(prompt_ids), quota)
         call = ReadyCall(
             f"{run.job_id}/{node_id}",

@@ -49,13 +49,14 @@ class QuotaUnavailable(TenantsError):
 
 
 class QuotaLimit(enum.StrEnum):
-    """Which limit refused; the value is the ErrorInfo reason code."""
+    """Which limit refused; the value is the ErrorInfo reason code, one `QUOTA_*` set for all."""
 
-    TOKEN_RATE = "TOKEN_RATE_EXCEEDED"
-    CONCURRENT_CALLS = "CONCURRENT_CALLS_EXCEEDED"
-    DAILY_BUDGET = "DAILY_TOKEN_BUDGET_EXHAUSTED"
-    QUEUED_JOBS = "QUEUED_JOBS_EXCEEDED"
-    NODES_PER_JOB = "NODES_PER_JOB_EXCEEDED"
+    TOKEN_RATE = "QUOTA_TOKEN_RATE"
+    CONCURRENT_CALLS = "QUOTA_CONCURRENT_CALLS"
+    DAILY_BUDGET = "QUOTA_DAILY_BUDGET"
+    QUEUED_JOBS = "QUOTA_QUEUED_JOBS"
+    NODES_PER_JOB = "QUOTA_NODES_PER_JOB"
+    STREAMS = "QUOTA_STREAMS"
 
 
 class QuotaExceeded(TenantsError):

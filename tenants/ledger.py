@@ -4,12 +4,17 @@ Sans-I/O: every method takes `now` and the tenant's current quota and returns a 
 Lua scripts in tenants/lua/ do the same arithmetic inside Redis. Token bucket: capacity and rate
 are `tokens_per_minute` (refill `rate / 60` per second, continuous), the level is brought up to
 date lazily, refunds never lift it above capacity, excess use may take it below zero.
-Invariant: `tokens_today` = the actual tokens of today's settled calls + the tokens of open
-reservations charged today; every call id is opened at most once and closed at most once.
+Leases: a reservation or an admitted job lives until its expiry, which `renew` pushes on while
+the work runs. A reservation that expires is reclaimed (refunded in full) and remembered as
+reclaimed, so its settle, should it come late, still charges the actual tokens once.
+Invariant: `tokens_today` = the actual tokens of today's settled calls (a late settle counts on
+the day it lands) + the tokens of open reservations charged today; every call id is opened at
+most once and closed at most once, and charged by at most one settle.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tenants import refusals
@@ -36,6 +41,7 @@ class TenantLedger:
     _day_used: int = 0
     _open: dict[str, _Open] = field(default_factory=dict)
     _closed: dict[str, float] = field(default_factory=dict)  # call id -> forget at
+    _reclaimed: set[str] = field(default_factory=set)  # closed by expiry, not settled since
     _jobs: dict[str, float] = field(default_factory=dict)  # job id -> expires at
 
     def reserve(
@@ -67,9 +73,14 @@ class TenantLedger:
     ) -> bool:
         self._reclaim(quota, now)
         held = self._close(call_id, now)
-        if held is None:
+        actual = input_tokens + output_tokens
+        if held is not None:
+            self._refund(quota, held.day, held.tokens - actual, now)
+        elif call_id in self._reclaimed:
+            self._reclaimed.remove(call_id)
+            self._refund(quota, int(now // DAY_S), -actual, now)
+        else:
             return False
-        self._refund(quota, held, held.tokens - input_tokens - output_tokens, now)
         self.input_tokens += input_tokens
         self.output_tokens += output_tokens
         self.settled_calls += 1
@@ -80,8 +91,32 @@ class TenantLedger:
         held = self._close(call_id, now)
         if held is None:
             return False
-        self._refund(quota, held, held.tokens, now)
+        self._refund(quota, held.day, held.tokens, now)
         return True
+
+    def renew(
+        self,
+        quota: TenantQuota,
+        calls: Sequence[str],
+        jobs: Sequence[str],
+        ttl_s: float,
+        now: float,
+    ) -> list[str]:
+        """Push each open reservation and admitted job named to `now + ttl_s`; the named calls
+        that are not open (their lease was lost), in the order given."""
+        self._reclaim(quota, now)
+        self._prune_jobs(now)
+        lost = []
+        for call_id in calls:
+            held = self._open.get(call_id)
+            if held is None:
+                lost.append(call_id)
+            else:
+                held.expires_at = now + ttl_s
+        for job_id in jobs:
+            if job_id in self._jobs:
+                self._jobs[job_id] = now + ttl_s
+        return lost
 
     def admit_job(
         self, quota: TenantQuota, job_id: str, num_nodes: int, ttl_s: float, now: float
@@ -115,26 +150,31 @@ class TenantLedger:
         )
 
     def _reclaim(self, quota: TenantQuota, now: float) -> None:
-        """Release expired reservations and forget closed ids whose memory has run out."""
+        """Release expired reservations, marked reclaimed; forget closed ids whose memory has
+        run out."""
         expired = [call_id for call_id, held in self._open.items() if held.expires_at <= now]
         for call_id in expired:
             held = self._close(call_id, now)
             assert held is not None
-            self._refund(quota, held, held.tokens, now)
+            self._refund(quota, held.day, held.tokens, now)
+            self._reclaimed.add(call_id)
         while self._closed:
             call_id, forget_at = next(iter(self._closed.items()))
             if forget_at > now:
                 break
             del self._closed[call_id]
+            self._reclaimed.discard(call_id)
 
     def _close(self, call_id: str, now: float) -> _Open | None:
         self._closed.setdefault(call_id, now + CLOSED_CALL_MEMORY_S)
         return self._open.pop(call_id, None)
 
-    def _refund(self, quota: TenantQuota, held: _Open, refund: int, now: float) -> None:
+    def _refund(self, quota: TenantQuota, day: int, refund: int, now: float) -> None:
+        """Give `refund` tokens back to the bucket, and to day `day`'s budget if that is today
+        (a negative refund charges)."""
         self._bucket_add(quota.tokens_per_minute, now, refund)
         today = int(now // DAY_S)
-        if held.day == today:
+        if day == today:
             self._day_add(today, -refund)
 
     def _level(self, rate: int, now: float) -> float | None:

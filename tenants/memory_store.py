@@ -10,7 +10,7 @@ Invariant: every key record names a live tenant; every tenant has exactly one le
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -35,6 +35,7 @@ from tenants.models import (
     check_count,
     check_display_name,
     check_id,
+    check_ids,
     check_tenant_id,
     check_ttl,
 )
@@ -215,6 +216,22 @@ class MemoryQuotaStore:
             return False
         quota = self._tenants[tenant_id].quota
         return self._ledgers[tenant_id].release(quota, call_id, self._clock())
+
+    async def renew(
+        self,
+        tenant_id: str,
+        *,
+        calls: Sequence[str] = (),
+        jobs: Sequence[str] = (),
+        ttl_s: float,
+    ) -> list[str]:
+        await self._enter()
+        call_ids, job_ids = check_ids("calls", calls), check_ids("jobs", jobs)
+        ttl = check_ttl(ttl_s)
+        if tenant_id not in self._tenants:
+            return call_ids
+        quota = self._tenants[tenant_id].quota
+        return self._ledgers[tenant_id].renew(quota, call_ids, job_ids, ttl, self._clock())
 
     async def usage(self, tenant_id: str) -> Usage:
         await self._enter()

@@ -2,7 +2,9 @@
 
 Invariant: a `TenantQuota` that exists is enforceable: limits are non-negative integers (0 means
 unlimited where the field says so), the weight is positive and finite, and
-`1 <= default_max_tokens <= max_tokens_ceiling`.
+`1 <= default_max_tokens <= max_tokens_ceiling`. The defaults bound every count a tenant can
+grow (calls, jobs, nodes, prompt size, streams), so a tenant created without a quota cannot take
+the whole gateway; the token rate and daily budget are billing terms and stay unlimited until set.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tenants.errors import QuotaInvalid, RequestInvalid, TenantInvalid
 
 DAY_S = 86_400  # daily budgets reset at each UTC midnight: day number = floor(unix_time / DAY_S)
 CLOSED_CALL_MEMORY_S = 3_600.0  # how long a closed call id is remembered (refuses re-reserve)
-BUSY_RETRY_S = 1.0  # retry hint for count limits (concurrent calls, queued jobs)
+BUSY_RETRY_S = 1.0  # retry hint for count limits (concurrent calls, queued jobs, streams)
 MAX_ID_LEN = 256
+MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
 
 _TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MAX_DISPLAY_NAME = 200
@@ -28,13 +31,14 @@ _MAX_DISPLAY_NAME = 200
 class TenantQuota:
     weight: float = 1.0  # fair-share weight
     tokens_per_minute: int = 0  # token bucket of this capacity, refilled continuously; 0: none
-    max_concurrent_calls: int = 0  # open reservations at once; 0: unlimited
-    max_queued_jobs: int = 0  # admitted, unfinished jobs; 0: unlimited
-    max_nodes_per_job: int = 0  # 0: unlimited
-    max_prompt_tokens: int = 0  # enforced by the gateway on each rendered prompt; 0: unlimited
+    max_concurrent_calls: int = 64  # open reservations at once; 0: unlimited
+    max_queued_jobs: int = 256  # admitted, unfinished jobs; 0: unlimited
+    max_nodes_per_job: int = 256  # 0: unlimited
+    max_prompt_tokens: int = 8192  # enforced by the gateway on each rendered prompt; 0: unlimited
     max_tokens_ceiling: int = 512  # server-side cap on any call's max_tokens
     default_max_tokens: int = 256  # max_tokens when a call names none
     daily_token_budget: int = 0  # input + output tokens per UTC day; 0: unlimited
+    max_streams: int = 64  # open WatchJob/RunJob/Generate streams, gateway-enforced; 0: unlimited
 
     def __post_init__(self) -> None:
         if isinstance(self.weight, bool) or not isinstance(self.weight, int | float):
@@ -124,6 +128,15 @@ def check_id(kind: str, value: str) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LEN:
         raise RequestInvalid(f"{kind} must be a non-empty string of at most {MAX_ID_LEN} chars")
     return value
+
+
+def check_ids(kind: str, values: Sequence[str]) -> list[str]:
+    """A bounded list of ids: a lone string is refused rather than read as its characters."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise RequestInvalid(f"{kind} must be a sequence of ids, got {type(values).__name__}")
+    if len(values) > MAX_RENEW_IDS:
+        raise RequestInvalid(f"{kind}: at most {MAX_RENEW_IDS} ids, got {len(values)}")
+    return [check_id(kind, value) for value in values]
 
 
 def check_count(kind: str, value: int) -> int:

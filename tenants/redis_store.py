@@ -3,17 +3,23 @@
 Each quota operation is one Lua script from tenants/lua/ (registered once, run by EVALSHA and
 reloaded on NOSCRIPT), so it is atomic and timed by Redis TIME: gateways on different machines
 share one clock and one bucket. A tenant's keys carry the tenant as a hash tag
-(`<prefix>:{<tenant>}:...`) and every key a script touches is passed in KEYS, so one tenant's
-state lives in one cluster slot. Registry and key records (`<prefix>:tenants`, `<prefix>:key:<id>`)
-are plain commands. Every Redis error, unreachable server or timeout leaves as QuotaUnavailable:
-budgets fail closed. Scripts are idempotent by call id and job id, which makes one retry on a
-dropped connection safe.
+(`<prefix>:{<tenant>}:...`) and the quota scripts touch only keys passed in KEYS, so one tenant's
+quota state lives in one cluster slot. The registry (`<prefix>:tenants`) and the key records
+(`<prefix>:key:<id>`, looked up by key id at authentication) live outside that slot;
+create_tenant.lua, delete_tenant.lua and issue_key.lua change them in the same atomic step as the
+tenant's own keys, and delete_tenant.lua derives the names of the tenant's key records from its
+key set. Those scripts need a single Redis instance (or a deployment that keeps every key of the
+store in one slot), not a sharded cluster. Every Redis error, unreachable server or timeout
+leaves as QuotaUnavailable with a generic message (the detail goes to the log, never to
+callers): budgets fail closed. Scripts are idempotent by call id and job id, which makes one
+retry on a dropped connection safe.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Coroutine
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -22,7 +28,6 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
 from tenants import keys
 from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
@@ -36,6 +41,7 @@ from tenants.models import (
     check_count,
     check_display_name,
     check_id,
+    check_ids,
     check_tenant_id,
     check_ttl,
 )
@@ -48,19 +54,24 @@ from tenants.redis_replies import (
     verdict_of_admission,
 )
 
+_log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _SCRIPTS = (
     "reserve",
     "settle",
     "release",
+    "renew",
     "usage",
     "admit_job",
     "admit_and_reserve",
     "create_tenant",
     "update_tenant",
+    "delete_tenant",
+    "issue_key",
 )
-_TENANT_KEYS = ("tenant", "bucket", "day", "open", "expiry", "closed", "usage", "jobs")
+# KEYS[1..9] of the quota scripts, in the order tenants/lua/_lib.lua names them
+_TENANT_KEYS = ("tenant", "bucket", "day", "open", "expiry", "closed", "usage", "jobs", "reclaimed")
 
 
 def _script_source(name: str) -> str:
@@ -71,14 +82,16 @@ def _script_source(name: str) -> str:
 def _fails_closed(
     method: Callable[_P, Awaitable[_T]],
 ) -> Callable[_P, Coroutine[Any, Any, _T]]:
-    """The one place where Redis failures become QuotaUnavailable."""
+    """The one place where Redis failures become QuotaUnavailable. Its message reaches clients,
+    unauthenticated ones included, so it names no host or port: the detail is logged here."""
 
     @functools.wraps(method)
     async def translated(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return await method(*args, **kwargs)
         except RedisError as exc:
-            raise QuotaUnavailable(f"quota store unavailable: {exc}") from exc
+            _log.warning("quota store unavailable in %s", method.__name__, exc_info=exc)
+            raise QuotaUnavailable("quota store unavailable") from exc
 
     return translated
 
@@ -131,9 +144,9 @@ class RedisQuotaStore:
         check_tenant_id(tenant_id)
         check_display_name(display_name)
         fields = [item for pair in quota.as_fields().items() for item in pair]
-        await self._redis.sadd(self._registry, tenant_id)
         created_at = await self._scripts["create_tenant"](
-            keys=self._tenant_keys(tenant_id)[:1], args=[display_name, *fields]
+            keys=[self._tenant_key(tenant_id), self._registry],
+            args=[tenant_id, display_name, *fields],
         )
         if created_at is None:
             raise TenantExists(f"tenant {tenant_id!r} already exists")
@@ -180,32 +193,24 @@ class RedisQuotaStore:
 
     @_fails_closed
     async def delete_tenant(self, tenant_id: str) -> None:
-        """Keys first, then the tenant's state in one DEL, then the registry entry: a delete cut
-        short never leaves a working key to a half-deleted tenant."""
         self._check_open()
-        if not await self._redis.exists(self._tenant_key(tenant_id)):
+        deleted = await self._scripts["delete_tenant"](
+            keys=[*self._tenant_keys(tenant_id), self._key_set(tenant_id), self._registry],
+            args=[tenant_id, self._key_record("")],  # the prefix of every key record
+        )
+        if not deleted:
             raise TenantNotFound(f"no tenant {tenant_id!r}")
-        key_ids = map(decoded, await self._redis.smembers(self._key_set(tenant_id)))
-        records = [self._key_record(key_id) for key_id in key_ids]
-        if records:
-            await self._redis.delete(*records)
-        await self._redis.delete(*self._tenant_keys(tenant_id), self._key_set(tenant_id))
-        await self._redis.srem(self._registry, tenant_id)
 
     @_fails_closed
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
         self._check_open()
-        if not await self._redis.exists(self._tenant_key(tenant_id)):
-            raise TenantNotFound(f"no tenant {tenant_id!r}")
-        seconds, micros = await self._redis.time()
         key_id, plaintext = keys.new_key()
-        record: dict[FieldT, EncodableT] = {
-            "tenant_id": tenant_id,
-            "key_hash": keys.hash_key(plaintext),
-            "created_at": repr(seconds + micros / 1e6),
-        }
-        await self._redis.sadd(self._key_set(tenant_id), key_id)
-        await self._redis.hset(self._key_record(key_id), mapping=record)
+        stored = await self._scripts["issue_key"](
+            keys=[self._tenant_key(tenant_id), self._key_set(tenant_id), self._key_record(key_id)],
+            args=[tenant_id, key_id, keys.hash_key(plaintext)],
+        )
+        if not stored:
+            raise TenantNotFound(f"no tenant {tenant_id!r}")
         return key_id, plaintext
 
     @_fails_closed
@@ -318,6 +323,20 @@ class RedisQuotaStore:
     async def release(self, tenant_id: str, call_id: str) -> bool:
         check_id("call_id", call_id)
         return bool(await self._quota_script("release", tenant_id, call_id))
+
+    @_fails_closed
+    async def renew(
+        self,
+        tenant_id: str,
+        *,
+        calls: Sequence[str] = (),
+        jobs: Sequence[str] = (),
+        ttl_s: float,
+    ) -> list[str]:
+        call_ids, job_ids = check_ids("calls", calls), check_ids("jobs", jobs)
+        ttl = check_ttl(ttl_s)
+        lost = await self._quota_script("renew", tenant_id, ttl, len(call_ids), *call_ids, *job_ids)
+        return [decoded(call_id) for call_id in lost]
 
     @_fails_closed
     async def usage(self, tenant_id: str) -> Usage:

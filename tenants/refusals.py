@@ -2,9 +2,9 @@
 
 Retry hints: the token bucket refills at `tokens_per_minute / 60` per second, so a call of `t`
 tokens fits again after `(t - level) * 60 / rate` seconds; the daily budget frees at the next UTC
-midnight; count limits (concurrent calls, queued jobs) free when someone finishes, which nobody
-can predict, so they hint `BUSY_RETRY_S`. A request larger than the limit itself gets no hint
-(`retry_after_s=None`): waiting cannot help.
+midnight; count limits (concurrent calls, queued jobs, open streams) free when someone finishes,
+which nobody can predict, so they hint `BUSY_RETRY_S`. A request larger than the limit itself
+gets no hint (`retry_after_s=None`): waiting cannot help.
 """
 
 from __future__ import annotations
@@ -69,4 +69,15 @@ def nodes_per_job(tenant_id: str, limit: int, num_nodes: int) -> QuotaExceeded:
         requested=num_nodes,
         description=f"at most {limit} nodes per job; this job has {num_nodes}",
         retry_after_s=None,
+    )
+
+
+def streams(tenant_id: str, limit: int, open_streams: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.STREAMS,
+        allowed=limit,
+        requested=open_streams + 1,
+        description=f"at most {limit} open streams; {open_streams} are open",
+        retry_after_s=BUSY_RETRY_S,
     )

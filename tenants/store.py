@@ -4,24 +4,33 @@ Two implementations keep it: `RedisQuotaStore` (shared by every gateway process,
 Lua scripts) and `MemoryQuotaStore` (one process, an injected clock). One contract test suite runs
 on both. Per tenant they keep these invariants:
 
-- every call id is reserved at most once and closed (settled, released or reclaimed) at most once;
-  a repeated reserve returns the open reservation and charges nothing; a closed id is remembered
-  for `CLOSED_CALL_MEMORY_S` and cannot be reserved again (`CallClosed`);
+- every call id is reserved at most once, closed (settled, released or reclaimed) at most once
+  and settled at most once; a repeated reserve returns the open reservation and charges nothing;
+  a closed id is remembered for `CLOSED_CALL_MEMORY_S` and cannot be reserved again
+  (`CallClosed`);
 - the token bucket and today's budget are charged the reserved tokens at reserve and corrected to
   the actual tokens at settle (refund `reserved - actual`; a negative refund charges the excess);
   release and reclaim refund everything; refunds never lift the bucket above its capacity;
-- a reservation past `expires_at` is reclaimed lazily by the next operation on that tenant, so a
-  crashed gateway leaks nothing; settling or releasing a reclaimed call returns False;
+- reservations and job admissions are leases: `renew` pushes their expiry on while the work
+  runs; a reservation past `expires_at` is reclaimed lazily by the next operation on that
+  tenant, so a crashed gateway leaks nothing, and an admitted job past its expiry stops counting;
+- a settle is never lost to reclamation: settling a reclaimed call (a late settle, within
+  `CLOSED_CALL_MEMORY_S` of the reclaim) charges its actual tokens now (bucket, today's budget,
+  usage) and returns True; releasing a reclaimed call changes nothing and returns False (a late
+  settle may still follow); settling or releasing a call already settled, released or unknown
+  charges nothing and returns False;
 - settled usage (`input_tokens`, `output_tokens`, `settled_calls`) counts exactly the settles
   that returned True.
 
 Call and job ids live in the tenant's own namespace: one tenant can neither see nor close
 another tenant's calls or jobs. Reserve and admit_job raise QuotaExceeded; when the store cannot
-be reached every method raises QuotaUnavailable (fail closed).
+be reached every method raises QuotaUnavailable (fail closed), whose message tells the caller
+nothing about the store's address or errors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from tenants.models import ApiKey, Reservation, Tenant, TenantQuota, Usage
@@ -47,11 +56,13 @@ class QuotaStore(Protocol):
     ) -> Tenant: ...
 
     async def delete_tenant(self, tenant_id: str) -> None:
-        """Remove the tenant, its keys, reservations, jobs and usage."""
+        """Remove the tenant, its keys, reservations, jobs and usage in one atomic step: no key
+        of a deleted tenant keeps working."""
         ...
 
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
-        """A new key for the tenant: `(key_id, plaintext)`; only its hash is stored."""
+        """A new key for the tenant: `(key_id, plaintext)`; only its hash is stored. Atomic with
+        the tenant check: a key is never stored for a missing tenant."""
         ...
 
     async def list_keys(self, tenant_id: str) -> list[ApiKey]:
@@ -106,11 +117,31 @@ class QuotaStore(Protocol):
         *,
         finish_job: str | None = None,
     ) -> bool:
-        """True when this settled the call. With `finish_job`, that job is finished in the same
-        atomic step, whatever the settle finds (a job's last call closes both at once)."""
+        """True when this settled the call: it was open, or reclaimed and not settled yet (a
+        late settle, charged now). False when it was already settled, released or unknown. With
+        `finish_job`, that job is finished in the same atomic step, whatever the settle finds (a
+        job's last call closes both at once)."""
         ...
 
-    async def release(self, tenant_id: str, call_id: str) -> bool: ...
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        """True when this released an open call; False when it was not open (a reclaimed call
+        is left for its late settle)."""
+        ...
+
+    async def renew(
+        self,
+        tenant_id: str,
+        *,
+        calls: Sequence[str] = (),
+        jobs: Sequence[str] = (),
+        ttl_s: float,
+    ) -> list[str]:
+        """Renew leases in one atomic step: each named open reservation and each named admitted
+        job expires at now + `ttl_s` instead. Returns the named call ids that were not open
+        (reclaimed, closed or unknown; all of them for an unknown tenant): those leases were
+        lost. Job ids not admitted are skipped; nothing is opened, admitted or charged. At
+        most `MAX_RENEW_IDS` ids in each list (RequestInvalid)."""
+        ...
 
     async def usage(self, tenant_id: str) -> Usage: ...
 

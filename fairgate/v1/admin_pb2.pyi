@@ -25,7 +25,9 @@ DESCRIPTOR: _descriptor.FileDescriptor
 class TenantQuota(_message.Message):
     """A tenant's share and limits. In requests, unset fields take the server's defaults (create)
     or keep their values (update); in responses every field is set. For tokens_per_minute,
-    max_concurrent_calls, max_queued_jobs and daily_token_budget, 0 means no limit.
+    max_concurrent_calls, max_queued_jobs, max_nodes_per_job, max_prompt_tokens,
+    daily_token_budget and max_streams, 0 means no tenant limit (the server's own limits, such as
+    its model's context length, still apply).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -39,6 +41,7 @@ class TenantQuota(_message.Message):
     MAX_TOKENS_CEILING_FIELD_NUMBER: _builtins.int
     DEFAULT_MAX_TOKENS_FIELD_NUMBER: _builtins.int
     DAILY_TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
+    MAX_STREAMS_FIELD_NUMBER: _builtins.int
     weight: _builtins.float
     """Fair-share weight (> 0): a tenant with weight 2 gets twice the share of one with 1."""
     tokens_per_minute: _builtins.int
@@ -53,6 +56,8 @@ class TenantQuota(_message.Message):
     """max_tokens for calls that leave it unset."""
     daily_token_budget: _builtins.int
     """Prompt + output tokens per UTC day."""
+    max_streams: _builtins.int
+    """Open WatchJob, RunJob and Generate streams at once."""
     def __init__(
         self,
         *,
@@ -65,10 +70,11 @@ class TenantQuota(_message.Message):
         max_tokens_ceiling: _builtins.int | None = ...,
         default_max_tokens: _builtins.int | None = ...,
         daily_token_budget: _builtins.int | None = ...,
+        max_streams: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_daily_token_budget", b"_daily_token_budget", "_default_max_tokens", b"_default_max_tokens", "_max_concurrent_calls", b"_max_concurrent_calls", "_max_nodes_per_job", b"_max_nodes_per_job", "_max_prompt_tokens", b"_max_prompt_tokens", "_max_queued_jobs", b"_max_queued_jobs", "_max_tokens_ceiling", b"_max_tokens_ceiling", "_tokens_per_minute", b"_tokens_per_minute", "_weight", b"_weight", "daily_token_budget", b"daily_token_budget", "default_max_tokens", b"default_max_tokens", "max_concurrent_calls", b"max_concurrent_calls", "max_nodes_per_job", b"max_nodes_per_job", "max_prompt_tokens", b"max_prompt_tokens", "max_queued_jobs", b"max_queued_jobs", "max_tokens_ceiling", b"max_tokens_ceiling", "tokens_per_minute", b"tokens_per_minute", "weight", b"weight"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_daily_token_budget", b"_daily_token_budget", "_default_max_tokens", b"_default_max_tokens", "_max_concurrent_calls", b"_max_concurrent_calls", "_max_nodes_per_job", b"_max_nodes_per_job", "_max_prompt_tokens", b"_max_prompt_tokens", "_max_queued_jobs", b"_max_queued_jobs", "_max_streams", b"_max_streams", "_max_tokens_ceiling", b"_max_tokens_ceiling", "_tokens_per_minute", b"_tokens_per_minute", "_weight", b"_weight", "daily_token_budget", b"daily_token_budget", "default_max_tokens", b"default_max_tokens", "max_concurrent_calls", b"max_concurrent_calls", "max_nodes_per_job", b"max_nodes_per_job", "max_prompt_tokens", b"max_prompt_tokens", "max_queued_jobs", b"max_queued_jobs", "max_streams", b"max_streams", "max_tokens_ceiling", b"max_tokens_ceiling", "tokens_per_minute", b"tokens_per_minute", "weight", b"weight"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_daily_token_budget", b"_daily_token_budget", "_default_max_tokens", b"_default_max_tokens", "_max_concurrent_calls", b"_max_concurrent_calls", "_max_nodes_per_job", b"_max_nodes_per_job", "_max_prompt_tokens", b"_max_prompt_tokens", "_max_queued_jobs", b"_max_queued_jobs", "_max_tokens_ceiling", b"_max_tokens_ceiling", "_tokens_per_minute", b"_tokens_per_minute", "_weight", b"_weight", "daily_token_budget", b"daily_token_budget", "default_max_tokens", b"default_max_tokens", "max_concurrent_calls", b"max_concurrent_calls", "max_nodes_per_job", b"max_nodes_per_job", "max_prompt_tokens", b"max_prompt_tokens", "max_queued_jobs", b"max_queued_jobs", "max_tokens_ceiling", b"max_tokens_ceiling", "tokens_per_minute", b"tokens_per_minute", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_daily_token_budget", b"_daily_token_budget", "_default_max_tokens", b"_default_max_tokens", "_max_concurrent_calls", b"_max_concurrent_calls", "_max_nodes_per_job", b"_max_nodes_per_job", "_max_prompt_tokens", b"_max_prompt_tokens", "_max_queued_jobs", b"_max_queued_jobs", "_max_streams", b"_max_streams", "_max_tokens_ceiling", b"_max_tokens_ceiling", "_tokens_per_minute", b"_tokens_per_minute", "_weight", b"_weight", "daily_token_budget", b"daily_token_budget", "default_max_tokens", b"default_max_tokens", "max_concurrent_calls", b"max_concurrent_calls", "max_nodes_per_job", b"max_nodes_per_job", "max_prompt_tokens", b"max_prompt_tokens", "max_queued_jobs", b"max_queued_jobs", "max_streams", b"max_streams", "max_tokens_ceiling", b"max_tokens_ceiling", "tokens_per_minute", b"tokens_per_minute", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__daily_token_budget: _TypeAlias = _typing.Literal["daily_token_budget"]  # noqa: Y015
     _WhichOneofArgType__daily_token_budget: _TypeAlias = _typing.Literal["_daily_token_budget", b"_daily_token_budget"]  # noqa: Y015
@@ -82,6 +88,8 @@ class TenantQuota(_message.Message):
     _WhichOneofArgType__max_prompt_tokens: _TypeAlias = _typing.Literal["_max_prompt_tokens", b"_max_prompt_tokens"]  # noqa: Y015
     _WhichOneofReturnType__max_queued_jobs: _TypeAlias = _typing.Literal["max_queued_jobs"]  # noqa: Y015
     _WhichOneofArgType__max_queued_jobs: _TypeAlias = _typing.Literal["_max_queued_jobs", b"_max_queued_jobs"]  # noqa: Y015
+    _WhichOneofReturnType__max_streams: _TypeAlias = _typing.Literal["max_streams"]  # noqa: Y015
+    _WhichOneofArgType__max_streams: _TypeAlias = _typing.Literal["_max_streams", b"_max_streams"]  # noqa: Y015
     _WhichOneofReturnType__max_tokens_ceiling: _TypeAlias = _typing.Literal["max_tokens_ceiling"]  # noqa: Y015
     _WhichOneofArgType__max_tokens_ceiling: _TypeAlias = _typing.Literal["_max_tokens_ceiling", b"_max_tokens_ceiling"]  # noqa: Y015
     _WhichOneofReturnType__tokens_per_minute: _TypeAlias = _typing.Literal["tokens_per_minute"]  # noqa: Y015
@@ -100,6 +108,8 @@ class TenantQuota(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_prompt_tokens) -> _WhichOneofReturnType__max_prompt_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_queued_jobs) -> _WhichOneofReturnType__max_queued_jobs | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_streams) -> _WhichOneofReturnType__max_streams | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens_ceiling) -> _WhichOneofReturnType__max_tokens_ceiling | None: ...
     @_typing.overload

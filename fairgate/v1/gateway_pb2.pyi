@@ -7,8 +7,13 @@ a tenant only ever sees its own jobs (another tenant's job id answers NOT_FOUND)
 
 Errors: INVALID_ARGUMENT with google.rpc.BadRequest field violations for bad jobs (field
 paths are relative to JobSpec, e.g. `nodes[3].depends_on[0]`); RESOURCE_EXHAUSTED with
-google.rpc.QuotaFailure, RetryInfo and ErrorInfo for quota refusals; UNAVAILABLE when
-overloaded; UNAUTHENTICATED, PERMISSION_DENIED and NOT_FOUND as usual.
+google.rpc.QuotaFailure, RetryInfo and ErrorInfo for quota refusals; UNAVAILABLE with
+RetryInfo and ErrorInfo when overloaded or when the quota store is unreachable (new work is
+refused: fail closed); ALREADY_EXISTS for an idempotency key reused with another job;
+UNAUTHENTICATED, PERMISSION_DENIED and NOT_FOUND as usual. ErrorInfo.reason (domain
+fairgate.dev) is one of QUOTA_TOKEN_RATE, QUOTA_CONCURRENT_CALLS, QUOTA_DAILY_BUDGET,
+QUOTA_QUEUED_JOBS, QUOTA_NODES_PER_JOB, QUOTA_STREAMS, AUTH_RATE_LIMITED, OVERLOADED,
+STORE_UNAVAILABLE, SHUTTING_DOWN (docs/OPERATIONS.md).
 """
 
 from collections import abc as _abc
@@ -171,10 +176,13 @@ class JobSpec(_message.Message):
     name: _builtins.str
     """Free text shown in traces and listings, e.g. "summarise-report"."""
     idempotency_key: _builtins.str
-    """A second submission with the same key (per tenant) returns the first job."""
+    """A second submission of the same job with the same key (per tenant) returns the first job;
+    another job with that key is refused with ALREADY_EXISTS.
+    """
     priority: _builtins.int
     """Orders this tenant's own jobs: higher runs earlier. Does not change the share between
-    tenants. Default 0.
+    tenants. Default 0; in [-1000, 1000]. A negative priority also marks the job sheddable:
+    under overload it is held back before other work.
     """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSpec]:
@@ -188,7 +196,9 @@ class JobSpec(_message.Message):
 
     @_builtins.property
     def deadline(self) -> _timestamp_pb2.Timestamp:
-        """When set, nodes not finished by then are CANCELLED and the job FAILED."""
+        """When set, nodes not finished by then are CANCELLED (reason "deadline exceeded") and the job
+        FAILED. A deadline already past at submission is INVALID_ARGUMENT.
+        """
 
     def __init__(
         self,
@@ -573,7 +583,7 @@ class JobEvent(_message.Message):
     TOKEN_DELTA_FIELD_NUMBER: _builtins.int
     JOB_FINISHED_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
-    """1, 2, 3, ... per job, without gaps."""
+    """1, 2, 3, ... per job, in order; a dropped TokenDelta leaves its number unused (WatchJob)."""
     job_id: _builtins.str
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp: ...

@@ -70,8 +70,9 @@ class GatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SubmitJob(self, request, context):
-        """Validates and queues a job. Submitting the same idempotency key again returns the
-        job the first submission created, whatever its state.
+        """Validates and queues a job. Submitting the same idempotency key again with the same job
+        returns the job the first submission created, whatever its state; with a different job it
+        is refused with ALREADY_EXISTS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,7 +80,10 @@ class GatewayServicer:
 
     def WatchJob(self, request, context):
         """Streams a job's events: every retained event with sequence >= from_sequence, then live
-        events. The stream ends after the JobFinished event.
+        events. The stream ends after the JobFinished event. Retained: once a node has ended its
+        TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
+        so a late watcher may see gaps in the sequence where deltas were; every other event stays.
+        A stream whose API key is revoked ends with UNAUTHENTICATED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,7 +91,8 @@ class GatewayServicer:
 
     def RunJob(self, request, context):
         """SubmitJob then WatchJob from the first event. Closing the stream before JobFinished
-        cancels the job.
+        cancels the job, unless another RunJob with the same idempotency key still runs it: the
+        job is cancelled when the last such stream closes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

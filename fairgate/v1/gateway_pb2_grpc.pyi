@@ -7,8 +7,13 @@ a tenant only ever sees its own jobs (another tenant's job id answers NOT_FOUND)
 
 Errors: INVALID_ARGUMENT with google.rpc.BadRequest field violations for bad jobs (field
 paths are relative to JobSpec, e.g. `nodes[3].depends_on[0]`); RESOURCE_EXHAUSTED with
-google.rpc.QuotaFailure, RetryInfo and ErrorInfo for quota refusals; UNAVAILABLE when
-overloaded; UNAUTHENTICATED, PERMISSION_DENIED and NOT_FOUND as usual.
+google.rpc.QuotaFailure, RetryInfo and ErrorInfo for quota refusals; UNAVAILABLE with
+RetryInfo and ErrorInfo when overloaded or when the quota store is unreachable (new work is
+refused: fail closed); ALREADY_EXISTS for an idempotency key reused with another job;
+UNAUTHENTICATED, PERMISSION_DENIED and NOT_FOUND as usual. ErrorInfo.reason (domain
+fairgate.dev) is one of QUOTA_TOKEN_RATE, QUOTA_CONCURRENT_CALLS, QUOTA_DAILY_BUDGET,
+QUOTA_QUEUED_JOBS, QUOTA_NODES_PER_JOB, QUOTA_STREAMS, AUTH_RATE_LIMITED, OVERLOADED,
+STORE_UNAVAILABLE, SHUTTING_DOWN (docs/OPERATIONS.md).
 """
 
 from collections import abc as _abc
@@ -23,16 +28,21 @@ GRPC_VERSION: str
 class GatewayStub:
     def __init__(self, channel: _aio.Channel) -> None: ...
     SubmitJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.SubmitJobRequest, _gateway_pb2.Job]
-    """Validates and queues a job. Submitting the same idempotency key again returns the
-    job the first submission created, whatever its state.
+    """Validates and queues a job. Submitting the same idempotency key again with the same job
+    returns the job the first submission created, whatever its state; with a different job it
+    is refused with ALREADY_EXISTS.
     """
     WatchJob: _aio.UnaryStreamMultiCallable[_gateway_pb2.WatchJobRequest, _gateway_pb2.JobEvent]
     """Streams a job's events: every retained event with sequence >= from_sequence, then live
-    events. The stream ends after the JobFinished event.
+    events. The stream ends after the JobFinished event. Retained: once a node has ended its
+    TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
+    so a late watcher may see gaps in the sequence where deltas were; every other event stays.
+    A stream whose API key is revoked ends with UNAUTHENTICATED.
     """
     RunJob: _aio.UnaryStreamMultiCallable[_gateway_pb2.SubmitJobRequest, _gateway_pb2.JobEvent]
     """SubmitJob then WatchJob from the first event. Closing the stream before JobFinished
-    cancels the job.
+    cancels the job, unless another RunJob with the same idempotency key still runs it: the
+    job is cancelled when the last such stream closes.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetJobRequest, _gateway_pb2.Job]
     CancelJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelJobRequest, _gateway_pb2.Job]
@@ -52,8 +62,9 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.SubmitJobRequest,
         context: _aio.ServicerContext[_gateway_pb2.SubmitJobRequest, _abc.Awaitable[_gateway_pb2.Job]],
     ) -> _abc.Awaitable[_gateway_pb2.Job]:
-        """Validates and queues a job. Submitting the same idempotency key again returns the
-        job the first submission created, whatever its state.
+        """Validates and queues a job. Submitting the same idempotency key again with the same job
+        returns the job the first submission created, whatever its state; with a different job it
+        is refused with ALREADY_EXISTS.
         """
 
     @_abc_1.abstractmethod
@@ -63,7 +74,10 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _aio.ServicerContext[_gateway_pb2.WatchJobRequest, _abc.AsyncIterator[_gateway_pb2.JobEvent]],
     ) -> _abc.AsyncIterator[_gateway_pb2.JobEvent]:
         """Streams a job's events: every retained event with sequence >= from_sequence, then live
-        events. The stream ends after the JobFinished event.
+        events. The stream ends after the JobFinished event. Retained: once a node has ended its
+        TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
+        so a late watcher may see gaps in the sequence where deltas were; every other event stays.
+        A stream whose API key is revoked ends with UNAUTHENTICATED.
         """
 
     @_abc_1.abstractmethod
@@ -73,7 +87,8 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _aio.ServicerContext[_gateway_pb2.SubmitJobRequest, _abc.AsyncIterator[_gateway_pb2.JobEvent]],
     ) -> _abc.AsyncIterator[_gateway_pb2.JobEvent]:
         """SubmitJob then WatchJob from the first event. Closing the stream before JobFinished
-        cancels the job.
+        cancels the job, unless another RunJob with the same idempotency key still runs it: the
+        job is cancelled when the last such stream closes.
         """
 
     @_abc_1.abstractmethod

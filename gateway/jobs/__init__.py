@@ -11,7 +11,14 @@ from gateway.jobs.errors import (
     TemplateUnresolved,
 )
 from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
-from gateway.jobs.template import Reference, RefKind, references, render, render_node
+from gateway.jobs.template import (
+    Reference,
+    RefKind,
+    references,
+    render,
+    render_node,
+    rendered_chars,
+)
 from gateway.jobs.validation import JobLimits, validate_job
 
 __all__ = [
@@ -33,5 +40,6 @@ __all__ = [
     "references",
     "render",
     "render_node",
+    "rendered_chars",
     "validate_job",
 ]

@@ -15,12 +15,17 @@ class FieldViolation:
 
 
 class JobInvalid(ValueError):
-    """A job spec breaks one or more rules; `violations` lists every one found."""
+    """A job spec breaks one or more rules; `violations` lists them.
+
+    The message names the first only: it becomes a gRPC status message, which travels in a
+    size-capped trailer beside the full list.
+    """
 
     def __init__(self, violations: Sequence[FieldViolation]) -> None:
         self.violations = list(violations)
-        summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
-        super().__init__(f"invalid job: {summary}")
+        first = self.violations[0]
+        more = f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""
+        super().__init__(f"invalid job: {first.field}: {first.description}{more}")
 
 
 class DagCyclic(ValueError):

@@ -4,8 +4,11 @@ Algorithm: one regular-expression pass finds every placeholder — `{{`, text wi
 `}}` — and reads its body, whitespace trimmed, as `inputs.NAME` (a job input) or
 `NODE_ID.output` (another node's generated text); any other body is malformed. Rendering
 substitutes in that same single pass, so inserted text is never scanned again: an input or an
-output that itself contains `{{x}}` stays literal. Invariant: `render` returns only when every
-placeholder of the template is a reference with a value, and it changes nothing else.
+output that itself contains `{{x}}` stays literal. `rendered_chars` walks the same matches but
+adds sizes instead of text, so a prompt's size is known before any of it is built. Invariant:
+`render` returns only when every placeholder of the template is a reference with a value, and it
+changes nothing else; for such a node, `rendered_chars` equals the length of what `render_node`
+returns (the sum of the contents for chat).
 """
 
 from __future__ import annotations
@@ -87,3 +90,32 @@ def render_node(
         return render(node.prompt_template, inputs, outputs)
     assert node.messages is not None, "validate_job guarantees a prompt"
     return render_messages(node.messages, inputs, outputs)
+
+
+def _template_chars(
+    template: str, input_chars: Mapping[str, int], output_chars: Mapping[str, int]
+) -> int:
+    """The length `render` would return, in one pass and without building the text.
+
+    A placeholder `render` would refuse (malformed, or naming an unknown value) counts 0: a
+    size check must not fail on a template that validation reports for its own reasons.
+    """
+    total = len(template)
+    for match in _PLACEHOLDER.finditer(template):
+        total -= match.end() - match.start()
+        ref = _parse(match)
+        if ref is not None:
+            sizes = input_chars if ref.kind is RefKind.INPUT else output_chars
+            total += sizes.get(ref.name, 0)
+    return total
+
+
+def rendered_chars(
+    node: NodeSpec, input_chars: Mapping[str, int], output_chars: Mapping[str, int]
+) -> int:
+    """The characters of the node's rendered prompt (all its templates), from value sizes alone.
+
+    A job of a few kilobytes can repeat one large input into a prompt of many megabytes; this
+    bounds that before `render_node` spends the memory. O(total template length).
+    """
+    return sum(_template_chars(t, input_chars, output_chars) for _, t in node.templates())

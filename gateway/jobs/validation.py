@@ -1,32 +1,48 @@
 """Job validation: every rule a job must keep before it is admitted, all violations at once.
 
-Algorithm: independent checks walk the spec — job fields and inputs, then each node (id,
-dependencies, prompt and template references, sampling), then the graph (cycles, depth,
-fan-out) — and each yields FieldViolations whose `field` is a path relative to JobSpec, e.g.
-`nodes[3].depends_on[0]`. `validate_job` raises JobInvalid with the whole list, or returns.
-Reference rule: a template may use the output of any node it reaches through depends_on (a
-parent or a parent's ancestor); those are exactly the nodes that have finished when it renders.
-Invariant: a job that passes has at least one node, unique well-formed ids, only known
-dependencies and references, no cycle, every limit of JobLimits kept, and every node exactly one
-prompt (a non-blank template or at least one chat message) — so `Dag.of_job` cannot fail on it,
-nor can `template.render_node` once the node's ancestors have outputs.
+Algorithm: independent checks walk the spec — job fields, deadline and inputs, then each node
+(id, dependencies, prompt, template references, rendered size, sampling), then the graph
+(cycles, depth, fan-out) — and each yields FieldViolations whose `field` is a path relative to
+JobSpec, e.g. `nodes[3].depends_on[0]`. `validate_job` raises JobInvalid with the list, or
+returns. The list travels back in gRPC trailers, which clients cap at 8 KiB, so a violation
+quotes at most `_SHOWN_CHARS` of any text the client sent and the list stops at
+`_VIOLATION_BYTES`, its last violation counting the ones left out. Reference rule: a template
+may use the output of any node it reaches through depends_on (a parent or a parent's ancestor);
+those are exactly the nodes that have finished when it renders. Size rule: a node's prompt,
+counting its inputs at their length and its parents' outputs as empty, is at most
+`max_prompt_chars`; it is computed from sizes, never rendered. Invariant: a job that passes has
+at least one node, unique well-formed ids, only known dependencies and references, no cycle,
+every limit of JobLimits kept, finite sampling values in the engine's ranges, a finite deadline
+(not yet passed at `now`, when given), and every node exactly one prompt (a non-blank template
+or at least one chat message) — so `Dag.of_job` cannot fail on it, nor can
+`template.render_node` once the node's ancestors have outputs.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 from gateway.jobs.dag import Dag, ancestors, find_cycles
 from gateway.jobs.errors import FieldViolation, JobInvalid
 from gateway.jobs.model import CHAT_ROLES, JobSpec, NodeSpec, SamplingSpec
-from gateway.jobs.template import IDENTIFIER, RefKind, malformed_placeholders, references
+from gateway.jobs.template import (
+    IDENTIFIER,
+    RefKind,
+    malformed_placeholders,
+    references,
+    rendered_chars,
+)
 
 RESERVED_IDS = frozenset({"inputs"})
 _IDENTIFIER = re.compile(IDENTIFIER)
 _CYCLE_SHOWN = 8  # ids of a cycle spelt out in its violation before eliding the rest
+_SHOWN_CHARS = 32  # of an id, name or placeholder quoted in a violation
+_VIOLATION_BYTES = 4096  # UTF-8 of the violations' fields and descriptions, all together
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +56,10 @@ class JobLimits:
     max_messages_per_node: int = 64
     max_inputs: int = 128
     max_input_chars: int = 131_072  # per input value
+    max_prompt_chars: int = 262_144  # per node, all its templates rendered with inputs filled in
     max_id_chars: int = 64  # node ids and input names
     max_name_chars: int = 128  # job name, node name, idempotency key
     max_tokens_ceiling: int = 4096
-    max_temperature: float = 2.0
     max_stop_sequences: int = 8
     max_stop_chars: int = 128
     min_priority: int = -1000
@@ -58,6 +74,7 @@ class _Job:
     limits: JobLimits
     first_index: Mapping[str, int]  # node id -> index of the first node with it
     edges: Mapping[str, Sequence[str]]  # node id -> depends_on of that first node
+    input_chars: Mapping[str, int]  # input name -> length of its value
 
     @classmethod
     def of(cls, spec: JobSpec, limits: JobLimits) -> _Job:
@@ -65,19 +82,36 @@ class _Job:
         for i, node in enumerate(spec.nodes):
             first_index.setdefault(node.id, i)
         edges = {node_id: spec.nodes[i].depends_on for node_id, i in first_index.items()}
-        return cls(spec, limits, first_index, edges)
+        input_chars = {name: len(value) for name, value in spec.inputs.items()}
+        return cls(spec, limits, first_index, edges, input_chars)
 
 
-def validate_job(spec: JobSpec, limits: JobLimits | None = None) -> None:
-    """Raise JobInvalid listing every violation of the spec; return if there is none."""
+def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | None = None) -> None:
+    """Raise JobInvalid listing every violation of the spec; return if there is none.
+
+    `now` (seconds since the epoch) is the submission time a deadline must still be ahead of;
+    the caller reads the clock, so validation stays a pure function of its arguments.
+    """
     job = _Job.of(spec, limits or JobLimits())
     violations = [
         *_check_job_fields(spec, job.limits),
+        *_check_deadline(spec.deadline_unix_s, now),
         *(v for i, node in enumerate(spec.nodes) for v in _check_node(i, node, job)),
         *_check_graph(job),
     ]
     if violations:
-        raise JobInvalid(violations)
+        raise JobInvalid(_bounded(violations))
+
+
+def _bounded(violations: list[FieldViolation]) -> list[FieldViolation]:
+    """The leading violations that fit in _VIOLATION_BYTES, then one that counts the rest."""
+    used = 0
+    for k, violation in enumerate(violations):
+        used += len(violation.field.encode()) + len(violation.description.encode())
+        if used > _VIOLATION_BYTES:
+            rest = len(violations) - k
+            return [*violations[:k], FieldViolation(violation.field, f"{rest} more not shown")]
+    return violations
 
 
 def _check_job_fields(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
@@ -94,11 +128,24 @@ def _check_job_fields(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolati
     yield from _check_inputs(spec.inputs, limits)
 
 
+def _check_deadline(deadline: float | None, now: float | None) -> Iterator[FieldViolation]:
+    if deadline is None:
+        return
+    if not math.isfinite(deadline):
+        yield FieldViolation("deadline", "must be a finite time")
+    elif now is not None and deadline <= now:
+        yield FieldViolation(
+            "deadline",
+            f"has already passed: {deadline:.3f} is not after the submission time {now:.3f} "
+            "(seconds since the epoch)",
+        )
+
+
 def _check_inputs(inputs: Mapping[str, str], limits: JobLimits) -> Iterator[FieldViolation]:
     if len(inputs) > limits.max_inputs:
         yield FieldViolation("inputs", f"{len(inputs)} inputs; at most {limits.max_inputs}")
     for name, value in inputs.items():
-        field = f"inputs[{json.dumps(name)}]"
+        field = f"inputs[{json.dumps(_cut(name), ensure_ascii=False)}]"
         if not _is_identifier(name, limits):
             yield FieldViolation(field, _identifier_rule("an input name", limits))
         yield from _check_length(field, value, limits.max_input_chars)
@@ -111,6 +158,7 @@ def _check_node(index: int, node: NodeSpec, job: _Job) -> Iterator[FieldViolatio
     yield from _check_depends_on(at, node, job.edges)
     yield from _check_prompt(at, node, job.limits)
     yield from _check_references(at, node, job)
+    yield from _check_rendered_size(at, node, job)
     yield from _check_sampling(f"{at}.sampling", node.sampling, job.limits)
 
 
@@ -118,10 +166,10 @@ def _check_id(at: str, index: int, node_id: str, job: _Job) -> Iterator[FieldVio
     if not _is_identifier(node_id, job.limits):
         yield FieldViolation(f"{at}.id", _identifier_rule("a node id", job.limits))
     elif node_id in RESERVED_IDS:
-        yield FieldViolation(f"{at}.id", f"{node_id!r} is reserved")
+        yield FieldViolation(f"{at}.id", f"{_cut(node_id)!r} is reserved")
     first = job.first_index[node_id]
     if first != index:
-        yield FieldViolation(f"{at}.id", f"duplicate id {node_id!r} (also nodes[{first}])")
+        yield FieldViolation(f"{at}.id", f"duplicate id {_cut(node_id)!r} (also nodes[{first}])")
 
 
 def _check_depends_on(
@@ -130,9 +178,9 @@ def _check_depends_on(
     for k, parent in enumerate(node.depends_on):
         field = f"{at}.depends_on[{k}]"
         if parent not in edges:
-            yield FieldViolation(field, f"unknown node {parent!r}")
+            yield FieldViolation(field, f"unknown node {_cut(parent)!r}")
         elif parent in node.depends_on[:k]:
-            yield FieldViolation(field, f"{parent!r} is listed twice")
+            yield FieldViolation(field, f"{_cut(parent)!r} is listed twice")
 
 
 def _check_prompt(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[FieldViolation]:
@@ -159,7 +207,7 @@ def _check_messages(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[Fiel
     for k, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             yield FieldViolation(
-                f"{at}[{k}].role", f"{message.role!r} is not one of {', '.join(CHAT_ROLES)}"
+                f"{at}[{k}].role", f"{_cut(message.role)!r} is not one of {', '.join(CHAT_ROLES)}"
             )
 
 
@@ -169,27 +217,36 @@ def _check_references(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViola
         for placeholder in dict.fromkeys(malformed_placeholders(template)):
             yield FieldViolation(
                 f"{at}.{field}",
-                f"{placeholder} is not a reference: use {{{{inputs.NAME}}}} or "
+                f"{_cut(placeholder)} is not a reference: use {{{{inputs.NAME}}}} or "
                 "{{NODE_ID.output}}",
             )
         for ref in dict.fromkeys(references(template)):
             problem = _reference_problem(ref.kind, ref.name, node.id, job, reachable)
             if problem:
-                yield FieldViolation(f"{at}.{field}", f"{ref.placeholder}: {problem}")
+                yield FieldViolation(f"{at}.{field}", f"{_cut(ref.placeholder)}: {problem}")
 
 
 def _reference_problem(
     kind: RefKind, name: str, node_id: str, job: _Job, reachable: set[str]
 ) -> str | None:
     if kind is RefKind.INPUT:
-        return None if name in job.spec.inputs else f"unknown input {name!r}"
+        return None if name in job.spec.inputs else f"unknown input {_cut(name)!r}"
     if name == node_id:
         return "a node cannot use its own output"
     if name not in job.edges:
-        return f"unknown node {name!r}"
+        return f"unknown node {_cut(name)!r}"
     if name not in reachable:
-        return f"{name!r} is not among this node's dependencies; add it to depends_on"
+        return f"{_cut(name)!r} is not among this node's dependencies; add it to depends_on"
     return None
+
+
+def _check_rendered_size(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:
+    """Outputs count as empty: the parents have not run, so this is the least the prompt takes."""
+    size = rendered_chars(node, job.input_chars, {})
+    if size > job.limits.max_prompt_chars:
+        yield FieldViolation(
+            at, f"renders to at least {size:,} characters; at most {job.limits.max_prompt_chars:,}"
+        )
 
 
 def _check_sampling(at: str, sampling: SamplingSpec, limits: JobLimits) -> Iterator[FieldViolation]:
@@ -200,16 +257,34 @@ def _check_sampling(at: str, sampling: SamplingSpec, limits: JobLimits) -> Itera
             f"{at}.max_tokens",
             f"{sampling.max_tokens} exceeds the ceiling of {limits.max_tokens_ceiling}",
         )
-    temperature = sampling.temperature
-    if temperature is not None and not 0.0 <= temperature <= limits.max_temperature:
-        yield FieldViolation(f"{at}.temperature", f"must be between 0 and {limits.max_temperature}")
-    if sampling.top_p is not None and not 0.0 < sampling.top_p <= 1.0:
-        yield FieldViolation(f"{at}.top_p", "must be greater than 0 and at most 1")
+    yield from _check_temperature(f"{at}.temperature", sampling.temperature)
+    yield from _check_top_p(f"{at}.top_p", sampling.top_p)
     if sampling.top_k is not None and sampling.top_k < 0:
         yield FieldViolation(f"{at}.top_k", "must be at least 0 (0 turns top-k off)")
     if sampling.seed is not None and not 0 <= sampling.seed < 2**64:
         yield FieldViolation(f"{at}.seed", "must be an unsigned 64-bit integer")
     yield from _check_stop(f"{at}.stop", sampling.stop, limits)
+
+
+def _check_temperature(field: str, temperature: float | None) -> Iterator[FieldViolation]:
+    """0 is greedy; any other value must lie in the range the engine samples in, which it owns."""
+    if temperature is None:
+        return
+    if not math.isfinite(temperature):
+        yield FieldViolation(field, "must be a finite number")
+    elif not (temperature == 0.0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        yield FieldViolation(
+            field, f"must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}"
+        )
+
+
+def _check_top_p(field: str, top_p: float | None) -> Iterator[FieldViolation]:
+    if top_p is None:
+        return
+    if not math.isfinite(top_p):
+        yield FieldViolation(field, "must be a finite number")
+    elif not 0.0 < top_p <= 1.0:
+        yield FieldViolation(field, "must be greater than 0 and at most 1")
 
 
 def _check_stop(at: str, stop: Sequence[str], limits: JobLimits) -> Iterator[FieldViolation]:
@@ -237,23 +312,23 @@ def _check_graph(job: _Job) -> Iterator[FieldViolation]:
         yield FieldViolation(
             "nodes",
             f"the longest dependency chain has {depths[deepest]} nodes (ending at "
-            f"{deepest!r}); at most {job.limits.max_depth}",
+            f"{_cut(deepest)!r}); at most {job.limits.max_depth}",
         )
     for node_id, kids in dag.children.items():
         if len(kids) > job.limits.max_fan_out:
             yield FieldViolation(
                 f"nodes[{job.first_index[node_id]}]",
-                f"{len(kids)} nodes depend on {node_id!r}; at most {job.limits.max_fan_out}",
+                f"{len(kids)} nodes depend on {_cut(node_id)!r}; at most {job.limits.max_fan_out}",
             )
 
 
 def _describe_cycle(cycle: list[str]) -> str:
     if len(cycle) == 1:
-        return f"{cycle[0]!r} depends on itself"
-    shown = [repr(node) for node in cycle[:_CYCLE_SHOWN]]
+        return f"{_cut(cycle[0])!r} depends on itself"
+    shown = [repr(_cut(node)) for node in cycle[:_CYCLE_SHOWN]]
     if len(cycle) > _CYCLE_SHOWN:
         shown.append(f"... ({len(cycle) - _CYCLE_SHOWN} more)")
-    return "dependency cycle: " + " -> ".join([*shown, repr(cycle[0])])
+    return "dependency cycle: " + " -> ".join([*shown, repr(_cut(cycle[0]))])
 
 
 def _is_identifier(text: str, limits: JobLimits) -> bool:
@@ -270,3 +345,8 @@ def _identifier_rule(what: str, limits: JobLimits) -> str:
 def _check_length(field: str, text: str, limit: int) -> Iterator[FieldViolation]:
     if len(text) > limit:
         yield FieldViolation(field, f"{len(text)} characters; at most {limit}")
+
+
+def _cut(text: str) -> str:
+    """Client text as a violation quotes it: an id or a placeholder may be kilobytes long."""
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"

@@ -1,14 +1,17 @@
 -- _lib.lua: shared functions, prepended to every script of tenants/lua/ when it is loaded.
--- The per-tenant quota scripts (reserve, settle, release, usage, admit_job, admit_and_reserve)
--- take the same KEYS, all in the tenant's hash slot `{tenant}`, and the same ARGV[1]:
---   KEYS[1] tenant  hash  display_name, created_at and the TenantQuota fields
---   KEYS[2] bucket  hash  level, ts: the token bucket's level as of unix time ts
---   KEYS[3] day     hash  day, used: tokens charged to the budget of UTC day number `day`
---   KEYS[4] open    hash  call id -> "<tokens> <day>" for each open reservation
---   KEYS[5] expiry  zset  open call ids scored by expires_at
---   KEYS[6] closed  zset  closed call ids scored by when they may be forgotten
---   KEYS[7] usage   hash  input_tokens, output_tokens, settled_calls
---   KEYS[8] jobs    zset  admitted, unfinished job ids scored by expiry
+-- The per-tenant quota scripts (reserve, settle, release, renew, usage, admit_job,
+-- admit_and_reserve) take the same KEYS, all in the tenant's hash slot `{tenant}`, and the same
+-- ARGV[1]:
+--   KEYS[1] tenant     hash  display_name, created_at and the TenantQuota fields
+--   KEYS[2] bucket     hash  level, ts: the token bucket's level as of unix time ts
+--   KEYS[3] day        hash  day, used: tokens charged to the budget of UTC day number `day`
+--   KEYS[4] open       hash  call id -> "<tokens> <day>" for each open reservation
+--   KEYS[5] expiry     zset  open call ids scored by expires_at
+--   KEYS[6] closed     zset  closed call ids scored by when they may be forgotten
+--   KEYS[7] usage      hash  input_tokens, output_tokens, settled_calls
+--   KEYS[8] jobs       zset  admitted, unfinished job ids scored by expiry
+--   KEYS[9] reclaimed  zset  the closed ids that expiry closed and no settle has charged yet,
+--                            scored as in closed: a late settle still charges their use
 --   ARGV[1] closed_memory_s: how long a closed call id is remembered
 -- Time is Redis TIME. Fractional numbers leave as '%.17g' strings: Redis truncates Lua numbers.
 
@@ -74,20 +77,29 @@ local function refund(now, day, amount)
   if day == math.floor(now / DAY_S) then day_add(day, -amount) end
 end
 
--- Releases expired reservations (full refund); forgets closed ids past their memory.
+-- Releases expired reservations (full refund) and marks them reclaimed; forgets closed and
+-- reclaimed ids past their memory.
 local function reclaim(now)
+  local forget_at = fmt(now + tonumber(ARGV[1]))
   for _, call_id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', fmt(now))) do
     local tokens, day = parse_open(close(now, call_id))
     refund(now, day, tokens)
+    redis.call('ZADD', KEYS[9], forget_at, call_id)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', fmt(now))
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', fmt(now))
+end
+
+-- Drops admitted jobs past their expiry.
+local function prune_jobs(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', fmt(now))
 end
 
 -- Counts a job against max_queued_jobs until finished or expired, after checking
 -- max_nodes_per_job; a job id already queued is left as it is.
 -- Returns {'ok'} | {'queued'} | {'nodes', limit} | {'jobs', limit, queued}
 local function admit(now, job_id, num_nodes, ttl)
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', fmt(now))
+  prune_jobs(now)
   if redis.call('ZSCORE', KEYS[8], job_id) then return {'queued'} end
   local max_nodes = quota_int('max_nodes_per_job')
   if max_nodes > 0 and num_nodes > max_nodes then return {'nodes', max_nodes} end

@@ -1,6 +1,6 @@
 -- admit_and_reserve.lua: admit() a job and reserve() its first call in one step. A refused
 -- admission reserves nothing; a refused reservation leaves the job admitted.
--- KEYS[1..8], ARGV[1]: as in _lib.lua.  ARGV[2] job_id  ARGV[3] num_nodes  ARGV[4] job ttl_s
+-- KEYS[1..9], ARGV[1]: as in _lib.lua.  ARGV[2] job_id  ARGV[3] num_nodes  ARGV[4] job ttl_s
 -- ARGV[5] call_id  ARGV[6] tokens  ARGV[7] call ttl_s
 -- Returns {'no_tenant'} | admit()'s refusal | {'admitted', reserve()'s reply...}
 local now = clock()

@@ -1,11 +1,11 @@
 -- usage.lua: reclaim what has expired, then read the tenant's usage.
--- KEYS[1..8], ARGV[1]: as in _lib.lua.
+-- KEYS[1..9], ARGV[1]: as in _lib.lua.
 -- Returns {'no_tenant'} | {'ok', input_tokens, output_tokens, settled_calls, tokens_today,
 --   active_reservations, reserved_tokens, queued_jobs, bucket_level ('' when unlimited), now}
 local now = clock()
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'no_tenant'} end
 reclaim(now)
-redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', fmt(now))
+prune_jobs(now)
 local reserved = 0
 for _, held in ipairs(redis.call('HVALS', KEYS[4])) do
   reserved = reserved + parse_open(held)

@@ -41,6 +41,9 @@ class JobInfo:
     weight: float  # the tenant's weight (> 0) when the job arrives
     arrival: float  # seconds, same origin as `now`
     nodes: tuple[NodeCost, ...]
+    # orders the tenant's own jobs (higher first) without changing the share between tenants;
+    # negative marks the job sheddable under overload
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,8 @@ class Policy(Protocol):
     `peek` is pure (repeated calls return the same answer until something changes); the caller
     dispatches the answer with `mark_dispatched`. `remove_job` forgets the job's ready and running
     calls: the caller aborts its running calls in the engine and reports nothing more for them.
+    A held call (`hold`: its quota is being reserved) and the ready calls of a held tenant
+    (`hold_tenant`: a quota refused it until `until`) stay ready but are not shown by `peek`.
     """
 
     name: str
@@ -82,6 +87,14 @@ class Policy(Protocol):
     def peek(self, now: float, load: EngineLoad) -> ReadyCall | None: ...
 
     def mark_dispatched(self, call_id: str, now: float) -> None: ...
+
+    def hold(self, call_id: str) -> None: ...
+
+    def unhold(self, call_id: str) -> None: ...
+
+    def hold_tenant(self, tenant_id: str, until: float) -> None: ...
+
+    def unhold_tenant(self, tenant_id: str) -> None: ...
 
     def on_progress(self, call_id: str, output_tokens: int, now: float) -> None: ...
 

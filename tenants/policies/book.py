@@ -4,9 +4,12 @@
 is active, a call is ready before it is dispatched and running before it reports tokens), records
 it, and calls the hook the concrete policy overrides to keep its own accounting. `peek` returns the
 first ready call (in readiness order) of the job with the smallest `_job_order` key among
-`_eligible_jobs`. Invariant: every ready or running call belongs to an active job and sits in
-exactly one of the two sets; a node of a job is ready, running or done at most once; a job is in
-`_ready_jobs` exactly when it has a ready call.
+`_eligible_jobs`, skipping held calls and held tenants (a call whose quota is being reserved, a
+tenant a quota refused until a retry time: they stay ready, so nothing is re-added); among the
+winner's tenant's eligible jobs, the one with the highest job priority goes first (a tenant orders
+its own jobs without changing its share). Invariant: every ready or running call belongs to an
+active job and sits in exactly one of the two sets; a node of a job is ready, running or done at
+most once; a job is in `_ready_jobs` exactly when it has a ready call; held calls are ready.
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ class BookPolicy:
         self._ready_at: dict[str, float] = {}  # ready call id -> when it became ready
         self._ready_jobs: dict[str, JobState] = {}  # jobs with a ready call (an ordered set)
         self._next_seq = 0
+        self._held: set[str] = set()  # ready calls not to show
+        self._held_tenants: dict[str, float] = {}  # tenant -> held until (same clock as now)
+        self._prioritized = 0  # active jobs with a non-zero priority
 
     # --- the Policy interface ---------------------------------------------------------------
 
@@ -108,6 +114,7 @@ class BookPolicy:
         state = JobState(job, {n.node_id: n for n in job.nodes}, order)
         self._job_added(state, now)
         self._jobs[job.job_id] = state
+        self._prioritized += job.priority != 0
 
     def add_ready(self, call: ReadyCall, now: float) -> None:
         job = self._job(call.job_id)
@@ -124,16 +131,45 @@ class BookPolicy:
     def peek(self, now: float, load: EngineLoad) -> ReadyCall | None:
         best: JobState | None = None
         best_key: OrderKey | None = None
+        holding = bool(self._held or self._held_tenants)
+        by_tenant: dict[str, tuple[tuple[int, OrderKey], JobState]] = {}
         for job in self._eligible_jobs(now, load):
+            if holding and self._first_shown(job, now) is None:
+                continue
             key = self._job_order(job, now)
             if best_key is None or key < best_key:
                 best, best_key = job, key
-        return None if best is None else next(iter(best.ready.values()))
+            if self._prioritized:
+                rank = (-job.info.priority, key)
+                tenant = job.info.tenant_id
+                if tenant not in by_tenant or rank < by_tenant[tenant][0]:
+                    by_tenant[tenant] = (rank, job)
+        if best is None:
+            return None
+        if self._prioritized:
+            best = by_tenant[best.info.tenant_id][1]
+        return self._first_shown(best, now) if holding else next(iter(best.ready.values()))
+
+    def hold(self, call_id: str) -> None:
+        job = self._jobs.get(self._call_job.get(call_id, ""))
+        if job is None or call_id not in job.ready:
+            raise CallNotReady(f"call {call_id} is not ready")
+        self._held.add(call_id)
+
+    def unhold(self, call_id: str) -> None:
+        self._held.discard(call_id)
+
+    def hold_tenant(self, tenant_id: str, until: float) -> None:
+        self._held_tenants[tenant_id] = until
+
+    def unhold_tenant(self, tenant_id: str) -> None:
+        self._held_tenants.pop(tenant_id, None)
 
     def mark_dispatched(self, call_id: str, now: float) -> None:
         job = self._jobs.get(self._call_job.get(call_id, ""))
         if job is None or call_id not in job.ready:
             raise CallNotReady(f"call {call_id} is not ready")
+        self._held.discard(call_id)
         call = job.ready.pop(call_id)
         del self._ready_seq[call_id], self._ready_at[call_id]
         if not job.ready:
@@ -173,8 +209,10 @@ class BookPolicy:
     def remove_job(self, job_id: str, now: float) -> None:
         job = self._job(job_id)
         self._job_removed(job, now)
+        self._prioritized -= job.info.priority != 0
         for call_id in job.ready:
             del self._ready_seq[call_id], self._ready_at[call_id]
+            self._held.discard(call_id)
         for call_id in (*job.ready, *job.running):
             del self._call_job[call_id]
         self._ready_jobs.pop(job_id, None)
@@ -216,6 +254,15 @@ class BookPolicy:
         """Called while the job and its calls are still in the book."""
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _first_shown(self, job: JobState, now: float) -> ReadyCall | None:
+        """The job's first ready call that is not held, or None."""
+        until = self._held_tenants.get(job.info.tenant_id)
+        if until is not None:
+            if until > now:
+                return None
+            del self._held_tenants[job.info.tenant_id]
+        return next((c for c in job.ready.values() if c.call_id not in self._held), None)
 
     def _job(self, job_id: str) -> JobState:
         job = self._jobs.get(job_id)
@@ -262,6 +309,8 @@ class BookPolicy:
         assert seen == set(self._call_job)
         ready = {c for job in self._jobs.values() for c in job.ready}
         assert ready == set(self._ready_seq) == set(self._ready_at)
+        assert self._held <= ready
+        assert self._prioritized == sum(j.info.priority != 0 for j in self._jobs.values())
         self._check_order()
 
     def _check_order(self) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ReserveMode
 from engine.llm import LLMEngine
+from engine.plan import StepOutput, StepPlan
 from engine.request import Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
@@ -46,3 +48,33 @@ def make_sim_engine(num_blocks: int = 64, **overrides: object) -> LLMEngine:
     config = dataclasses.replace(config, **overrides)  # type: ignore[arg-type]
     runner = SimulatedRunner(STEP_MODEL, vocab_size=500)
     return LLMEngine(config, runner=runner, num_blocks=num_blocks)
+
+
+class FlakyRunner:
+    """A simulated runner whose `execute` raises on the given calls (1-based)."""
+
+    def __init__(self, runner: SimulatedRunner, fail_on: Collection[int]) -> None:
+        self.runner = runner
+        self.eos_token_ids = runner.eos_token_ids
+        self.hidden_size = runner.hidden_size
+        self.fail_on = fail_on
+        self.num_calls = 0
+        self.failed_plans: list[list[str]] = []  # request ids of each plan it failed
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.num_calls += 1
+        if self.num_calls in self.fail_on:
+            self.failed_plans.append([seq.request_id for seq in plan.seqs])
+            raise RuntimeError(f"runner failed on call {self.num_calls}")
+        return self.runner.execute(plan)
+
+
+def make_flaky_engine(
+    fail_on: Collection[int], num_blocks: int = 64, **overrides: object
+) -> tuple[LLMEngine, FlakyRunner]:
+    """A simulated engine whose runner raises on the given step calls."""
+    engine = make_sim_engine(num_blocks, **overrides)
+    assert isinstance(engine.runner, SimulatedRunner)
+    runner = FlakyRunner(engine.runner, fail_on)
+    engine.runner = runner
+    return engine, runner

@@ -1,12 +1,16 @@
+import logging
+
 import anyio
 import pytest
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, RequestStream, TokenDelta
 from engine.errors import InvalidRequest
 from engine.llm import LLMEngine
+from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason
 from engine.sampling import SamplingParams
-from tests.engine.factories import make_sim_engine
+from engine.scheduler import StepResult
+from tests.engine.factories import make_flaky_engine, make_sim_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -81,3 +85,87 @@ async def test_has_room_counts_waiting_and_pending_requests() -> None:
         async with engine.add_request(list(range(1, 17)), SamplingParams(max_tokens=4)):
             assert not engine.has_room(32)
             assert engine.has_room(16)
+
+
+async def collect(stream: RequestStream) -> list[TokenDelta]:
+    with anyio.fail_after(5):
+        return [delta async for delta in stream]
+
+
+def assert_all_blocks_free(core: LLMEngine) -> None:
+    core.block_manager.check_invariants()
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+    assert not core.has_unfinished
+
+
+@pytest.mark.parametrize("run_in_thread", [True, False])
+async def test_a_failed_step_ends_its_streams_with_error_and_serving_goes_on(
+    run_in_thread: bool,
+) -> None:
+    core, runner = make_flaky_engine(fail_on={2}, num_blocks=64)
+    async with AsyncEngine(core, run_in_thread=run_in_thread) as engine:
+        doomed = engine.add_request(list(range(1, 20)), SamplingParams(max_tokens=50))
+        deltas = await collect(doomed)
+        assert [d.finished for d in deltas] == [False, True]
+        last = deltas[-1]
+        assert last.finish_reason is FinishReason.ERROR and last.token_ids == []
+        assert last.request is not None and last.request.num_output_tokens == 1
+        assert runner.failed_plans == [[doomed.request_id]]
+        assert engine.healthy
+        after = await collect(engine.add_request([5] * 9, SamplingParams(max_tokens=4)))
+        assert after[-1].finish_reason is FinishReason.LENGTH
+        assert sum(len(d.token_ids) for d in after) == 4
+        assert_all_blocks_free(core)
+
+
+async def test_healthy_turns_false_after_consecutive_failures_and_back_after_a_good_step() -> None:
+    core, _ = make_flaky_engine(fail_on={1, 2, 3})
+    params = SamplingParams(max_tokens=3)
+    async with AsyncEngine(core, max_consecutive_failures=3) as engine:
+        for _ in range(2):
+            deltas = await collect(engine.add_request([7] * 5, params))
+            assert deltas[-1].finish_reason is FinishReason.ERROR
+            assert engine.healthy
+        third = engine.add_request([7] * 5, params)
+        with anyio.fail_after(5):
+            await engine.health_changed()  # the loop cannot step before this waits
+        assert not engine.healthy
+        assert (await collect(third))[-1].finish_reason is FinishReason.ERROR
+        good = engine.add_request([7] * 5, params)
+        with anyio.fail_after(5):
+            await engine.health_changed()
+        assert engine.healthy
+        assert (await collect(good))[-1].finish_reason is FinishReason.LENGTH
+        assert_all_blocks_free(core)
+
+
+async def test_an_error_outside_the_runner_fails_every_live_request_and_the_loop_survives(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    core = make_sim_engine(num_blocks=64, max_num_seqs=2)
+    update = core.scheduler.update
+
+    def update_then_raise(plan: StepPlan, output: StepOutput, now: float) -> StepResult:
+        update(plan, output, now)  # "short" finishes inside it, before the raise
+        raise RuntimeError("update failed")
+
+    monkeypatch.setattr(core.scheduler, "update", update_then_raise)
+    params = SamplingParams(max_tokens=50)
+    async with AsyncEngine(core) as engine:
+        streams = [
+            engine.add_request([3] * 9, SamplingParams(max_tokens=1), request_id="short"),
+            engine.add_request([4] * 9, params, request_id="long"),
+            engine.add_request([5] * 9, params, request_id="waiting"),  # beyond max_num_seqs
+        ]
+        with caplog.at_level(logging.ERROR, logger="engine.async_engine"):
+            ends = [(await collect(s))[-1] for s in streams]
+        assert [(d.finished, d.finish_reason) for d in ends] == [(True, FinishReason.ERROR)] * 3
+        assert ends[0].request is None  # finished by the broken update: its output was lost
+        assert ends[1].request is not None and ends[2].request is not None
+        assert [r.exc_info is not None for r in caplog.records] == [True]
+        assert engine.healthy and engine.num_live == 0
+        assert_all_blocks_free(core)
+        monkeypatch.setattr(core.scheduler, "update", update)
+        after = await collect(engine.add_request([6] * 9, SamplingParams(max_tokens=4)))
+        assert after[-1].finish_reason is FinishReason.LENGTH
+        assert_all_blocks_free(core)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
+from engine.errors import InvalidRequest
 from engine.sampler import NUCLEUS_CANDIDATES, Sampler, _filtered_probs
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -141,3 +143,61 @@ def test_top_p_set_equals_a_full_sort_whether_or_not_it_fits_the_candidates() ->
         assert set(filtered[row].nonzero()[:, 0].tolist()) == want
         sizes.append(len(want))
     assert min(sizes) < NUCLEUS_CANDIDATES < max(sizes)  # both paths ran
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": 1e-40},
+        {"temperature": MIN_TEMPERATURE / 2},
+        {"temperature": -0.5},
+        {"temperature": MAX_TEMPERATURE * 1.01},
+        {"temperature": math.nan},
+        {"temperature": math.inf},
+        {"top_p": math.nan},
+        {"top_p": math.inf},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"max_tokens": 0},
+        {"top_k": -1},
+        {"seed": -1},
+        {"seed": 2**64},
+    ],
+)
+def test_params_that_could_break_the_arithmetic_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(InvalidRequest):
+        SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_the_edges_of_every_range_are_accepted() -> None:
+    for temperature in (0.0, MIN_TEMPERATURE, MAX_TEMPERATURE):
+        SamplingParams(temperature=temperature)
+    SamplingParams(max_tokens=1, top_p=1e-9, top_k=0, seed=0)
+    SamplingParams(seed=2**64 - 1)
+
+
+def test_min_temperature_on_random_logits_draws_valid_tokens() -> None:
+    vocab = 32000
+    logits = random_logits(8, vocab, seed=10) * 10
+    params = [
+        SamplingParams(temperature=MIN_TEMPERATURE),
+        SamplingParams(temperature=MIN_TEMPERATURE, seed=3),
+        SamplingParams(temperature=MIN_TEMPERATURE, top_p=0.5),
+        SamplingParams(temperature=MIN_TEMPERATURE, top_k=40),
+    ] * 2
+    probs = _filtered_probs(logits.float(), params)
+    assert bool(probs.isfinite().all()) and torch.allclose(probs.sum(-1), torch.ones(8))
+    tokens = Sampler(seed=0)(logits, params, list(range(8)))
+    assert all(0 <= t < vocab for t in tokens)
+    assert tokens == logits.argmax(-1).tolist()  # at T = 0.01 the gaps dwarf the noise
+
+
+def test_logits_near_the_float32_limit_stay_finite_at_min_temperature() -> None:
+    big = torch.finfo(torch.float32).max / 4  # divided by 0.01 without the shift: inf
+    logits = torch.tensor([[big, big / 2, -big, 0.0], [0.0, big, big, -big]])
+    params = [SamplingParams(temperature=MIN_TEMPERATURE, seed=1)] * 2
+    probs = _filtered_probs(logits, params)
+    assert bool(probs.isfinite().all())
+    assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    first, second = Sampler()(logits, params, [0, 0])
+    assert first == 0 and second in {1, 2}

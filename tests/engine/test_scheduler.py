@@ -164,3 +164,13 @@ def test_simulated_runner_stops_at_a_given_true_length() -> None:
     assert finished[0].num_output_tokens == 7
     assert finished[0].finish_reason is FinishReason.STOP
     assert llm.block_manager.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("bad_token", [-1, 2**64])
+def test_token_ids_the_prefix_cache_cannot_encode_are_refused(bad_token: int) -> None:
+    scheduler = make_scheduler()
+    request = make_request("a", prompt_len=6)
+    request.prompt_token_ids[3] = bad_token
+    with pytest.raises(InvalidRequest, match="token ids"):
+        scheduler.add(request)
+    assert not scheduler.has_unfinished

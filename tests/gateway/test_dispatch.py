@@ -167,7 +167,7 @@ async def test_room_counts_the_output_that_waiting_calls_will_reserve(make_env: 
     env = await make_env(MemoryQuotaStore(), num_blocks=32, steps=False)
     engine, dispatcher = env.engine, env.dispatcher
     for i in range(3):
-        dispatcher.submit(job(f"j{i}", ("a", 1000)), QUOTA)
+        await admit(dispatcher, job(f"j{i}", ("a", 1000)))
     await anyio.wait_all_tasks_blocked()
     waiting = engine.core.scheduler.waiting
     assert [r.request_id for r in waiting] == ["j0/a"]  # by prompts alone all three fitted
@@ -178,12 +178,12 @@ async def test_past_the_knee_only_the_most_urgent_job_adds_calls(make_env: MakeE
     # The engine does not step, so dispatched calls stay in it; room is plentiful, the knee is 2.
     env = await make_env(MemoryQuotaStore(), steps=False, knee_calls=2)
     for i in range(5):
-        env.dispatcher.submit(job(f"j{i}", ("a", 100)), QUOTA)
+        await admit(env.dispatcher, job(f"j{i}", ("a", 100)))
     await anyio.wait_all_tasks_blocked()
     assert len(env.engine.core.scheduler.waiting) == 2
     assert len(env.dispatcher.tickets) == 3  # held by the policy, not refused
     # a much smaller job is now the most urgent (earliest fair-share finish): it passes the knee
-    env.dispatcher.submit(job("small", ("b", 1)), QUOTA)
+    await admit(env.dispatcher, job("small", ("b", 1)))
     await anyio.wait_all_tasks_blocked()
     assert [r.request_id for r in env.engine.core.scheduler.waiting][-1] == "small/b"
     assert len(env.dispatcher.tickets) == 3
@@ -193,7 +193,7 @@ async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) ->
     env = await make_env(MemoryQuotaStore())
     engine, dispatcher = env.engine, env.dispatcher
     run = job("j", ("short", 2), ("long", 600))
-    dispatcher.submit(run, QUOTA)
+    await admit(dispatcher, run)
     requests = engine.core.scheduler.requests
     seen: list[float] = []
 
@@ -223,7 +223,7 @@ async def test_a_prefilled_call_is_predicted_again_from_its_hidden_state(
     refiner = hidden_refiner()
     env = await make_env(MemoryQuotaStore(), refiner=refiner)
     run = job("j", ("a", 40))
-    env.dispatcher.submit(run, QUOTA)
+    await admit(env.dispatcher, run)
     async for _ in run.watch():
         pass
     runner = env.engine.core.runner
@@ -241,7 +241,7 @@ async def test_a_prefilled_call_is_predicted_again_from_its_hidden_state(
 async def test_without_a_refiner_no_call_is_refined(make_env: MakeEnv) -> None:
     env = await make_env(MemoryQuotaStore())
     run = job("j", ("a", 40))
-    env.dispatcher.submit(run, QUOTA)
+    await admit(env.dispatcher, run)
     async for _ in run.watch():
         pass
     policy = env.dispatcher.policy
@@ -300,15 +300,15 @@ async def test_a_call_is_held_only_when_the_engine_has_room_for_every_ready_call
     make_env: MakeEnv,
 ) -> None:
     store = CountingStore()
-    env = await make_env(store, num_blocks=32, steps=False)
-    small, large = ("a", 4), ("a", 1000)  # 2 blocks each; 21 blocks each
-    for first, second, held in [(small, small, True), (large, large, False)]:
-        store.ops.clear()
-        ready = job(f"ready-{held}", first)
-        env.dispatcher.submit(ready, QUOTA)  # ready, not dispatched before the next await
-        await admit(env.dispatcher, job(f"new-{held}", second))
-        assert store.ops[0] == ("admit_job_and_reserve" if held else "admit_job")
-        await anyio.wait_all_tasks_blocked()
+    env = await make_env(store, num_blocks=32, steps=False)  # a large call takes 21 blocks
+    await admit(env.dispatcher, job("large-1", ("a", 1000)))  # held, then waits in the engine
+    await anyio.wait_all_tasks_blocked()
+    await admit(env.dispatcher, job("large-2", ("a", 1000)))  # no room: it stays ready
+    await anyio.wait_all_tasks_blocked()
+    assert list(env.dispatcher.tickets) == ["large-2/a"]
+    store.ops.clear()
+    await admit(env.dispatcher, job("small", ("a", 4)))  # 2 blocks fit, but not beside large-2
+    assert store.ops == ["admit_job"]
 
 
 async def admit(

@@ -50,13 +50,15 @@ def test_cancel_returns_running_nodes_and_ends_the_job() -> None:
 
 
 @pytest.mark.anyio
-async def test_event_log_is_gapless_and_replayable() -> None:
+async def test_event_log_is_gapless_for_a_watcher_and_replayable() -> None:
     run = make_run(("a", ()))
     run.start(0.0)
+    watching = run.watch()
+    first = await anext(watching)  # a watcher that was there before the job ended
     run.mark_running("a", 2, 0.1)
     run.add_tokens("a", "hi", (1,), 0.2)
     run.finish_node("a", NodeState.SUCCEEDED, 0.3)
-    events = [e async for e in run.watch()]
+    events = [first, *[e async for e in watching]]
     assert [e.sequence for e in events] == list(range(1, len(events) + 1))
     assert isinstance(events[-1].body, JobEnded)
     assert any(isinstance(e.body, TokensAdded) for e in events)
@@ -66,8 +68,32 @@ async def test_event_log_is_gapless_and_replayable() -> None:
         (NodeState.READY, NodeState.RUNNING),
         (NodeState.RUNNING, NodeState.SUCCEEDED),
     ]
+    # the last watcher gone, the ended node's deltas are dropped; the rest keep their numbers
+    retained = [e async for e in run.watch()]
+    assert retained == [e for e in events if not isinstance(e.body, TokensAdded)]
     tail = [e async for e in run.watch(from_sequence=len(events) - 1)]
     assert tail == events[-1:]
+
+
+@pytest.mark.anyio
+async def test_deltas_of_ended_nodes_are_dropped_past_the_byte_budget() -> None:
+    run = make_run(("a", ()), ("b", ()))
+    run.max_delta_bytes = 1000
+    run.start(0.0)
+    watching = run.watch()
+    await anext(watching)  # a live watcher keeps the job's log until the job ends
+    for node_id in ("a", "b"):
+        run.mark_running(node_id, 2, 0.1)
+    for i in range(10):
+        run.add_tokens("a", "x" * 100, (i,), 0.2)
+        run.add_tokens("b", "y", (i,), 0.2)
+    run.finish_node("a", NodeState.SUCCEEDED, 0.3)  # over budget: a's deltas go, b's stay
+    deltas = [e.body for e in run.events if isinstance(e.body, TokensAdded)]
+    assert {d.node_id for d in deltas} == {"b"} and len(deltas) == 10
+    assert run.nodes["a"].output == "x" * 1000
+    sequences = [e.sequence for e in run.events]
+    assert sequences == sorted(sequences) and sequences[-1] == run.events[-1].sequence
+    await watching.aclose()
 
 
 @pytest.mark.anyio
@@ -81,7 +107,7 @@ async def test_events_logged_while_a_batch_is_read_come_in_the_next_batch() -> N
             run.mark_running("a", 2, 0.1)
             run.add_tokens("a", "hi", (1,), 0.2)
             run.finish_node("a", NodeState.SUCCEEDED, 0.3)
-    assert batches == [[1], list(range(2, len(run.events) + 1))]
+    assert batches == [[1], list(range(2, run.events[-1].sequence + 1))]
     assert isinstance(run.events[-1].body, JobEnded)
 
 

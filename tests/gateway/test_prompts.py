@@ -57,7 +57,7 @@ def random_prompts(seed: int, count: int) -> list[Prompt]:
 
 def test_pieces_give_the_template_ids_exactly() -> None:
     tokenizer = chat_tokenizer(pre_tokenizers.ByteLevel(add_prefix_space=False))
-    encoder = PromptEncoder(tokenizer, cache_size=64)
+    encoder = PromptEncoder(tokenizer, cache_bytes=8192)  # small: pieces are evicted
     for prompt in random_prompts(0, 400):
         assert encoder(prompt) == encode_prompt(tokenizer, prompt), prompt
 

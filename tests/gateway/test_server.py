@@ -16,7 +16,6 @@ from gateway.jobs.model import ChatMessage, JobSpec
 from gateway.jobs.template import render
 from gateway.prompts import encode_prompt
 from gateway.server import running_gateway
-from gateway.service import GatewayService
 from gateway.settings import Settings
 from tenants import MemoryQuotaStore, TenantQuota
 from tests.gateway.conftest import ADMIN_KEY, Harness, Spans, sim_core
@@ -136,7 +135,7 @@ async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
         error_details_pb2.ErrorInfo,
     } <= kinds
     info = next(d for d in details if isinstance(d, error_details_pb2.ErrorInfo))
-    assert info.reason == "QUEUED_JOBS_EXCEEDED"
+    assert info.reason == "QUOTA_QUEUED_JOBS"
 
 
 async def test_other_tenants_jobs_are_not_found(harness: Harness) -> None:
@@ -179,7 +178,7 @@ async def test_idempotency_key_returns_the_same_job(harness: Harness) -> None:
 
 async def test_concurrent_submits_with_one_idempotency_key_make_one_job(harness: Harness) -> None:
     gateway = harness.gateway
-    service = GatewayService(gateway.jobs, gateway.dispatcher, gateway.store)
+    service = gateway.service
     spec = JobSpec(nodes=(make_node("a"),), idempotency_key="k-2")
     runs: list[JobRun] = []
 

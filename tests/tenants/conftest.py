@@ -14,10 +14,11 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
+from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore, TenantQuota
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 START = 1_750_000_000.0 + 6 * 3600  # 06:00 UTC, far from a budget day boundary
+TTL = 60.0  # a reservation TTL no test outlives
 
 
 class FakeClock:
@@ -88,3 +89,12 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         prefix = request.getfixturevalue("redis_prefix")
         async with RedisQuotaStore(REDIS_URL, prefix=prefix) as redis_store:
             yield Harness(redis_store, None)
+
+
+@pytest.fixture
+def h(harness: Harness) -> Harness:
+    return harness
+
+
+async def make_tenant(h: Harness, tenant_id: str = "acme", **quota: int) -> None:
+    await h.store.create_tenant(tenant_id, tenant_id.title(), TenantQuota(**quota))

@@ -40,7 +40,16 @@ def test_fields_round_trip() -> None:
         max_tokens_ceiling=1024,
         default_max_tokens=128,
         daily_token_budget=10**9,
+        max_streams=16,
     )
     assert TenantQuota.from_fields(quota.as_fields()) == quota
     assert TenantQuota.from_fields({}) == TenantQuota()
-    assert TenantQuota().max_tokens_ceiling == 512 and TenantQuota().default_max_tokens == 256
+
+
+def test_defaults_bound_every_count() -> None:
+    """A tenant created without a quota cannot take the whole gateway."""
+    quota = TenantQuota()
+    assert (quota.max_concurrent_calls, quota.max_queued_jobs, quota.max_streams) == (64, 256, 64)
+    assert (quota.max_nodes_per_job, quota.max_prompt_tokens) == (256, 8192)
+    assert (quota.max_tokens_ceiling, quota.default_max_tokens) == (512, 256)
+    assert (quota.tokens_per_minute, quota.daily_token_budget) == (0, 0)

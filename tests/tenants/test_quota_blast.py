@@ -1,10 +1,12 @@
-"""Seeded blast: hundreds of concurrent calls reserve, then settle, release or vanish, while
-random cancellations cut them off mid-request; afterwards usage is exactly the settled calls.
+"""Seeded blast: hundreds of concurrent calls reserve, renew their lease, then settle, release
+or vanish, while random cancellations cut them off mid-request; afterwards usage is exactly the
+settled calls, late settles of reclaimed calls included.
 
 A call whose request was cancelled cleans up as the gateway does: a shielded release. Settle
 and release close a call exactly once, so the cleanup's answer tells whether the cancelled
 settle took effect (release False) or not (release True). That reading needs the reservation
-not to have expired meanwhile, so only calls with a long TTL have their settle cancelled.
+not to have expired meanwhile, so only calls with a long lease have their settle cancelled: a
+long TTL, or a short one renewed in time.
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ async def one_call(h: Harness, rng: random.Random, index: int, tally: Tally) -> 
     h.advance(rng.uniform(0.0, 0.02))
     if abandoned:
         return
+    if rng.random() < 0.3:
+        lost = await h.store.renew("acme", calls=[call_id], ttl_s=LONG_TTL_S)
+        assert lost in ([], [call_id])
+        short = short and bool(lost)  # a kept lease now outlives the blast
     await settle_or_release(h, rng, call_id, tokens, short, tally)
 
 
@@ -108,7 +114,8 @@ async def settle_or_release(
     if cancelled:
         with anyio.CancelScope(shield=True):
             settled = not await h.store.release("acme", call_id)
-    assert settled is not None
+    else:
+        assert settled, "a call whose lease held settles"
     if settled:
         tally.settled(input_tokens, output_tokens)
 

@@ -20,15 +20,9 @@ from tenants import (
     hash_key,
 )
 from tenants.models import BUSY_RETRY_S, DAY_S
-from tests.tenants.conftest import REDIS_URL, Harness
+from tests.tenants.conftest import REDIS_URL, TTL, Harness, make_tenant
 
 pytestmark = pytest.mark.anyio
-
-TTL = 60.0
-
-
-async def make_tenant(h: Harness, tenant_id: str = "acme", **quota: int) -> None:
-    await h.store.create_tenant(tenant_id, tenant_id.title(), TenantQuota(**quota))
 
 
 async def refused(h: Harness, tenant_id: str, call_id: str, tokens: int) -> QuotaExceeded:
@@ -206,7 +200,7 @@ async def test_concurrent_call_limit(h: Harness) -> None:
     await h.store.reserve("acme", "c2", 10, TTL)
     error = await refused(h, "acme", "c3", 10)
     assert error.limit is QuotaLimit.CONCURRENT_CALLS
-    assert (error.reason, error.subject) == ("CONCURRENT_CALLS_EXCEEDED", "tenant:acme")
+    assert (error.reason, error.subject) == ("QUOTA_CONCURRENT_CALLS", "tenant:acme")
     assert (error.allowed, error.requested, error.retry_after_s) == (2, 3, BUSY_RETRY_S)
     assert await h.store.reserve("acme", "c1", 10, TTL)  # an open call is not a new one
     await h.store.settle("acme", "c1", 5, 5)
@@ -220,7 +214,7 @@ async def test_token_rate_refusal_says_when_to_retry(h: Harness) -> None:
     error = await refused(h, "acme", "c2", 80)
     usage = await h.store.usage("acme")
     assert error.limit is QuotaLimit.TOKEN_RATE
-    assert (error.reason, error.allowed, error.requested) == ("TOKEN_RATE_EXCEEDED", rate, 80)
+    assert (error.reason, error.allowed, error.requested) == ("QUOTA_TOKEN_RATE", rate, 80)
     assert error.retry_after_s is not None
     assert usage.bucket_level is not None
     # the level when refused lies between 50 and the level read just after
@@ -308,7 +302,6 @@ async def test_expired_reservations_are_reclaimed(h: Harness) -> None:
     usage = await h.store.usage("acme")
     assert (usage.active_reservations, usage.reserved_tokens, usage.tokens_today) == (0, 0, 0)
     assert usage.bucket_level == pytest.approx(60.0)
-    assert await h.store.settle("acme", "lost", 40, 0) is False
     assert await h.store.release("acme", "lost") is False
     with pytest.raises(CallClosed):
         await h.store.reserve("acme", "lost", 40, TTL)
@@ -450,8 +443,8 @@ async def test_a_settle_that_finds_no_open_call_still_finishes_the_job(h: Harnes
     await make_tenant(h, max_queued_jobs=2)
     await h.store.admit_job("acme", "j1", 1)
     await h.store.admit_job("acme", "j2", 1)
-    await h.store.reserve("acme", "j1/a", 10, h.tiny_ttl_s)
-    h.advance(2 * h.tiny_ttl_s)
+    await h.store.reserve("acme", "j1/a", 10, TTL)
+    assert await h.store.release("acme", "j1/a") is True
     assert await h.store.settle("acme", "j1/a", 1, 1, finish_job="j1") is False
     usage = await h.store.usage("acme")
     assert (usage.queued_jobs, usage.settled_calls) == (1, 0)
@@ -484,11 +477,6 @@ async def test_closed_store_fails_closed(h: Harness) -> None:
         await h.store.usage("acme")
 
 
-@pytest.fixture
-def h(harness: Harness) -> Harness:
-    return harness
-
-
 @pytest.mark.redis
 async def test_redis_keeps_only_the_key_hash(redis_prefix: str) -> None:
     async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
@@ -508,3 +496,41 @@ async def test_redis_keeps_only_the_key_hash(redis_prefix: str) -> None:
         record = client.hgetall(f"{redis_prefix}:key:{key_id}")
     assert record["key_hash"] == hash_key(plaintext)
     assert not any(secret in value for value in stored)
+
+
+def stored_keys(prefix: str) -> dict[str, dict[str, str]]:
+    """Every key under `prefix` on the local Redis: hashes with their fields, others empty."""
+    with SyncRedis.from_url(REDIS_URL, decode_responses=True) as client:
+        return {
+            name: client.hgetall(name) if client.type(name) == "hash" else {}
+            for name in client.scan_iter(match=f"{prefix}:*")
+        }
+
+
+@pytest.mark.redis
+async def test_redis_issue_key_for_a_missing_tenant_writes_nothing(redis_prefix: str) -> None:
+    async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
+        with pytest.raises(TenantNotFound):
+            await store.issue_key("ghost")
+    assert stored_keys(redis_prefix) == {}
+
+
+@pytest.mark.redis
+async def test_redis_delete_tenant_leaves_no_key_record(redis_prefix: str) -> None:
+    async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
+        for tenant_id in ("acme", "beta"):
+            await store.create_tenant(tenant_id, tenant_id.title(), TenantQuota())
+        acme_keys = [(await store.issue_key("acme"))[1] for _ in range(3)]
+        _, beta_key = await store.issue_key("beta")
+        await store.reserve("acme", "c1", 10, TTL)
+        await store.delete_tenant("acme")
+        for plaintext in acme_keys:
+            with pytest.raises(AuthFailed):
+                await store.authenticate(plaintext)
+        assert await store.authenticate(beta_key) == "beta"
+    left = stored_keys(redis_prefix)
+    records = {name: r for name, r in left.items() if name.startswith(f"{redis_prefix}:key:")}
+    assert [record["tenant_id"] for record in records.values()] == ["beta"]
+    assert not [name for name in left if name.startswith(f"{redis_prefix}:{{acme}}:")]
+    with SyncRedis.from_url(REDIS_URL, decode_responses=True) as client:
+        assert client.smembers(f"{redis_prefix}:tenants") == {"beta"}

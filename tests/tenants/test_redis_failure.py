@@ -8,6 +8,7 @@ the store reconnects by itself once Redis is back.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import anyio
 import pytest
 from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 
 from tenants import QuotaUnavailable, RedisQuotaStore, TenantQuota
 
@@ -44,6 +46,7 @@ OPERATIONS: dict[str, Op] = {
     "reserve": lambda s: s.reserve("acme", "c1", 10, 30.0),
     "settle": lambda s: s.settle("acme", "c1", 1, 1),
     "release": lambda s: s.release("acme", "c1"),
+    "renew": lambda s: s.renew("acme", calls=["c1"], jobs=["j1"], ttl_s=30.0),
     "usage": lambda s: s.usage("acme"),
 }
 
@@ -66,6 +69,24 @@ async def test_closed_port_fails_closed_promptly(name: str) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     async with RedisQuotaStore(url, socket_timeout_s=TIMEOUT_S) as store:
         await assert_fails_closed(store, OPERATIONS[name], within_s=1.0)
+
+
+async def test_unavailable_tells_callers_nothing_of_the_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The message reaches unauthenticated clients: no host, port or Redis text; the log has it."""
+    port = free_port()
+    async with RedisQuotaStore(f"redis://127.0.0.1:{port}/0", socket_timeout_s=TIMEOUT_S) as store:
+        with (
+            caplog.at_level(logging.WARNING, logger="tenants.redis_store"),
+            pytest.raises(QuotaUnavailable) as caught,
+        ):
+            await store.authenticate(KEY)
+    assert str(caught.value) == "quota store unavailable"
+    assert isinstance(caught.value.__cause__, RedisError)
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING and record.exc_info is not None
+    assert str(port) in caplog.text
 
 
 async def test_silent_server_times_out() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.jobs.errors import TemplateUnresolved
-from gateway.jobs.model import ChatMessage
+from gateway.jobs.model import ChatMessage, NodeSpec
 from gateway.jobs.template import (
     Reference,
     RefKind,
@@ -12,8 +12,12 @@ from gateway.jobs.template import (
     render,
     render_messages,
     render_node,
+    rendered_chars,
 )
 from tests.gateway.jobs.factories import make_chat_node, make_node
+
+INPUTS = {"x": "12345", "topic": "owls", "empty": "", "braces": "{{inputs.x}}"}
+OUTPUTS = {"a": "draft one", "b-2": "", "c_3": "🦉" * 3 + "\u202eRTL"}
 
 
 def test_references_in_order_with_whitespace() -> None:
@@ -91,3 +95,53 @@ def test_render_node_text_and_chat() -> None:
     assert render_node(text_node, {}, {"a": "draft"}) == "Improve: draft"
     chat_node = make_chat_node("c", ("user", "About {{inputs.t}}"))
     assert render_node(chat_node, {"t": "owls"}, {}) == (ChatMessage("user", "About owls"),)
+
+
+def rendered_length(node: NodeSpec) -> int:
+    rendered = render_node(node, INPUTS, OUTPUTS)
+    if isinstance(rendered, str):
+        return len(rendered)
+    return sum(len(message.content) for message in rendered)
+
+
+def sizes(values: dict[str, str]) -> dict[str, int]:
+    return {name: len(value) for name, value in values.items()}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "plain text",
+        "{{inputs.x}}",
+        "{{ inputs.x }}{{\tinputs.topic\n}}",
+        "{{inputs.x}}" * 400,
+        "a {{a.output}} b {{ b-2.output }} c {{c_3.output}} {{inputs.empty}}",
+        "{{{inputs.x}}}",
+        'JSON {"a": {"b": 1}} }} {{ unclosed {{inputs.braces}}',
+        "{{inputs.topic}}{{inputs.topic}}{{a.output}}{{inputs.topic}}",
+        "🦉\u202e\x00 {{inputs.topic}} \U0001f600",
+    ],
+)
+def test_rendered_chars_is_the_rendered_length(template: str) -> None:
+    node = make_node("n", template)
+    assert rendered_chars(node, sizes(INPUTS), sizes(OUTPUTS)) == rendered_length(node)
+
+
+def test_rendered_chars_of_chat_sums_the_messages() -> None:
+    node = make_chat_node(
+        "c",
+        ("system", "Be brief about {{ inputs.topic }}."),
+        ("user", "{{a.output}}?"),
+        ("user", ""),
+    )
+    assert rendered_chars(node, sizes(INPUTS), sizes(OUTPUTS)) == rendered_length(node)
+
+
+def test_rendered_chars_counts_unknown_and_malformed_as_empty() -> None:
+    node = make_node("n", "ab{{inputs.ghost}}cd{{ nonsense }}ef{{z.output}}")
+    assert rendered_chars(node, {}, {}) == len("abcdef")
+
+
+def test_rendered_chars_reads_only_sizes() -> None:
+    bomb = make_node("n", "{{inputs.x}}" * 400 + "{{a.output}}")
+    assert rendered_chars(bomb, {"x": 125_000}, {"a": 7}) == 400 * 125_000 + 7

@@ -1,24 +1,31 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import tracemalloc
 
 import pytest
 
+from engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 from gateway.jobs.errors import FieldViolation, JobInvalid
 from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
 from gateway.jobs.validation import JobLimits, validate_job
 from tests.gateway.jobs.factories import make_chat_node, make_job, make_map_reduce, make_node
 
 
-def violations(spec: JobSpec, limits: JobLimits | None = None) -> list[FieldViolation]:
+def violations(
+    spec: JobSpec, limits: JobLimits | None = None, now: float | None = None
+) -> list[FieldViolation]:
     with pytest.raises(JobInvalid) as caught:
-        validate_job(spec, limits)
+        validate_job(spec, limits, now)
     assert caught.value.violations, "JobInvalid must carry its violations"
     return caught.value.violations
 
 
-def only(spec: JobSpec, limits: JobLimits | None = None) -> FieldViolation:
-    (violation,) = violations(spec, limits)
+def only(
+    spec: JobSpec, limits: JobLimits | None = None, now: float | None = None
+) -> FieldViolation:
+    (violation,) = violations(spec, limits, now)
     return violation
 
 
@@ -176,8 +183,15 @@ def test_prompt_shape(node: NodeSpec, field: str, description: str) -> None:
     [
         (SamplingSpec(max_tokens=0), "max_tokens", "must be at least 1"),
         (SamplingSpec(max_tokens=4097), "max_tokens", "4097 exceeds the ceiling of 4096"),
-        (SamplingSpec(temperature=2.5), "temperature", "between 0 and 2.0"),
-        (SamplingSpec(temperature=float("nan")), "temperature", "between 0 and 2.0"),
+        (SamplingSpec(temperature=-0.5), "temperature", "must be 0 (greedy) or between"),
+        (SamplingSpec(temperature=MIN_TEMPERATURE / 2), "temperature", "0 (greedy) or between"),
+        (SamplingSpec(temperature=1e-300), "temperature", "0 (greedy) or between"),
+        (SamplingSpec(temperature=MAX_TEMPERATURE * 1.01), "temperature", "0 (greedy) or between"),
+        (SamplingSpec(temperature=math.nan), "temperature", "must be a finite number"),
+        (SamplingSpec(temperature=math.inf), "temperature", "must be a finite number"),
+        (SamplingSpec(temperature=-math.inf), "temperature", "must be a finite number"),
+        (SamplingSpec(top_p=math.nan), "top_p", "must be a finite number"),
+        (SamplingSpec(top_p=math.inf), "top_p", "must be a finite number"),
         (SamplingSpec(top_p=0.0), "top_p", "greater than 0 and at most 1"),
         (SamplingSpec(top_p=1.01), "top_p", "greater than 0 and at most 1"),
         (SamplingSpec(top_k=-1), "top_k", "at least 0"),
@@ -196,7 +210,16 @@ def test_sampling_ranges(sampling: SamplingSpec, field: str, description: str) -
 def test_sampling_edges_pass() -> None:
     edges = SamplingSpec(max_tokens=1, temperature=0.0, top_p=1.0, top_k=0, seed=2**64 - 1)
     validate_job(make_job(make_node("a", sampling=edges)))
-    validate_job(make_job(make_node("a", sampling=SamplingSpec(temperature=2.0, top_p=1e-9))))
+    for temperature in (MIN_TEMPERATURE, MAX_TEMPERATURE, -0.0):
+        sampling = SamplingSpec(temperature=temperature, top_p=1e-9)
+        validate_job(make_job(make_node("a", sampling=sampling)))
+
+
+def test_temperature_violation_names_the_engine_range() -> None:
+    violation = only(make_job(make_node("a", sampling=SamplingSpec(temperature=0.001))))
+    assert violation.description == (
+        f"must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}"
+    )
 
 
 def test_tenant_ceiling_comes_from_limits() -> None:
@@ -270,3 +293,88 @@ def test_job_fields() -> None:
     assert [v.field for v in violations(spec, limits)] == ["name", "idempotency_key", "priority"]
     long_node_name = make_job(dataclasses.replace(make_node("a"), name="kind5"))
     assert only(long_node_name, limits).field == "nodes[0].name"
+
+
+def bomb(repeats: int = 400, input_chars: int = 125_000) -> JobSpec:
+    """A ~125 KB request whose one prompt renders to repeats * input_chars characters."""
+    return make_job(make_node("boom", "{{inputs.x}}" * repeats), inputs={"x": "x" * input_chars})
+
+
+def test_render_bomb_is_refused_naming_the_node_and_the_bound() -> None:
+    spec = make_job(make_node("ok"), *bomb().nodes, inputs=dict(bomb().inputs))
+    assert only(spec) == FieldViolation(
+        "nodes[1]", "renders to at least 50,000,000 characters; at most 262,144"
+    )
+
+
+def test_rendered_size_is_checked_without_rendering() -> None:
+    spec = bomb()
+    tracemalloc.start()
+    try:
+        with pytest.raises(JobInvalid):
+            validate_job(spec)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024
+
+
+def test_prompt_size_limit_sums_chat_messages_and_counts_outputs_as_empty() -> None:
+    limits = JobLimits(max_prompt_chars=10)
+    at_limit = make_chat_node("c", ("system", "12{{inputs.x}}"), ("user", "{{a.output}}123"))
+    spec = make_job(make_node("a"), dataclasses.replace(at_limit, depends_on=("a",)))
+    validate_job(dataclasses.replace(spec, inputs={"x": "12345"}), limits)
+    assert only(dataclasses.replace(spec, inputs={"x": "123456"}), limits) == FieldViolation(
+        "nodes[1]", "renders to at least 11 characters; at most 10"
+    )
+
+
+@pytest.mark.parametrize(
+    ("deadline", "now", "description"),
+    [
+        (math.nan, None, "must be a finite time"),
+        (math.inf, 100.0, "must be a finite time"),
+        (-math.inf, None, "must be a finite time"),
+        (99.5, 100.0, "has already passed: 99.500 is not after the submission time 100.000"),
+        (100.0, 100.0, "has already passed"),
+    ],
+)
+def test_deadline_must_be_finite_and_ahead(
+    deadline: float, now: float | None, description: str
+) -> None:
+    spec = dataclasses.replace(make_job(make_node("a")), deadline_unix_s=deadline)
+    violation = only(spec, now=now)
+    assert violation.field == "deadline"
+    assert description in violation.description
+
+
+def test_deadline_edges_pass() -> None:
+    spec = dataclasses.replace(make_job(make_node("a")), deadline_unix_s=100.001)
+    validate_job(spec, now=100.0)
+    validate_job(dataclasses.replace(spec, deadline_unix_s=-5.0))  # no clock: no "passed" rule
+    validate_job(dataclasses.replace(spec, deadline_unix_s=9e18), now=100.0)
+
+
+def test_violations_quote_client_text_cut_short() -> None:
+    spec = make_job(
+        make_node("i" * 1000, "{{ " + "y" * 5000 + " }} {{inputs." + "q" * 5000 + "}}"),
+        make_node("b", depends_on=("g" * 1000,)),
+        inputs={"n" * 1000: "v"},
+    )
+    found = violations(spec)
+    assert len(found) == 5
+    assert all(len(v.field) <= 60 and len(v.description) <= 160 for v in found)
+    assert found[-1] == FieldViolation("nodes[1].depends_on[0]", f"unknown node '{'g' * 32}…'")
+
+
+def test_violations_stop_at_a_byte_budget_and_count_the_rest() -> None:
+    spec = make_job(*[make_node(f"n{i}", depends_on=("ghost",)) for i in range(200)])
+    found = violations(spec)
+    kept = len(found) - 1
+    assert sum(len(v.field) + len(v.description) for v in found[:kept]) <= 4096
+    assert found[-1] == FieldViolation(
+        f"nodes[{kept}].depends_on[0]", f"{200 - kept} more not shown"
+    )
+    assert str(JobInvalid(found)) == (
+        f"invalid job: nodes[0].depends_on[0]: unknown node 'ghost' (and {kept} more)"
+    )

@@ -146,3 +146,55 @@ def test_priorities_cover_ready_and_running_calls(policy: Policy) -> None:
     policy.mark_dispatched("j/x", 0.0)
     assert isinstance(policy.priority("j/x"), float)
     assert isinstance(policy.priority("j/y"), float)
+
+
+def test_a_held_call_stays_ready_but_is_not_shown(policy: Policy) -> None:
+    a, b = make_job("a", "t1"), make_job("b", "t2")
+    submit(policy, a)
+    submit(policy, b)
+    first = policy.peek(0.0, NO_KNEE)
+    assert first is not None
+    policy.hold(first.call_id)
+    second = policy.peek(0.0, NO_KNEE)
+    assert second is not None and second.call_id != first.call_id
+    policy.hold(second.call_id)
+    assert policy.peek(0.0, NO_KNEE) is None
+    with pytest.raises(DuplicateCall):  # still ready: nothing is added twice
+        policy.add_ready(first, 0.0)
+    policy.unhold(first.call_id)
+    assert policy.peek(0.0, NO_KNEE) == first
+    policy.mark_dispatched(first.call_id, 0.0)  # dispatching a held call is allowed
+    policy.check_invariants()  # type: ignore[attr-defined]
+
+
+def test_a_held_tenant_is_skipped_until_its_time(policy: Policy) -> None:
+    a, b = make_job("a", "t1"), make_job("b", "t2")
+    submit(policy, a)
+    submit(policy, b)
+    first = policy.peek(0.0, NO_KNEE)
+    assert first is not None
+    policy.hold_tenant(first.tenant_id, until=10.0)
+    other = policy.peek(5.0, NO_KNEE)
+    assert other is not None and other.tenant_id != first.tenant_id
+    policy.hold_tenant(other.tenant_id, until=10.0)
+    assert policy.peek(5.0, NO_KNEE) is None
+    assert policy.peek(10.0, NO_KNEE) == first  # the hold ran out
+    policy.hold_tenant(first.tenant_id, until=20.0)
+    policy.unhold_tenant(first.tenant_id)
+    assert policy.peek(11.0, NO_KNEE) == first
+
+
+def test_priority_orders_a_tenants_own_jobs_only(policy: Policy) -> None:
+    low = replace(make_job("low", "t1", [make_node(predicted=5)]), priority=-1)
+    high = replace(make_job("high", "t1", [make_node(predicted=500)], arrival=1.0), priority=3)
+    other = make_job("other", "t2", [make_node(predicted=50)], arrival=2.0)
+    plain = [make_job(j.job_id, j.tenant_id, j.nodes, arrival=j.arrival) for j in (low, high)]
+    baseline = make_policy(policy.name)
+    for job in (*plain, other):
+        submit(baseline, job)
+    for job in (low, high, other):
+        submit(policy, job)
+    before, after = dispatch_all(baseline), dispatch_all(policy)
+    # t1's turn comes when it came without priorities, and its higher-priority job takes it
+    assert before[0] == "low/n" and after[0] == "high/n"
+    assert after.index("high/n") < after.index("low/n")

@@ -1,0 +1,50 @@
+"""Job deadlines: one timer task for all jobs, calling back when a job's deadline passes.
+
+Deadlines sit in a heap ordered by time; the task sleeps until the earliest one (or until a new
+earlier one arrives) and reports each job whose deadline has passed exactly once, unless it was
+discarded first (the job ended). Times are the injected clock's (unix seconds, like
+`JobSpec.deadline_unix_s`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import anyio
+
+
+class Deadlines:
+    def __init__(self, clock: Callable[[], float], on_expired: Callable[[str], None]) -> None:
+        self.clock = clock
+        self.on_expired = on_expired
+        self._heap: list[tuple[float, str]] = []
+        self._live: dict[str, float] = {}  # job id -> deadline, while not discarded
+        self._wake = anyio.Event()
+
+    def add(self, job_id: str, at: float) -> None:
+        self._live[job_id] = at
+        heapq.heappush(self._heap, (at, job_id))
+        self._wake.set()
+
+    def discard(self, job_id: str) -> None:
+        self._live.pop(job_id, None)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def run(self) -> None:
+        while True:
+            self._fire_due()
+            self._wake = anyio.Event()
+            delay = self._heap[0][0] - self.clock() if self._heap else None
+            with anyio.move_on_after(delay):
+                await self._wake.wait()
+
+    def _fire_due(self) -> None:
+        now = self.clock()
+        while self._heap and (self._heap[0][0] <= now or self._heap[0][1] not in self._live):
+            at, job_id = heapq.heappop(self._heap)
+            if self._live.get(job_id) == at:
+                del self._live[job_id]
+                self.on_expired(job_id)

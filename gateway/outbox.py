@@ -1,0 +1,185 @@
+"""The settle outbox: quota closes that could not reach the store wait here and land exactly once.
+
+A finished call's settle (and a release, and a job's finish) goes to the store at once. When the
+store cannot be reached, the close is appended to a local file (one JSON line, fsynced) and kept
+in memory; a retry task sends the pending closes again with capped exponential backoff until
+each lands, then appends a `done` line for it. On start, the file's closes without a `done` line
+are pending again (the previous process died with them), and the file is rewritten with just
+those. Closes are idempotent by call id and job id in the store, so a close that landed but whose
+reply was lost is harmless to send again: exactly once follows. Without a file (the in-memory
+store, which dies with the process anyway) pending closes live in memory only.
+
+Invariant: every close handed to `send` either landed (its result returned), or is pending in
+memory and, with a file, on disk until it lands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import anyio
+from anyio.abc import TaskGroup
+
+from gateway.owned import OwnsTasks
+from tenants import QuotaStore, QuotaUnavailable
+
+log = logging.getLogger(__name__)
+Op = Literal["settle", "release", "finish_job"]
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """One quota close: a call's settle or release, or a job's finish."""
+
+    op: Op
+    tenant_id: str
+    subject: str  # the call id, or the job id for finish_job
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_job: str | None = None  # settle: the job finished in the same step
+
+    @property
+    def key(self) -> str:
+        return f"{self.op} {self.tenant_id} {self.subject}"
+
+
+class Outbox(OwnsTasks):
+    def __init__(self, store: QuotaStore, path: Path | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.path = path
+        self._pending: dict[str, Close] = {}
+        self._wake = anyio.Event()
+        self._drained = anyio.Event()
+        self._drained.set()
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        if self.path is not None:
+            await anyio.to_thread.run_sync(self._recover)
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        tg.start_soon(self._retry_loop)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def wait_drained(self) -> None:
+        """Return once nothing is pending (for tests and shutdown)."""
+        await self._drained.wait()
+
+    async def send(self, close: Close) -> bool | None:
+        """Apply the close now: the store's answer, or None when it waits in the outbox."""
+        try:
+            return await self._apply(close)
+        except QuotaUnavailable:
+            await self._defer(close)
+            return None
+
+    async def _apply(self, close: Close) -> bool:
+        if close.op == "settle":
+            return await self.store.settle(
+                close.tenant_id,
+                close.subject,
+                close.input_tokens,
+                close.output_tokens,
+                finish_job=close.finish_job,
+            )
+        if close.op == "release":
+            return await self.store.release(close.tenant_id, close.subject)
+        return await self.store.finish_job(close.tenant_id, close.subject)
+
+    async def _defer(self, close: Close) -> None:
+        if close.key in self._pending:
+            return
+        self._pending[close.key] = close
+        self._drained = anyio.Event() if self._drained.is_set() else self._drained
+        if self.path is not None:
+            line = json.dumps({"close": asdict(close)})
+            await anyio.to_thread.run_sync(self._append, line)
+        self._wake.set()
+
+    async def _retry_loop(self) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            if not self._pending:
+                self._drained.set()
+                self._wake = anyio.Event()
+                await self._wake.wait()
+                delay = RETRY_FIRST_S
+                continue
+            landed = await self._retry_once()
+            delay = RETRY_FIRST_S if landed else min(delay * 2, RETRY_MAX_S)
+            if self._pending:
+                await anyio.sleep(delay)
+
+    async def _retry_once(self) -> bool:
+        """Send every pending close once; True when at least one landed."""
+        landed = False
+        for key, close in list(self._pending.items()):
+            try:
+                await self._apply(close)
+            except QuotaUnavailable:
+                return landed
+            except Exception:  # a close the store refuses for good (its tenant deleted...)
+                log.exception("dropping quota close %s", key)
+            del self._pending[key]
+            landed = True
+            if self.path is not None:
+                await anyio.to_thread.run_sync(self._append, json.dumps({"done": key}))
+        if not self._pending and self.path is not None:
+            await anyio.to_thread.run_sync(self._rewrite)
+        return landed
+
+    def _append(self, line: str) -> None:
+        assert self.path is not None
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(line + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+
+    def _rewrite(self) -> None:
+        """Replace the file with just the pending closes (atomically)."""
+        assert self.path is not None
+        temp = self.path.with_name(self.path.name + ".tmp")
+        with temp.open("w", encoding="utf-8") as out:
+            for close in self._pending.values():
+                out.write(json.dumps({"close": asdict(close)}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, self.path)
+
+    def _recover(self) -> None:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            for close in _read_pending(self.path):
+                self._pending[close.key] = close
+        self._rewrite()
+        if self._pending:
+            log.warning("%d quota closes pending from %s", len(self._pending), self.path)
+            self._drained = anyio.Event()
+
+
+def _read_pending(path: Path) -> list[Close]:
+    """The closes of an outbox file without a `done` line; a torn last line is skipped."""
+    pending: dict[str, Close] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if "close" in entry:
+            close = Close(**entry["close"])
+            pending[close.key] = close
+        elif "done" in entry:
+            pending.pop(entry["done"], None)
+    return list(pending.values())

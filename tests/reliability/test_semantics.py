@@ -1,0 +1,162 @@
+"""What users rely on, and the bounds a tenant cannot push past: idempotency keys, who cancels a
+shared job, deadlines, priorities, retention, streams, overload, sampling values and a failing
+engine step."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from fairgate.v1 import gateway_pb2 as pb
+from tests.engine.factories import FlakyRunner
+from tests.gateway.conftest import sim_core
+from tests.reliability.harness import node, reliable_gateway, roots
+
+pytestmark = pytest.mark.anyio
+
+
+def code_of(err: pytest.ExceptionInfo[grpc.aio.AioRpcError]) -> grpc.StatusCode:
+    return err.value.code()
+
+
+async def test_an_idempotency_key_with_another_body_is_already_exists() -> None:
+    async with reliable_gateway() as h:
+        await h.tenant("acme")
+        spec = roots(2)
+        spec.idempotency_key = "once"
+        first = await h.submit("acme", spec)
+        assert (await h.submit("acme", spec)).job_id == first.job_id
+        h.jobs["acme"].pop()
+        spec.nodes[0].prompt_template = "something else"
+        with pytest.raises(grpc.aio.AioRpcError) as conflict:
+            await h.submit("acme", spec)
+        assert code_of(conflict) == grpc.StatusCode.ALREADY_EXISTS
+        await h.finished("acme", first.job_id)
+        await h.unharmed()
+
+
+async def test_a_second_client_leaving_does_not_cancel_the_first_clients_job() -> None:
+    async with reliable_gateway(core=sim_core(0.005)) as h:
+        await h.tenant("acme")
+        spec = roots(1, 100)
+        spec.idempotency_key = "shared"
+        request = pb.SubmitJobRequest(job=spec)
+        first = h.stub.RunJob(request, metadata=h.auth("acme"))
+        job_id = (await first.read()).job_id
+        second = h.stub.RunJob(request, metadata=h.auth("acme"))
+        assert (await second.read()).job_id == job_id  # the same job, attached
+        second.cancel()
+        h.jobs["acme"].append(job_id)
+        events = []
+        while (event := await first.read()) is not grpc.aio.EOF:
+            events.append(event)
+        assert events[-1].job_finished.job.state == pb.JOB_STATE_SUCCEEDED
+        await h.unharmed()
+
+
+async def test_a_deadline_cancels_unfinished_nodes_and_fails_the_job() -> None:
+    async with reliable_gateway(core=sim_core(0.01)) as h:
+        await h.tenant("acme")
+        spec = pb.JobSpec(nodes=[node("long", "go", 300), node("after", "then", 8, "long")])
+        spec.deadline.CopyFrom(Timestamp(seconds=int(time.time()) + 1))
+        job = await h.run("acme", spec)
+        assert job.state == pb.JOB_STATE_FAILED
+        assert {n.state for n in job.nodes} == {pb.NODE_STATE_CANCELLED}
+        assert all(n.reason == "deadline exceeded" for n in job.nodes)
+        past = roots(1)
+        past.deadline.CopyFrom(Timestamp(seconds=int(time.time()) - 10))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit("acme", past)
+        assert code_of(refused) == grpc.StatusCode.INVALID_ARGUMENT
+        await h.unharmed()
+
+
+async def test_priority_orders_a_tenants_own_jobs() -> None:
+    async with reliable_gateway(core=sim_core(0.002)) as h:
+        await h.tenant("acme", max_concurrent_calls=1)
+        blocker = await h.submit("acme", roots(1, 50))  # runs first, alone
+        low = await h.submit("acme", pb.JobSpec(nodes=[node("a", "low", 10)], priority=-1))
+        plain = await h.submit("acme", pb.JobSpec(nodes=[node("a", "plain", 10)]))
+        high = await h.submit("acme", pb.JobSpec(nodes=[node("a", "high", 10)], priority=5))
+        jobs = [await h.finished("acme", j.job_id) for j in (blocker, low, plain, high)]
+        starts = [job.nodes[0].start_time.ToNanoseconds() for job in jobs]
+        assert starts[0] < starts[3] < starts[2] < starts[1]  # blocker, high, plain, low
+        await h.unharmed()
+
+
+async def test_one_tenants_churn_never_evicts_anothers_jobs() -> None:
+    async with reliable_gateway(retained_jobs_per_tenant=5) as h:
+        await h.tenant("quiet")
+        await h.tenant("churn")
+        kept = await h.run("quiet", roots(1))
+        churned = [await h.run("churn", roots(1)) for _ in range(12)]
+        request = pb.GetJobRequest(job_id=kept.job_id)
+        assert (await h.stub.GetJob(request, metadata=h.auth("quiet"))).job_id == kept.job_id
+        first = h.jobs.pop("churn")[0]
+        with pytest.raises(grpc.aio.AioRpcError) as gone:
+            await h.stub.GetJob(pb.GetJobRequest(job_id=first), metadata=h.auth("churn"))
+        assert code_of(gone) == grpc.StatusCode.NOT_FOUND
+        await h.unharmed()
+        usage = await h.usage("churn")  # the evicted jobs were settled all the same
+        assert usage.output_tokens == sum(j.usage.output_tokens for j in churned)
+
+
+async def test_open_streams_are_capped_per_tenant() -> None:
+    async with reliable_gateway(core=sim_core(0.01)) as h:
+        await h.tenant("acme", max_streams=2)
+        job = await h.submit("acme", roots(1, 200))
+        watches = [
+            h.stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=h.auth("acme"))
+            for _ in range(2)
+        ]
+        for watch in watches:
+            await watch.read()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            third = h.stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=h.auth("acme"))
+            await third.read()
+        assert code_of(refused) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "QUOTA_STREAMS" in str(refused.value.trailing_metadata())
+        for watch in watches:
+            watch.cancel()
+        await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("acme"))
+        await h.unharmed()
+
+
+async def test_a_full_gateway_refuses_new_jobs_as_overloaded() -> None:
+    async with reliable_gateway(core=sim_core(0.01), max_active_jobs=2) as h:
+        await h.tenant("acme")
+        held = [await h.submit("acme", roots(1, 200)) for _ in range(2)]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit("acme", roots(1))
+        assert code_of(refused) == grpc.StatusCode.UNAVAILABLE
+        assert "OVERLOADED" in str(refused.value.trailing_metadata())
+        for job in held:
+            await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("acme"))
+        await h.unharmed()
+
+
+@pytest.mark.parametrize("temperature", [1e-40, float("nan"), float("inf"), 1e9])
+async def test_sampling_values_that_would_make_nan_are_refused(temperature: float) -> None:
+    async with reliable_gateway() as h:
+        await h.tenant("acme")
+        spec = roots(1)
+        spec.nodes[0].sampling.temperature = temperature
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit("acme", spec)
+        assert code_of(refused) == grpc.StatusCode.INVALID_ARGUMENT
+        assert "temperature" in refused.value.details()
+        await h.unharmed()
+
+
+async def test_a_failing_engine_step_fails_its_calls_only() -> None:
+    core = sim_core()
+    runner = FlakyRunner(core.runner, fail_on={3})  # type: ignore[arg-type]
+    core.runner = runner
+    async with reliable_gateway(core=core) as h:
+        await h.tenant("acme")
+        job = await h.run("acme", roots(1, 8))
+        assert job.state == pb.JOB_STATE_FAILED and job.nodes[0].reason == "engine error"
+        await h.unharmed()  # the engine goes on serving
