@@ -114,7 +114,14 @@ def make_store(settings: Settings) -> QuotaStore:
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
+    age: list[tuple[str, int]] = []
+    if settings.max_connection_age_s is not None:
+        age = [
+            ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(settings.max_connection_age_grace_s * 1000)),
+        ]
     return [
+        *age,
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),

@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # connection closed after this long idle, and the most jobs the gateway holds at once
     max_concurrent_rpcs: int = Field(default=4096, ge=1)
     max_connection_idle_s: float = Field(default=600.0, gt=0.0)
+    # a connection is closed this long after it opened (then `max_connection_age_grace_s` for
+    # its RPCs to end); off by default: a RunJob stream cut that way cancels its job
+    max_connection_age_s: float | None = Field(default=None, gt=0.0)
+    max_connection_age_grace_s: float = Field(default=60.0, ge=0.0)
     max_active_jobs: int = Field(default=10_000, ge=1)
     auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
     # quota closes that could not reach the store wait here (a redis store only; default

@@ -22,6 +22,7 @@ import math
 import re
 import zlib
 from dataclasses import dataclass
+from operator import itemgetter
 
 FEATURE_VERSION = "1"  # bump on any change to what features mean; artifacts record it
 HEAD_CHARS = 1200
@@ -154,8 +155,8 @@ def requested_tokens(words: list[str]) -> float:
     between ("10 short ideas", "5000 baby names"); "five thousand words" multiplies.
     """
     best = 0.0
-    for i, word in enumerate(words):
-        count = _count(word)
+    for i in _count_candidates(words):
+        count = _count(words[i])
         if count is None:
             continue
         j = i + 1
@@ -169,9 +170,21 @@ def requested_tokens(words: list[str]) -> float:
     return best
 
 
+def _count_candidates(words: list[str]) -> list[int]:
+    """Indices of the (non-empty) words that may be counts: starting with a digit, or number
+    words. C-level scans where possible: this runs on every call, over every word."""
+    found = list(itertools.compress(itertools.count(), map(str.isdigit, map(itemgetter(0), words))))
+    for number in _NUMBER_WORDS.keys() & set(words):
+        at = -1
+        for _ in range(words.count(number)):
+            at = words.index(number, at + 1)
+            found.append(at)
+    return found
+
+
 def _count(word: str) -> float | None:
     digits = word.replace(",", "")
-    if digits.isdigit() and len(digits) <= 9:
+    if digits.isascii() and digits.isdigit() and len(digits) <= 9:  # not "²"
         return float(digits)
     found = _NUMBER_WORDS.get(word)
     return float(found) if found is not None else None
