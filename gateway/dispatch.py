@@ -127,7 +127,8 @@ class Dispatcher(OwnsTasks):
         self._waiting = WaitingCalls(engine.core.block_manager.blocks_for)
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
-        self._tokenizing = anyio.CapacityLimiter(1)  # the tokenizer is one worker's job
+        # one tokenizing worker per tenant: a tenant's large job never stalls another's
+        self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         await stack.enter_async_context(self.outbox)
@@ -141,25 +142,41 @@ class Dispatcher(OwnsTasks):
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the engine would take at once has its call reserved in the same script."""
         blanks = await anyio.to_thread.run_sync(
-            self._tickets.encode_blanks, run, limiter=self._tokenizing
+            self._tickets.encode_blanks, run, limiter=self._limiter(run.tenant_id)
         )
         info = self._tickets.job_info(run, quota, self.clock(), blanks)
         ticket = self._ticket_to_hold(run, quota, blanks)
+        try:
+            await self._admit_in_store(run, ticket)
+        except QuotaUnavailable:  # the script may still run once the store answers: undo it
+            if ticket is not None:
+                await self.outbox.send(Close("release", run.tenant_id, ticket.call.call_id))
+            await self.outbox.send(Close("finish_job", run.tenant_id, run.job_id))
+            raise
+        return Admitted(info, blanks, ticket)
+
+    async def _admit_in_store(self, run: JobRun, ticket: Ticket | None) -> None:
         ttl = self.config.reservation_ttl_s
         if ticket is None:
             await self.store.admit_job(run.tenant_id, run.job_id, len(run.nodes), ttl_s=ttl)
-        else:
-            call = ticket.call
-            held = await self.store.admit_job_and_reserve(
-                run.tenant_id, run.job_id, len(run.nodes), call.call_id, ticket.quota_tokens, ttl,
-                ttl_s=ttl,
-            )
-            ticket.held = held is not None
-        return Admitted(info, blanks, ticket)
+            return
+        call = ticket.call
+        held = await self.store.admit_job_and_reserve(
+            run.tenant_id, run.job_id, len(run.nodes), call.call_id, ticket.quota_tokens, ttl,
+            ttl_s=ttl,
+        )
+        ticket.held = held is not None
+
+    def _limiter(self, tenant_id: str) -> anyio.CapacityLimiter:
+        limiter = self._tokenizing.get(tenant_id)
+        if limiter is None:
+            limiter = self._tokenizing[tenant_id] = anyio.CapacityLimiter(1)
+        return limiter
 
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
+        self.policy.add_job(admitted.info, now)  # validates: nothing is kept if it refuses
         self._quotas[run.tenant_id] = quota
         self.runs[run.job_id] = run
         self.leases.hold_job(run.tenant_id, run.job_id)
@@ -167,7 +184,6 @@ class Dispatcher(OwnsTasks):
             self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
         if self._tracer is not None:
             self._job_spans[run.job_id] = start_job_span(self._tracer, run)
-        self.policy.add_job(admitted.info, now)
         ticket = admitted.ticket
         if ticket is not None and ticket.held:
             self.leases.hold_call(run.tenant_id, ticket.call.call_id)
@@ -197,8 +213,11 @@ class Dispatcher(OwnsTasks):
 
     def _expire(self, job_id: str) -> None:
         run = self.runs.get(job_id)
-        if run is not None:
-            self.cancel(run, "deadline exceeded", failed=True)
+        try:
+            if run is not None:
+                self.cancel(run, "deadline exceeded", failed=True)
+        except Exception:  # the deadline timer serves every job: it must go on
+            log.exception("expiring %s", job_id)
 
     def _ticket_to_hold(
         self, run: JobRun, quota: TenantQuota, blanks: dict[str, Blank]
@@ -249,9 +268,9 @@ class Dispatcher(OwnsTasks):
                 self._finish_node(run, node_id, NodeState.FAILED, reason)
                 return
             encoded = await anyio.to_thread.run_sync(
-                self._tickets.encode_node, run, node_id, limiter=self._tokenizing
+                self._tickets.encode_node, run, node_id, limiter=self._limiter(run.tenant_id)
             )
-            if not run.ended:
+            if run.nodes[node_id].state is NodeState.READY:  # not cancelled meanwhile
                 self._plan_ready(run, node_id, encoded)
                 self._wake.set()
 
@@ -319,20 +338,18 @@ class Dispatcher(OwnsTasks):
                 self._refused(ticket, exc)
                 return
             except QuotaUnavailable:
-                self.reserving.pop(call.call_id, None)
                 # the reserve may have landed after all: close it
-                await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+                await self._send(Close("release", call.tenant_id, call.call_id))
                 self._drop_ready(ticket, "quota store unavailable")
                 return
             except (CallClosed, TenantNotFound) as exc:
-                self.reserving.pop(call.call_id, None)
                 self._drop_ready(ticket, str(exc))
                 return
             finally:
+                self.reserving.pop(call.call_id, None)  # its slot and blocks are free again
                 self._wake.set()
-            del self.reserving[call.call_id]
             if run.ended or call.call_id not in self.tickets:  # cancelled meanwhile
-                await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+                await self._send(Close("release", call.tenant_id, call.call_id))
                 return
             self.leases.hold_call(call.tenant_id, call.call_id)
             self.policy.unhold(call.call_id)
@@ -341,7 +358,6 @@ class Dispatcher(OwnsTasks):
     def _refused(self, ticket: Ticket, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""
         call = ticket.call
-        self.reserving.pop(call.call_id, None)
         if call.call_id not in self.tickets:
             return  # its job ended meanwhile
         if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
@@ -377,9 +393,9 @@ class Dispatcher(OwnsTasks):
 
     async def _close_unstarted(self, ticket: Ticket, reason: str) -> None:
         call = ticket.call
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), self._failing_node(ticket.run, call.node_id):
             self.leases.drop_call(call.call_id)
-            await self.outbox.send(Close("release", call.tenant_id, call.call_id))
+            await self._send(Close("release", call.tenant_id, call.call_id))
             if not ticket.run.ended:
                 self.policy.on_finished(call.call_id, call.prompt_tokens, 0, self.clock())
             self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
@@ -590,7 +606,10 @@ class Dispatcher(OwnsTasks):
 
     async def _send(self, close: Close) -> None:
         with anyio.CancelScope(shield=True):
-            await self.outbox.send(close)
+            try:
+                await self.outbox.send(close)
+            except Exception:  # never the loop's end; the store reclaims it one lease later
+                log.exception("quota close %s failed", close.key)
 
 
 def _sizes(values: Mapping[str, str]) -> dict[str, int]:

@@ -166,8 +166,13 @@ class JobRun:
         if self.nodes[node_id].state in ENDED:
             return []
         self._end(node_id, state, now, reason)
-        if state in DONE:
-            ready = [c for c in self.dag.children[node_id] if self._parents_done(c)]
+        if state in DONE:  # a child cancelled meanwhile stays cancelled
+            children = self.dag.children[node_id]
+            ready = [
+                c
+                for c in children
+                if self.nodes[c].state is NodeState.PENDING and self._parents_done(c)
+            ]
             released = self._release(ready, now)
         else:
             released = []

@@ -22,6 +22,7 @@ from anyio.abc import TaskGroup
 
 from gateway.owned import OwnsTasks
 from tenants import QuotaStore, QuotaUnavailable, Reservation
+from tenants.models import MAX_RENEW_IDS
 
 log = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 0.05
@@ -65,7 +66,10 @@ class Leases(OwnsTasks):
         for job_id, tenant in self._jobs.items():
             jobs[tenant].append(job_id)
         for tenant in calls.keys() | jobs.keys():
-            await self._renew(tenant, calls[tenant], jobs[tenant])
+            tenant_calls, tenant_jobs = calls[tenant], jobs[tenant]
+            for start in range(0, max(len(tenant_calls), len(tenant_jobs)), MAX_RENEW_IDS):
+                chunk = slice(start, start + MAX_RENEW_IDS)
+                await self._renew(tenant, tenant_calls[chunk], tenant_jobs[chunk])
 
     async def _renew(self, tenant_id: str, calls: list[str], jobs: list[str]) -> None:
         try:

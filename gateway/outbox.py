@@ -10,18 +10,21 @@ reply was lost is harmless to send again: exactly once follows. Without a file (
 store, which dies with the process anyway) pending closes live in memory only.
 
 Invariant: every close handed to `send` either landed (its result returned), or is pending in
-memory and, with a file, on disk until it lands.
+memory and, with a file, on disk until it lands (unless the disk refuses the write: that is
+logged). One process holds a file at a time (an exclusive lock beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -60,10 +63,12 @@ class Outbox(OwnsTasks):
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._drained.set()
+        self._lock: IO[bytes]  # the file's lock, held while the outbox is open
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         if self.path is not None:
             await anyio.to_thread.run_sync(self._recover)
+            stack.callback(self._lock.close)
 
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._retry_loop)
@@ -75,6 +80,11 @@ class Outbox(OwnsTasks):
     async def wait_drained(self) -> None:
         """Return once nothing is pending (for tests and shutdown)."""
         await self._drained.wait()
+
+    async def wait_pending(self) -> None:
+        """Return once a close waits here (for tests)."""
+        while not self._pending:
+            await self._wake.wait()
 
     async def send(self, close: Close) -> bool | None:
         """Apply the close now: the store's answer, or None when it waits in the outbox."""
@@ -102,10 +112,8 @@ class Outbox(OwnsTasks):
             return
         self._pending[close.key] = close
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
-        if self.path is not None:
-            line = json.dumps({"close": asdict(close)})
-            await anyio.to_thread.run_sync(self._append, line)
         self._wake.set()
+        await self._write(self._append, json.dumps({"close": asdict(close)}))
 
     async def _retry_loop(self) -> None:
         delay = RETRY_FIRST_S
@@ -133,11 +141,20 @@ class Outbox(OwnsTasks):
                 log.exception("dropping quota close %s", key)
             del self._pending[key]
             landed = True
-            if self.path is not None:
-                await anyio.to_thread.run_sync(self._append, json.dumps({"done": key}))
-        if not self._pending and self.path is not None:
-            await anyio.to_thread.run_sync(self._rewrite)
+            await self._write(self._append, json.dumps({"done": key}))
+        if not self._pending:
+            await self._write(lambda _: self._rewrite(), "")
         return landed
+
+    async def _write(self, write: Callable[[str], None], line: str) -> None:
+        """Write to the file in a worker thread; a disk that fails is logged, and the closes
+        stay pending in memory (they still land while this process lives)."""
+        if self.path is None:
+            return
+        try:
+            await anyio.to_thread.run_sync(write, line)
+        except OSError:
+            log.exception("cannot write the outbox file %s", self.path)
 
     def _append(self, line: str) -> None:
         assert self.path is not None
@@ -160,6 +177,7 @@ class Outbox(OwnsTasks):
     def _recover(self) -> None:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock(self.path)
         if self.path.exists():
             for close in _read_pending(self.path):
                 self._pending[close.key] = close
@@ -167,6 +185,23 @@ class Outbox(OwnsTasks):
         if self._pending:
             log.warning("%d quota closes pending from %s", len(self._pending), self.path)
             self._drained = anyio.Event()
+
+
+class OutboxInUse(RuntimeError):
+    """Another process holds this outbox file: two gateways must not share one."""
+
+
+def _lock(path: Path) -> IO[bytes]:
+    """An exclusive lock on `<path>.lock`, held while the returned file stays open."""
+    holder = path.with_name(path.name + ".lock").open("ab")
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder.close()
+        raise OutboxInUse(
+            f"the outbox file {path} is in use by another gateway: give each its own outbox_file"
+        ) from None
+    return holder
 
 
 def _read_pending(path: Path) -> list[Close]:

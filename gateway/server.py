@@ -270,6 +270,7 @@ def _build_server(
     gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)
 
     async def tenant_deleted(tenant_id: str) -> None:
+        service.revoked(tenant_id)
         auth.forget_tenant(tenant_id)
         streams.close(lambda s: s.tenant_id == tenant_id, "the tenant was deleted")
         for run in dispatcher.running_jobs():
@@ -278,6 +279,7 @@ def _build_server(
         jobs.forget_tenant(tenant_id)
 
     async def key_revoked(tenant_id: str, key_id: str) -> None:
+        service.revoked(tenant_id, key_id)
         auth.forget_key(key_id)
         streams.close(lambda s: s.key_id == key_id, "the API key was revoked")
         for run in dispatcher.running_jobs():

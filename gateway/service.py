@@ -6,8 +6,9 @@ idempotency key returns the same job when the body is the same, and ALREADY_EXIS
 not; only submissions with the same key wait for each other (one lock per tenant and key), so
 no tenant's admission waits for another's. The gateway holds at most `max_active_jobs` jobs
 (beyond: UNAVAILABLE, OVERLOADED). Streams count against the tenant's `max_streams`. RunJob and
-Generate cancel their job when the last client running it goes away; WatchJob only stops
-watching. A stream whose key is revoked (or whose tenant is deleted) ends with UNAUTHENTICATED.
+Generate cancel a job they created when the last client running it goes away; WatchJob only
+stops watching. A stream whose key is revoked (or whose tenant is deleted) ends with
+UNAUTHENTICATED, and an admission under way when that happens is undone.
 """
 
 from __future__ import annotations
@@ -75,16 +76,24 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_active_jobs = max_active_jobs
         self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
+        self._streamed: set[str] = set()  # jobs a RunJob or Generate created: they own them
+        # bumped by a key's revocation or a tenant's deletion, so that an admission that was
+        # under way meanwhile is undone instead of escaping the cancel
+        self._epochs: Counter[str] = Counter()
         # tenant -> quota: an operator's change reaches new jobs within quota_ttl_s
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 
-    async def submit(self, tenant_id: str, spec: JobSpec, fingerprint: str = "") -> JobRun:
+    async def submit(
+        self, tenant_id: str, spec: JobSpec, fingerprint: str = "", *, streamed: bool = False
+    ) -> JobRun:
+        """The job for this spec: a new one, or the one its idempotency key already names.
+        `streamed`: the caller is a RunJob or Generate, which owns a job it creates."""
         if not spec.idempotency_key:
-            return await self._admit(tenant_id, spec, fingerprint)
+            return await self._admit(tenant_id, spec, fingerprint, streamed)
         async with self._key_locks.hold((tenant_id, spec.idempotency_key)):
             existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
             if existing is None:
-                return await self._admit(tenant_id, spec, fingerprint)
+                return await self._admit(tenant_id, spec, fingerprint, streamed)
             if existing.fingerprint != fingerprint:
                 raise IdempotencyConflict(
                     f"idempotency key {spec.idempotency_key!r} was used for another job "
@@ -92,17 +101,33 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 )
             return existing
 
-    async def _admit(self, tenant_id: str, spec: JobSpec, fingerprint: str) -> JobRun:
+    def revoked(self, tenant_id: str, key_id: str = "") -> None:
+        """A key was revoked (or, without one, the tenant deleted): admissions under way for
+        it are undone when they come back."""
+        self._epochs[key_id or f"tenant {tenant_id}"] += 1
+
+    async def _admit(
+        self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
+    ) -> JobRun:
+        key_id = current_key()
+        epochs = (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"])
         quota = await self._quota(tenant_id)
         limits = limits_for(quota, self.dispatcher.config.max_prompt_chars)
         validate_job(spec, limits, now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
-        run.key_id, run.fingerprint = current_key(), fingerprint
+        run.key_id, run.fingerprint = key_id, fingerprint
         admitted = await self.dispatcher.admit(run, quota)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
+        if epochs != (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"]):
+            self.dispatcher.cancel(run, "API key revoked")
+            if epochs[1] != self._epochs[f"tenant {tenant_id}"]:
+                self.jobs.forget_tenant(tenant_id)  # a tenant made again under the id starts clean
+            raise Unauthenticated("the API key was revoked")
+        if streamed:
+            self._streamed.add(run.job_id)
         return run
 
     async def _quota(self, tenant_id: str) -> TenantQuota:
@@ -145,7 +170,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> AsyncIterator[pb.JobEvent]:
         async with self._stream() as stream:
             spec = job_spec_from_proto(request.job)
-            run = await self.submit(current_tenant(), spec, _fingerprint(request.job))
+            fingerprint = _fingerprint(request.job)
+            run = await self.submit(current_tenant(), spec, fingerprint, streamed=True)
             stream.watch(run)
             async with self._running_by_client(run):
                 async for event in run.watch(0, stream.is_closed):
@@ -156,7 +182,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         async with self._stream() as stream:
-            run = await self.submit(current_tenant(), _single_call(request))
+            run = await self.submit(current_tenant(), _single_call(request), streamed=True)
             stream.watch(run)
             async with self._running_by_client(run):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so
@@ -177,7 +203,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @asynccontextmanager
     async def _running_by_client(self, run: JobRun) -> AsyncIterator[None]:
-        """The job is cancelled when the last client stream running it goes away early."""
+        """A job a RunJob or Generate created is cancelled when the last client stream running
+        it goes away early; a job SubmitJob created is not (its streams only watch it)."""
         self._running[run.job_id] += 1
         try:
             yield
@@ -185,8 +212,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self._running[run.job_id] -= 1
             if not self._running[run.job_id]:
                 del self._running[run.job_id]
-                if not run.ended:
+                if run.job_id in self._streamed and not run.ended:
                     self.dispatcher.cancel(run, "client disconnected")
+                if run.ended:
+                    self._streamed.discard(run.job_id)
 
 
 def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:

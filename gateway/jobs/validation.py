@@ -57,6 +57,7 @@ class JobLimits:
     max_inputs: int = 128
     max_input_chars: int = 131_072  # per input value
     max_prompt_chars: int = 262_144  # per node, all its templates rendered with inputs filled in
+    max_job_prompt_chars: int = 4_194_304  # all nodes together: what admission renders, encodes
     max_id_chars: int = 64  # node ids and input names
     max_name_chars: int = 128  # job name, node name, idempotency key
     max_tokens_ceiling: int = 4096
@@ -98,6 +99,7 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
         *_check_deadline(spec.deadline_unix_s, now),
         *(v for i, node in enumerate(spec.nodes) for v in _check_node(i, node, job)),
         *_check_graph(job),
+        *_check_job_size(job),
     ]
     if violations:
         raise JobInvalid(_bounded(violations))
@@ -238,6 +240,17 @@ def _reference_problem(
     if name not in reachable:
         return f"{_cut(name)!r} is not among this node's dependencies; add it to depends_on"
     return None
+
+
+def _check_job_size(job: _Job) -> Iterator[FieldViolation]:
+    """Admission renders and encodes every node's prompt: the sum is bounded too."""
+    total = sum(rendered_chars(node, job.input_chars, {}) for node in job.spec.nodes)
+    if total > job.limits.max_job_prompt_chars:
+        yield FieldViolation(
+            "nodes",
+            f"the prompts render to at least {total:,} characters in all; at most "
+            f"{job.limits.max_job_prompt_chars:,}",
+        )
 
 
 def _check_rendered_size(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:

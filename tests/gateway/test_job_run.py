@@ -122,3 +122,15 @@ async def test_tokens_of_an_ended_node_are_dropped() -> None:
     assert isinstance(run.events[-1].body, JobEnded)
     assert (run.nodes["a"].output, run.nodes["a"].output_tokens) == ("hi", 1)
     assert isinstance([e async for e in run.watch()][-1].body, JobEnded)
+
+
+def test_a_child_cancelled_while_its_parent_settles_stays_cancelled() -> None:
+    run = make_run(("a", ()), ("b", ("a",)))
+    run.start(0.0)
+    run.mark_running("a", 2, 0.1)
+    run.finishing.add("a")  # a's call ended; its settle is under way
+    assert run.cancel(0.2) == []  # too late for a; b is cancelled
+    assert not run.ended
+    assert run.finish_node("a", NodeState.SUCCEEDED, 0.3) == []  # b is not released
+    assert run.nodes["b"].state is NodeState.CANCELLED
+    assert run.state is JobState.CANCELLED

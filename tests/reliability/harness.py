@@ -74,6 +74,11 @@ class Reliable:
         self.jobs[tenant].append(job.job_id)
         return job
 
+    async def outbox_used(self) -> None:
+        """Return once a quota close waits in the outbox (the store is away)."""
+        with anyio.fail_after(10):
+            await self.gateway.dispatcher.outbox.wait_pending()
+
     async def finished(self, tenant: str, job_id: str) -> pb.Job:
         """Watch the job to its end; returns the final job."""
         request = pb.WatchJobRequest(job_id=job_id)
@@ -134,7 +139,7 @@ class Reliable:
             output += sum(n.output_tokens for n in done)
             calls += len(done)
         usage = await self.usage(tenant)
-        assert usage.active_reservations == 0, usage
+        assert (usage.active_reservations, usage.queued_jobs) == (0, 0), usage
         assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (
             prompt,
             output,

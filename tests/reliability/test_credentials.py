@@ -60,7 +60,7 @@ async def test_revoking_a_key_cancels_its_jobs_and_closes_its_streams() -> None:
         h.keys["acme-old"] = revoked_key.plaintext
         # the doomed key runs a job and watches a job the other key runs
         doomed_job, doomed_stream = await started(h, "acme-old")
-        kept = await h.submit("acme", roots(1, 20))
+        kept = await h.submit("acme", roots(1, 300))  # still running when the key goes
         request = pb.WatchJobRequest(job_id=kept.job_id)
         watch = h.stub.WatchJob(request, metadata=h.auth("acme-old"))
         await next_event(watch)

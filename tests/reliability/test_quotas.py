@@ -48,16 +48,16 @@ class GatedStore(MemoryQuotaStore):
 
 
 async def test_a_call_running_past_its_lease_keeps_its_reservation() -> None:
-    # 40 steps of 50 ms: the call runs 2 s under a 0.6 s lease, renewed every 0.2 s
-    async with reliable_gateway(core=sim_core(0.05), reservation_ttl_s=0.6) as h:
+    # 80 steps of 50 ms: the call runs 4 s under a 1.5 s lease, renewed every 0.5 s
+    async with reliable_gateway(core=sim_core(0.05), reservation_ttl_s=1.5) as h:
         await h.tenant("long")
-        job = await h.submit("long", roots(1, 40))
-        await anyio.sleep(1.2)  # two leases later
+        job = await h.submit("long", roots(1, 80))
+        await anyio.sleep(3.0)  # two leases later
         usage = await h.usage("long")
         assert usage.active_reservations == 1 and usage.queued_jobs == 1  # renewed, not reclaimed
         await h.finished("long", job.job_id)
         await h.unharmed()
-        assert (await h.usage("long")).output_tokens == 40
+        assert (await h.usage("long")).output_tokens == 80
 
 
 @pytest.mark.parametrize("step", ["reserve", "admission"])

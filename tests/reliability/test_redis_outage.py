@@ -43,6 +43,7 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 async def start_jobs(h: Reliable) -> list[tuple[str, str]]:
     for tenant in TENANTS:
         await h.tenant(tenant)
+    await h.run("t1", roots(1))  # loads every script, admit_job_and_reserve's included
     accepted = []
     for _ in range(2):
         for tenant in TENANTS:
@@ -68,8 +69,7 @@ async def test_redis_killed_and_restarted_mid_run(redis: RedisServer, tmp_path: 
         redis.kill()
         await assert_refused_while_away(h)
         await h.healthy()  # running calls go on
-        await anyio.sleep(0.5)  # calls finish meanwhile: their settles wait in the outbox
-        assert h.gateway.dispatcher.outbox.pending > 0
+        await h.outbox_used()  # a call finished meanwhile: its settle waits in the outbox
         redis.start()
         with anyio.fail_after(30):
             jobs = [await h.finished(tenant, job_id) for tenant, job_id in accepted]
@@ -85,10 +85,12 @@ async def test_redis_frozen_past_the_reserve_deadline(redis: RedisServer, tmp_pa
         redis.freeze()
         await assert_refused_while_away(h)
         await h.healthy()
-        await anyio.sleep(2.0)  # past the reserve deadline: calls that needed one fail
-        assert h.gateway.dispatcher.outbox.pending > 0
+        await h.outbox_used()
+        await anyio.sleep(1.5)  # past the reserve deadline: calls that needed one fail
         redis.thaw()
         with anyio.fail_after(30):
             jobs = [await h.finished(tenant, job_id) for tenant, job_id in accepted]
         assert {job.state for job in jobs} <= {pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED}
-        await h.unharmed()
+        reasons = {n.reason for job in jobs for n in job.nodes if n.state == pb.NODE_STATE_FAILED}
+        assert reasons <= {"quota store unavailable", "parent 'n0' failed", "parent 'n1' failed"}
+        await h.unharmed()  # the refused admissions' late scripts were undone too

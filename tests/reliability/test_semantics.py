@@ -8,7 +8,6 @@ import time
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from fairgate.v1 import gateway_pb2 as pb
 from tests.engine.factories import FlakyRunner
@@ -61,13 +60,13 @@ async def test_a_deadline_cancels_unfinished_nodes_and_fails_the_job() -> None:
     async with reliable_gateway(core=sim_core(0.01)) as h:
         await h.tenant("acme")
         spec = pb.JobSpec(nodes=[node("long", "go", 300), node("after", "then", 8, "long")])
-        spec.deadline.CopyFrom(Timestamp(seconds=int(time.time()) + 1))
+        spec.deadline.FromNanoseconds(time.time_ns() + 1_500_000_000)
         job = await h.run("acme", spec)
         assert job.state == pb.JOB_STATE_FAILED
         assert {n.state for n in job.nodes} == {pb.NODE_STATE_CANCELLED}
         assert all(n.reason == "deadline exceeded" for n in job.nodes)
         past = roots(1)
-        past.deadline.CopyFrom(Timestamp(seconds=int(time.time()) - 10))
+        past.deadline.FromNanoseconds(time.time_ns() - 10_000_000_000)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await h.submit("acme", past)
         assert code_of(refused) == grpc.StatusCode.INVALID_ARGUMENT
@@ -77,7 +76,7 @@ async def test_a_deadline_cancels_unfinished_nodes_and_fails_the_job() -> None:
 async def test_priority_orders_a_tenants_own_jobs() -> None:
     async with reliable_gateway(core=sim_core(0.002)) as h:
         await h.tenant("acme", max_concurrent_calls=1)
-        blocker = await h.submit("acme", roots(1, 50))  # runs first, alone
+        blocker = await h.submit("acme", roots(1, 500))  # runs first, alone, for a second
         low = await h.submit("acme", pb.JobSpec(nodes=[node("a", "low", 10)], priority=-1))
         plain = await h.submit("acme", pb.JobSpec(nodes=[node("a", "plain", 10)]))
         high = await h.submit("acme", pb.JobSpec(nodes=[node("a", "high", 10)], priority=5))
@@ -160,3 +159,16 @@ async def test_a_failing_engine_step_fails_its_calls_only() -> None:
         job = await h.run("acme", roots(1, 8))
         assert job.state == pb.JOB_STATE_FAILED and job.nodes[0].reason == "engine error"
         await h.unharmed()  # the engine goes on serving
+
+
+async def test_a_runjob_attached_to_a_submitted_job_does_not_cancel_it() -> None:
+    async with reliable_gateway(core=sim_core(0.005)) as h:
+        await h.tenant("acme")
+        spec = roots(1, 100)
+        spec.idempotency_key = "submitted"
+        job = await h.submit("acme", spec)
+        attached = h.stub.RunJob(pb.SubmitJobRequest(job=spec), metadata=h.auth("acme"))
+        assert (await attached.read()).job_id == job.job_id
+        attached.cancel()  # the watcher leaves; the job was SubmitJob's
+        assert (await h.finished("acme", job.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        await h.unharmed()

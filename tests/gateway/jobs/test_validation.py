@@ -302,9 +302,13 @@ def bomb(repeats: int = 400, input_chars: int = 125_000) -> JobSpec:
 
 def test_render_bomb_is_refused_naming_the_node_and_the_bound() -> None:
     spec = make_job(make_node("ok"), *bomb().nodes, inputs=dict(bomb().inputs))
-    assert only(spec) == FieldViolation(
+    with pytest.raises(JobInvalid) as refused:
+        validate_job(spec)
+    node, job = refused.value.violations  # the node's bound, and the job's
+    assert node == FieldViolation(
         "nodes[1]", "renders to at least 50,000,000 characters; at most 262,144"
     )
+    assert job.field == "nodes" and "4,194,304" in job.description
 
 
 def test_rendered_size_is_checked_without_rendering() -> None:
@@ -378,3 +382,13 @@ def test_violations_stop_at_a_byte_budget_and_count_the_rest() -> None:
     assert str(JobInvalid(found)) == (
         f"invalid job: nodes[0].depends_on[0]: unknown node 'ghost' (and {kept} more)"
     )
+
+
+def test_a_job_whose_prompts_add_up_past_the_job_bound_is_refused() -> None:
+    nodes = tuple(make_node(f"n{i}", "{{inputs.doc}}") for i in range(20))
+    spec = JobSpec(nodes=nodes, inputs={"doc": "x" * 100_000})  # each node is within its bound
+    limits = JobLimits(max_job_prompt_chars=1_000_000)
+    with pytest.raises(JobInvalid) as refused:
+        validate_job(spec, limits)
+    assert [v.field for v in refused.value.violations] == ["nodes"]
+    assert "2,000,000 characters in all" in refused.value.violations[0].description
