@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import time
 
+import anyio
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 
 from fairgate.v1 import gateway_pb2 as pb
 from tests.engine.factories import FlakyRunner
@@ -171,4 +173,22 @@ async def test_a_runjob_attached_to_a_submitted_job_does_not_cancel_it() -> None
         assert (await attached.read()).job_id == job.job_id
         attached.cancel()  # the watcher leaves; the job was SubmitJob's
         assert (await h.finished("acme", job.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        await h.unharmed()
+
+
+async def test_health_is_not_serving_only_while_steps_keep_failing() -> None:
+    core = sim_core()
+    core.runner = FlakyRunner(core.runner, fail_on={1, 2, 3})  # type: ignore[arg-type]
+    async with reliable_gateway(core=core) as h:
+        await h.tenant("acme")
+        statuses = h.health.Watch(health_pb2.HealthCheckRequest())
+        assert (await statuses.read()).status == health_pb2.HealthCheckResponse.SERVING
+        for _ in range(3):  # three failed steps in a row: the engine cannot serve
+            assert (await h.run("acme", roots(1, 4))).state == pb.JOB_STATE_FAILED
+        with anyio.fail_after(5):
+            assert (await statuses.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            job = await h.run("acme", roots(1, 4))  # the next good step
+            assert (await statuses.read()).status == health_pb2.HealthCheckResponse.SERVING
+        assert job.state == pb.JOB_STATE_SUCCEEDED
+        statuses.cancel()
         await h.unharmed()
