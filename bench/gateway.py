@@ -22,7 +22,7 @@ import multiprocessing
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +124,7 @@ async def measure(redis_url: str, calls: int, clients: int, latency_calls: int) 
     )
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--calls", type=int, default=3000)
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--latency-calls", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = [
         anyio.run(measure, args.redis, args.calls, args.clients, args.latency_calls)
         for _ in range(args.repeats)

@@ -6,7 +6,13 @@ Usable alone: it imports nothing from the gateway, tenants or predictor packages
 from engine.async_engine import AsyncEngine, RequestStream, TokenDelta
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ReserveMode
-from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestNotFound
+from engine.errors import (
+    DuplicateRequest,
+    EngineClosed,
+    EngineError,
+    InvalidRequest,
+    RequestNotFound,
+)
 from engine.llm import LLMEngine, RequestOutput, Runner
 from engine.plan import ScheduledSeq, StepOutput, StepPlan
 from engine.request import FinishReason, Request, RequestStatus
@@ -20,6 +26,7 @@ __all__ = [
     "AsyncEngine",
     "BlockManager",
     "Capacity",
+    "DuplicateRequest",
     "EngineClosed",
     "EngineConfig",
     "EngineError",

@@ -31,7 +31,7 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.errors import EngineClosed, InvalidRequest
+from engine.errors import DuplicateRequest, EngineClosed
 from engine.llm import LLMEngine, RequestOutput
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
@@ -146,7 +146,7 @@ class AsyncEngine:
         if self._closed:
             raise EngineClosed("engine is shut down")
         if request_id is not None and request_id in self._streams:
-            raise InvalidRequest(f"duplicate request id {request_id!r}")
+            raise DuplicateRequest(f"duplicate request id {request_id!r}")
         request = self.core.make_request(
             prompt_token_ids,
             params,

@@ -3,6 +3,8 @@
 Text is produced with `tokenizers`' DecodeStream (handles tokens that split a UTF-8 character).
 Stop strings are matched on the text so far; text is held back while its tail could still
 become a stop string, so a client never sees part of one. On a match the text is cut at it.
+Before `min_tokens` tokens were pushed no stop string counts: a match must end in the text of the
+`min_tokens`-th token or later.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from tokenizers.decoders import DecodeStream
 
 
 class Detokenizer:
-    def __init__(self, backend: Any, stop: tuple[str, ...] = ()) -> None:
+    def __init__(self, backend: Any, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
         self._backend = backend  # a tokenizers.Tokenizer
         self._stream = DecodeStream(skip_special_tokens=True)
         self._stop = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
+        self._min_tokens = min_tokens
+        self._num_tokens = 0
+        self._stop_from = 0  # a stop string counts only when it ends past this char of `text`
         self.text = ""  # all text decoded so far
         self._emitted = 0  # chars of `text` already handed out
         self.stopped = False
@@ -27,22 +32,28 @@ class Detokenizer:
         chunk = self._stream.step(self._backend, token_id)
         if chunk:
             self.text += chunk
-        if self._stop:
-            search_from = max(self._emitted - self._hold, 0)
-            cut = min(
-                (i for s in self._stop if (i := self.text.find(s, search_from)) >= 0),
-                default=-1,
-            )
-            if cut >= 0:
-                self.text = self.text[:cut]
-                self.stopped = True
-                return self._take(len(self.text))
-            return self._take(max(len(self.text) - self._hold, self._emitted))
-        return self._take(len(self.text))
+        self._num_tokens += 1
+        if not self._stop:
+            return self._take(len(self.text))
+        if self._num_tokens < self._min_tokens:
+            self._stop_from = len(self.text)
+        elif (cut := self._find_stop()) >= 0:
+            self.text = self.text[:cut]
+            self.stopped = True
+            return self._take(len(self.text))
+        return self._take(max(len(self.text) - self._hold, self._emitted))
 
     def flush(self) -> str:
         """The text held back, once the request has finished without a stop string."""
         return self._take(len(self.text))
+
+    def _find_stop(self) -> int:
+        """Where the earliest stop string that may end the text starts; -1: none."""
+        found = (
+            self.text.find(s, max(self._emitted - self._hold, self._stop_from - len(s) + 1, 0))
+            for s in self._stop
+        )
+        return min((i for i in found if i >= 0), default=-1)
 
     def _take(self, end: int) -> str:
         out = self.text[self._emitted : end]

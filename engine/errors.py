@@ -9,6 +9,10 @@ class InvalidRequest(EngineError, ValueError):
     """A request the engine can never run (bad parameters, prompt longer than the context)."""
 
 
+class DuplicateRequest(InvalidRequest):
+    """A live request already has this id."""
+
+
 class RequestNotFound(EngineError, KeyError):
     """No live request has this id."""
 

@@ -104,7 +104,8 @@ class LLMEngine:
         wants_text = detokenize or bool(request.params.stop)
         if wants_text and self.tokenizer is not None:
             backend = self.tokenizer.backend_tokenizer
-            self._detok[request.request_id] = Detokenizer(backend, request.params.stop)
+            params = request.params
+            self._detok[request.request_id] = Detokenizer(backend, params.stop, params.min_tokens)
 
     def add_request(
         self,

@@ -76,7 +76,11 @@ class ModelRunner:
         self.attention = PagedAttention(
             cache, self.decoder.num_heads, self.decoder.head_dim, kernels
         )
-        self.sampler = Sampler() if kernels is None else Sampler(argmax=kernels.argmax)
+        self.sampler = (
+            Sampler(eos_token_ids=self.eos_token_ids)
+            if kernels is None
+            else Sampler(argmax=kernels.argmax, eos_token_ids=self.eos_token_ids)
+        )
 
     @staticmethod
     def kv_bytes_per_block(

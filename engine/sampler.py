@@ -1,6 +1,8 @@
 """Token choice from last-position logits: greedy, temperature, top-k, top-p, per-request seeds.
 
-Algorithm: greedy rows take the argmax (the whole batch in one call when every row is greedy).
+Algorithm: a row short of its min_tokens first has its stop tokens (EOS unless ignore_eos, and its
+stop token ids) set to -inf, so nothing below can pick them. Greedy rows take the argmax (the whole
+batch in one call when every row is greedy).
 Sampled rows, in float32 and shifted so their maximum is 0, are divided by their temperature (a
 shifted logit is <= 0, so even the smallest legal temperature cannot overflow it, and the top token
 keeps probability >= 1 / vocab), cut to their top-k and top-p sets (top-k first, then the smallest
@@ -41,8 +43,10 @@ class Sampler:
         self,
         seed: int | None = None,
         argmax: Callable[[torch.Tensor], torch.Tensor] = _torch_argmax,  # a faster one may plug in
+        eos_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self._argmax = argmax
+        self._eos = eos_token_ids
         self._generator = torch.Generator()
         if seed is None:
             self._generator.seed()
@@ -51,10 +55,11 @@ class Sampler:
 
     def __call__(
         self,
-        logits: torch.Tensor,  # [N, V], any float dtype (argmax needs no upcast)
+        logits: torch.Tensor,  # [N, V], any float dtype (argmax needs no upcast); masked in place
         params: list[SamplingParams],
         output_index: list[int],  # tokens each row's request has generated so far
     ) -> list[int]:
+        self._mask_stops(logits, params, output_index)
         tokens = self._argmax(logits)
         if all(p.greedy for p in params):
             return tokens.tolist()
@@ -64,6 +69,18 @@ class Sampler:
         probs = _filtered_probs(logits[rows].float(), chosen)
         tokens[rows] = _draw(probs, uniforms.to(probs.device))
         return tokens.tolist()
+
+    def _mask_stops(
+        self, logits: torch.Tensor, params: list[SamplingParams], output_index: list[int]
+    ) -> None:
+        """Rule out, in place, the tokens that would end a row before its min_tokens."""
+        for row, (p, index) in enumerate(zip(params, output_index, strict=True)):
+            if index >= p.min_tokens:
+                continue
+            stops = set(p.stop_token_ids) if p.ignore_eos else self._eos | set(p.stop_token_ids)
+            ids = [t for t in stops if t < logits.shape[-1]]  # others can never be drawn
+            if ids:
+                logits[row, ids] = float("-inf")
 
     def _uniform(self, params: SamplingParams, index: int) -> torch.Tensor:
         if params.seed is None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import TOKEN_ID_LIMIT, BlockManager
 from engine.config import EngineConfig, ReserveMode
-from engine.errors import InvalidRequest, RequestNotFound
+from engine.errors import DuplicateRequest, InvalidRequest, RequestNotFound
 from engine.plan import ScheduledSeq, StepOutput, StepPlan
 from engine.request import FinishReason, Request, RequestStatus
 
@@ -40,6 +40,7 @@ class Capacity:
     free_seqs: int
     num_running: int
     num_waiting: int
+    used_blocks: int  # blocks holding KV now: the pool's usage, as a monitor reads it
 
 
 class Scheduler:
@@ -59,7 +60,7 @@ class Scheduler:
     def check(self, request: Request) -> None:
         """Raise InvalidRequest when the request could never run here."""
         if request.request_id in self.requests:
-            raise InvalidRequest(f"duplicate request id {request.request_id!r}")
+            raise DuplicateRequest(f"duplicate request id {request.request_id!r}")
         limit = self.config.max_model_len
         if request.num_prompt_tokens == 0:
             raise InvalidRequest("empty prompt")
@@ -119,6 +120,7 @@ class Scheduler:
             free_seqs=self.config.max_num_seqs - len(self.running) - len(self.waiting),
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            used_blocks=self.blocks.num_used_blocks,
         )
 
     def schedule(self) -> StepPlan:
@@ -181,9 +183,10 @@ class Scheduler:
 
     def _stop_reason(self, request: Request, token: int) -> FinishReason | None:
         params = request.params
-        if not params.ignore_eos and token in self.eos_token_ids:
+        may_stop = request.num_output_tokens >= params.min_tokens
+        if may_stop and not params.ignore_eos and token in self.eos_token_ids:
             return FinishReason.STOP
-        if token in params.stop_token_ids:
+        if may_stop and token in params.stop_token_ids:
             return FinishReason.STOP
         if request.num_output_tokens >= params.max_tokens:
             return FinishReason.LENGTH

@@ -1,10 +1,10 @@
-"""The `fairgate` command: serve, demo, submit, admin and bench subcommands."""
+"""The `fairgate` command: serve, demo, submit, admin, engine and bench subcommands."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
-import runpy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 
 from gateway.cli_client import register as register_client_commands
+from gateway.cli_engine import register as register_engine_commands
 from gateway.settings import DTYPES, load_settings
 
 BENCHES = {
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("which", choices=sorted(BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     register_client_commands(sub)
+    register_engine_commands(sub)
     return parser
 
 
@@ -77,9 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     if args.command == "bench":
-        sys.argv = [BENCHES[args.which], *args.rest]
-        runpy.run_module(BENCHES[args.which], run_name="__main__")
-        return 0
+        # imported, not run as __main__: a bench's worker processes (spawned) must find its
+        # functions by their module's name
+        module = importlib.import_module(BENCHES[args.which])
+        return int(module.main(args.rest) or 0)
     result: int = anyio.run(args.func, args)
     return result
 

@@ -159,6 +159,9 @@ def test_top_p_set_equals_a_full_sort_whether_or_not_it_fits_the_candidates() ->
         {"top_p": 0.0},
         {"top_p": 1.5},
         {"max_tokens": 0},
+        {"min_tokens": -1},
+        {"max_tokens": 4, "min_tokens": 5},
+        {"stop_token_ids": (3, -1)},
         {"top_k": -1},
         {"seed": -1},
         {"seed": 2**64},
@@ -201,3 +204,18 @@ def test_logits_near_the_float32_limit_stay_finite_at_min_temperature() -> None:
     assert probs[0].tolist() == [1.0, 0.0, 0.0, 0.0]
     first, second = Sampler()(logits, params, [0, 0])
     assert first == 0 and second in {1, 2}
+
+
+def test_min_tokens_rules_out_eos_and_stop_ids_until_it_is_reached() -> None:
+    logits = torch.full((3, 6), -5.0)
+    logits[:, 2] = 9.0  # EOS is every row's favourite
+    logits[:, 4] = 5.0  # a request's stop token id comes next
+    logits[:, 1] = 1.0
+    short = SamplingParams(max_tokens=8, min_tokens=3, stop_token_ids=(4,))
+    sampler = Sampler(eos_token_ids=frozenset({2}))
+    assert sampler(logits.clone(), [short] * 3, [0, 2, 3]) == [1, 1, 2]
+    ignoring = SamplingParams(max_tokens=8, min_tokens=3, ignore_eos=True)
+    assert sampler(logits[:1].clone(), [ignoring], [0]) == [2]  # EOS ends nothing: left in
+    hot = SamplingParams(max_tokens=8, min_tokens=3, temperature=5.0)
+    drawn = {sampler(logits[:1].clone(), [hot], [0])[0] for _ in range(200)}
+    assert 2 not in drawn and len(drawn) > 1

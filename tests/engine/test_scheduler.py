@@ -4,6 +4,7 @@ from engine.config import ReserveMode
 from engine.errors import InvalidRequest, RequestNotFound
 from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, RequestStatus
+from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from tests.engine.factories import make_request, make_scheduler
 
@@ -151,7 +152,6 @@ def test_prefix_cache_hit_skips_computed_blocks() -> None:
 
 
 def test_simulated_runner_stops_at_a_given_true_length() -> None:
-    from engine.sampling import SamplingParams
     from tests.engine.factories import make_sim_engine
 
     llm = make_sim_engine(num_blocks=64)
@@ -174,3 +174,16 @@ def test_token_ids_the_prefix_cache_cannot_encode_are_refused(bad_token: int) ->
     with pytest.raises(InvalidRequest, match="token ids"):
         scheduler.add(request)
     assert not scheduler.has_unfinished
+
+
+def test_min_tokens_holds_back_eos_and_stop_token_ids() -> None:
+    sched = make_scheduler(num_blocks=16)  # EOS is token 0
+    request = make_request("a", prompt_len=3, max_tokens=10)
+    request.params = SamplingParams(max_tokens=10, min_tokens=3, stop_token_ids=(7,))
+    sched.add(request)
+    run_step(sched, token=0)
+    run_step(sched, token=7)
+    assert request.finish_reason is None and request.output_token_ids == [0, 7]
+    run_step(sched, token=7)
+    assert request.finish_reason is FinishReason.STOP and request.num_output_tokens == 3
+    assert sched.blocks.num_free_blocks == 16

@@ -7,7 +7,6 @@ a hash of the call and position, never end-of-sequence: every call makes exactly
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -15,53 +14,33 @@ import grpc
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from engine import EngineConfig, LLMEngine, SimulatedRunner, StepTimeModel
+from engine import LLMEngine
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.server import RunningGateway, running_gateway
 from gateway.settings import Settings
 from gateway.telemetry import setup_tracing
 from tenants import MemoryQuotaStore, TenantQuota
+from tests.engine.byte_tokenizer import byte_tokenizer as engine_tokenizer
+from tests.engine.simulated import sim_core as simulated_core
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-CORPUS = ["the quick brown fox jumps over the lazy dog", "summarise these notes in one line"] * 20
 ADMIN_KEY = "fg_admin_test"
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A real byte-level BPE tokenizer (trained on a tiny corpus) with a chat template."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(CORPUS, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    """The engine tests' byte-level BPE tokenizer, with a chat template."""
+    tokenizer = engine_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
 def sim_core(step_s: float = 0.0, num_blocks: int = 4096, hidden_size: int = 0) -> LLMEngine:
-    tokenizer = byte_tokenizer()
-    runner = SimulatedRunner(
-        StepTimeModel(step_s, 0.0),
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        realtime=step_s > 0,
-        hidden_size=hidden_size,
-    )
-    config = EngineConfig(num_blocks=num_blocks, block_size=16, max_model_len=4096)
-    return LLMEngine(
-        config, runner=runner, tokenizer=tokenizer, clock=time.monotonic, num_blocks=num_blocks
-    )
+    return simulated_core(step_s, num_blocks, hidden_size, tokenizer=byte_tokenizer())
 
 
 @dataclass

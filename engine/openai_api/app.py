@@ -1,0 +1,129 @@
+"""The OpenAI-compatible HTTP face of one AsyncEngine: a starlette app with vLLM's routes.
+
+Routes: POST /v1/completions (completions.py), GET /v1/models (the served model and its
+max_model_len), GET /health (200 while the engine is healthy, 503 otherwise), GET /metrics
+(Prometheus text, metrics.py). Errors are translated here, once: this server's own (errors.py),
+the engine's (InvalidRequest 400, DuplicateRequest 409, EngineClosed 503) and starlette's (an
+unknown route 404, a wrong method 405) all become one OpenAI-style body,
+`{"error": {"message", "type", "param", "code"}}`.
+Invariant: a request body is read only while its declared and received length stay within
+`max_body_bytes`; past it the request is refused (413) before anything parses it.
+"""
+
+from __future__ import annotations
+
+import time
+from http import HTTPStatus
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.async_engine import AsyncEngine
+from engine.errors import DuplicateRequest, EngineClosed, InvalidRequest
+from engine.openai_api.completions import Served, create_completion
+from engine.openai_api.errors import (
+    ApiError,
+    BadRequest,
+    BodyTooLarge,
+    EngineUnavailable,
+    RequestIdInUse,
+)
+from engine.openai_api.metrics import EngineMetrics
+from engine.openai_api.protocol import ErrorBody, ModelCard, ModelList
+
+MAX_BODY_BYTES = 16 << 20
+MAX_PROMPT_CHARS = 262_144  # a string prompt, before it is tokenized
+
+
+def build_app(
+    engine: AsyncEngine,
+    model_name: str,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_prompt_chars: int = MAX_PROMPT_CHARS,
+) -> Starlette:
+    """The app over a running engine (the caller owns the engine's lifetime)."""
+    tokenizer = engine.core.tokenizer
+    if tokenizer is None:
+        raise ValueError("serving completions needs an engine with a tokenizer")
+    served = Served(
+        engine=engine,
+        model_name=model_name,
+        tokenizer=tokenizer,
+        vocab_size=len(tokenizer),
+        metrics=EngineMetrics(engine, model_name),
+        max_prompt_chars=max_prompt_chars,
+    )
+    card = ModelCard(
+        id=model_name, created=int(time.time()), root=model_name, max_model_len=served.max_model_len
+    )
+
+    async def completions(request: Request) -> Response:
+        return await create_completion(served, request, await _body(request, max_body_bytes))
+
+    async def models(_: Request) -> Response:
+        return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200 if engine.healthy else 503)
+
+    async def metrics(_: Request) -> Response:
+        return Response(served.metrics.render(), media_type=served.metrics.content_type)
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={
+            ApiError: _error_response,
+            InvalidRequest: _error_response,
+            EngineClosed: _error_response,
+            HTTPException: _error_response,
+        },
+    )
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "0")
+    if not declared.isdigit():
+        raise BadRequest("the Content-Length header is not a number")
+    if int(declared) > limit:
+        raise BodyTooLarge(f"the request body is {declared} bytes; at most {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _error_response(_: Request, exc: Exception) -> Response:
+    error = _api_error(exc)
+    body = ErrorBody.of(error.message, error.type, error.status, error.param)
+    return JSONResponse(body.model_dump(mode="json"), status_code=error.status)
+
+
+def _api_error(exc: Exception) -> ApiError:
+    """The one mapping from what was raised to what the client is told."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, DuplicateRequest):
+        return RequestIdInUse(str(exc), "request_id")
+    if isinstance(exc, InvalidRequest):
+        return BadRequest(str(exc))
+    if isinstance(exc, EngineClosed):
+        return EngineUnavailable(str(exc))
+    if isinstance(exc, HTTPException):  # starlette's routing: no such route, wrong method
+        error = ApiError(exc.detail)
+        error.status = exc.status_code
+        error.type = HTTPStatus(exc.status_code).phrase.replace(" ", "") + "Error"
+        return error
+    raise TypeError(f"no error mapping for {type(exc).__name__}")

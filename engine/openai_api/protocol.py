@@ -1,0 +1,245 @@
+"""The OpenAI completions wire format as vLLM serves it: request validation and response shapes.
+
+Pure (no I/O), so every rule is testable without a server. A request is one prompt, a string or a
+list of token ids; OpenAI's fields and vLLM's extensions are accepted where fairgate's engine
+implements them (top_k, min_tokens, ignore_eos, stop_token_ids, priority, request_id, cache_salt,
+return_token_ids), under vLLM's names so one client works against both servers. A field the
+engine does not implement (n > 1, logprobs, echo, penalties, ...) is refused with a 400 naming it
+rather than silently ignored; fields nobody defined are ignored, as OpenAI and vLLM do.
+Invariant: a request that validated, with a prompt that passed `check_prompt`, maps to
+`SamplingParams` whose max_tokens fits the context (max_model_len - prompt), or the mapping raises
+the engine's InvalidRequest, which the edge answers with 400 like every other refusal here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from engine.openai_api.errors import BadRequest
+from engine.request import FinishReason, Request
+from engine.sampling import SEED_LIMIT, SamplingParams
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for completions
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling, not greedy
+MAX_STOP_STRINGS = 16  # each is searched for after every token
+MAX_STOP_CHARS = 512
+INT64 = 1 << 63
+
+# Fields OpenAI or vLLM define that fairgate's engine does not implement, with the values that
+# ask for nothing (clients send those as defaults).
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None,),
+    "logprobs": (None,),
+    "prompt_logprobs": (None,),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "min_p": (None, 0),
+    "use_beam_search": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "add_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "prompt_embeds": (None,),
+    "response_format": (None,),
+    "structured_outputs": (None,),
+}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    include_usage: bool = False  # a last chunk with the usage, before [DONE]
+    continuous_usage_stats: Literal[False] = False  # usage on every chunk: not served
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    model: str | None = None  # when given, it must name the served model
+    prompt: str | list[int]
+    max_tokens: int | None = Field(default=None, ge=1)  # capped to max_model_len - prompt
+    min_tokens: int = Field(default=0, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)  # 0 or -1 (vLLM's spelling): off
+    seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    priority: int = Field(default=0, ge=-INT64, lt=INT64)  # lower is served first
+    request_id: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool = False  # vLLM: token_ids per choice, prompt_token_ids once
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, allowed in UNSUPPORTED.items():
+                if name in data and data[name] not in allowed:
+                    # not a ValueError: pydantic lets it through as it is, naming its field
+                    raise BadRequest(f"{name}: not supported by this server", name)
+        return data
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> Any:
+        if isinstance(value, str) or (
+            isinstance(value, list) and all(type(t) is int for t in value)
+        ):
+            return value
+        raise PydanticCustomError(
+            "prompt", "must be a string or a list of token ids (one prompt per request)"
+        )
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise PydanticCustomError("stop", "at most {n} stop strings", {"n": MAX_STOP_STRINGS})
+        if any(not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+            raise PydanticCustomError(
+                "stop", "stop strings must have 1 to {n} characters", {"n": MAX_STOP_CHARS}
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> CompletionRequest:
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options: needs stream: true", "stream_options")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, prompt_len: int, max_model_len: int) -> SamplingParams:
+        """The engine's parameters, max_tokens capped to what the context leaves."""
+        requested = DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return SamplingParams(
+            max_tokens=min(requested, max_model_len - prompt_len),
+            min_tokens=self.min_tokens,
+            temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            seed=self.seed,
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+def parse_request(body: bytes) -> CompletionRequest:
+    """Validate a JSON body; a refusal names the first field at fault."""
+    try:
+        return CompletionRequest.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = ".".join(str(part) for part in error["loc"]) or None
+        message = error["msg"] if param is None else f"{param}: {error['msg']}"
+        raise BadRequest(message, param) from None
+
+
+def check_prompt(token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:
+    """Refuse a prompt that is empty, out of vocabulary or leaves no room for output."""
+    if not token_ids:
+        raise BadRequest("the prompt is empty", "prompt")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise BadRequest(f"prompt token ids must be in [0, {vocab_size})", "prompt")
+    if len(token_ids) >= max_model_len:
+        raise BadRequest(
+            f"the prompt has {len(token_ids)} tokens; max_model_len {max_model_len} leaves no "
+            "room for output",
+            "prompt",
+        )
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, request: Request) -> Usage:
+        """The usage the engine counted for a finished request."""
+        prompt, output = request.num_prompt_tokens, request.num_output_tokens
+        return cls(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)
+
+
+class Choice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+    token_ids: list[int] | None = None  # with return_token_ids: this chunk's generated tokens
+    prompt_token_ids: list[int] | None = None  # with return_token_ids: once (the first chunk)
+
+
+class Completion(BaseModel):
+    """A whole completion, or one chunk of a stream (no choice, only usage, on the last)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+
+
+def finish_reason(reason: FinishReason | None) -> Literal["stop", "length"] | None:
+    if reason is FinishReason.STOP:
+        return "stop"
+    if reason is FinishReason.LENGTH:
+        return "length"
+    return None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "fairgate"
+    root: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: int  # the HTTP status, as vLLM sets it
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+    @classmethod
+    def of(cls, message: str, type: str, status: int, param: str | None = None) -> ErrorBody:
+        return cls(error=ErrorInfo(message=message, type=type, param=param, code=status))
+
+
+def sse(event: BaseModel) -> str:
+    """One server-sent event carrying `event` as JSON."""
+    return f"data: {event.model_dump_json()}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"

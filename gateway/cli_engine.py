@@ -1,0 +1,77 @@
+"""`fairgate engine serve`: one fairgate engine behind vLLM's OpenAI-compatible HTTP API.
+
+The engine core is built from the settings as the gateway builds its own (engine_setup.py): the
+real model, or with `--simulated` the runner that streams instant synthetic tokens; flags
+override the TOML file and `FAIRGATE_*` variables. It prints "fairgate engine serving on
+HOST:PORT" once connections are accepted (with `--port 0`, the port it was given), and serves
+until SIGINT or SIGTERM. Exit codes: 0 after a signal, 2 when the model or the address is
+unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import anyio
+
+from gateway.settings import DTYPES, load_settings
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    engine = subparsers.add_parser("engine", help="fairgate's engine on its own")
+    commands = engine.add_subparsers(dest="engine_command", required=True)
+    serve = commands.add_parser(
+        "serve",
+        help="serve the engine over vLLM's OpenAI-compatible HTTP API",
+        description="Serve /v1/completions, /v1/models, /health and /metrics as vLLM does.",
+    )
+    serve.add_argument("--port", type=int, required=True, help="0: any free port (printed)")
+    serve.add_argument("--host", help="address to listen on (default: the settings' host)")
+    serve.add_argument("--config", type=Path, help="TOML settings file")
+    serve.add_argument("--model", help="'default' (SmolLM2-135M-Instruct) or a local HF folder")
+    serve.add_argument("--dtype", choices=DTYPES)
+    serve.add_argument("--num-threads", type=int)
+    serve.add_argument("--served-model-name", help="the model id clients send (default: --model)")
+    serve.add_argument(
+        "--simulated", action="store_true", help="instant synthetic tokens (gateway benchmarks)"
+    )
+    serve.set_defaults(func=serve_engine)
+
+
+async def serve_engine(args: argparse.Namespace) -> int:
+    from engine.errors import EngineError
+    from engine.loader import DEFAULT_MODEL, DEFAULT_MODEL_NAME
+    from engine.openai_api import serve
+    from gateway.engine_setup import build_engine_core
+
+    settings = load_settings(
+        args.config,
+        host=args.host,
+        model=args.model,
+        dtype=args.dtype,
+        num_threads=args.num_threads,
+        simulated_engine=args.simulated or None,
+    )
+    default_name = DEFAULT_MODEL_NAME if settings.model == DEFAULT_MODEL else settings.model
+    try:
+        core = await anyio.to_thread.run_sync(build_engine_core, settings)
+        await serve(
+            core,
+            args.served_model_name or default_name,
+            settings.host,
+            args.port,
+            on_listening=_announce,
+            grace_s=settings.grace_s,
+            max_body_bytes=settings.max_message_bytes,
+            max_prompt_chars=settings.max_prompt_chars,
+        )
+    except (EngineError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _announce(host: str, port: int) -> None:
+    print(f"fairgate engine serving on {host}:{port}", flush=True)
