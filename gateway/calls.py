@@ -2,7 +2,7 @@
 
 `CallPlanner.plan` applies the tenant's limits (prompt size, max_tokens ceiling, context
 length), fills sampling defaults, predicts the output length and lets the anomaly guard
-(OWASP LLM10, DESIGN.md §7) judge the call: a flagged call is capped at a tail quantile of its
+(OWASP LLM10, docs/ARCHITECTURE.md §7) judge it: a flagged call is capped at a tail quantile of its
 prediction, reserves KV at that cap and looks more expensive to the fair-share policy (so it
 yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap. With
 a refiner (a prompt model trained with the prompts' hidden states), an unflagged call asks the

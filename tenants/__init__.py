@@ -1,4 +1,4 @@
-"""Who asks and how much they may take: tenant registry, API keys and quotas (DESIGN.md §5)."""
+"""Who asks and how much they may take: tenants, API keys and quotas (docs/ARCHITECTURE.md §5)."""
 
 from tenants.errors import (
     AuthFailed,

@@ -182,7 +182,7 @@ class JobSpec(_message.Message):
     priority: _builtins.int
     """Orders this tenant's own jobs: higher runs earlier. Does not change the share between
     tenants. Default 0; in [-1000, 1000]. A negative priority also marks the job sheddable:
-    under overload it is held back before other work.
+    overload shedding (planned, not yet active) holds such jobs back before other work.
     """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSpec]:

@@ -1,4 +1,4 @@
-"""Fair-share policies: whose ready call the gateway dispatches next (DESIGN.md §4)."""
+"""Fair-share policies: whose ready call the gateway dispatches next (docs/ARCHITECTURE.md §4)."""
 
 from tenants.policies.base import (
     EngineLoad,

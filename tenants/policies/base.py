@@ -8,7 +8,7 @@ only answers "what next?" (`peek`) and "how important is this call?" (`priority`
 uses to pick preemption victims). Policies do no I/O and never read a clock: every method takes
 `now` (seconds, any monotonic origin).
 
-Cost unit: KV token-time (DESIGN.md §3), `kv_token_time(p, d)`.
+Cost unit: KV token-time (docs/ARCHITECTURE.md §3), `kv_token_time(p, d)`.
 """
 
 from __future__ import annotations
