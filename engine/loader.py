@@ -53,6 +53,12 @@ def default_gguf_path() -> Path:
     return path
 
 
+def served_model_name(name: str) -> str:
+    """The model id clients and traces see: the default's real name, else the name as given
+    (a folder path, as vLLM names a model it serves from one)."""
+    return DEFAULT_MODEL_NAME if name == DEFAULT_MODEL else name
+
+
 def resolve_model(name: str) -> Path:
     """A local folder holding a safetensors checkpoint for `name` (converting the default once)."""
     if name == DEFAULT_MODEL:

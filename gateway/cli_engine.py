@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 async def serve_engine(args: argparse.Namespace) -> int:
     from engine.errors import EngineError
-    from engine.loader import DEFAULT_MODEL, DEFAULT_MODEL_NAME
+    from engine.loader import served_model_name
     from engine.openai_api import serve
     from gateway.engine_setup import build_engine_core
 
@@ -54,12 +54,11 @@ async def serve_engine(args: argparse.Namespace) -> int:
         num_threads=args.num_threads,
         simulated_engine=args.simulated or None,
     )
-    default_name = DEFAULT_MODEL_NAME if settings.model == DEFAULT_MODEL else settings.model
     try:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
         await serve(
             core,
-            args.served_model_name or default_name,
+            args.served_model_name or served_model_name(settings.model),
             settings.host,
             args.port,
             on_listening=_announce,

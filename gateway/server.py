@@ -162,8 +162,10 @@ async def running_gateway(
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
     jobs = JobRegistry(settings.retained_jobs_per_tenant)
+    from engine.loader import served_model_name  # loads transformers' model code
+
     config = DispatchConfig(
-        model_name=settings.model,
+        model_name=served_model_name(settings.model),  # `chat <model>` spans name the real id
         reservation_ttl_s=settings.reservation_ttl_s,
         knee_calls=settings.knee_calls,
         reserve_deadline_s=settings.reserve_deadline_s,

@@ -229,6 +229,8 @@ async def test_job_and_call_spans_carry_gen_ai_attributes(spans: Spans, harness:
         c.parent is not None and c.parent.span_id == workflow[0].context.span_id for c in chats
     )
     attrs = chats[0].attributes or {}
+    assert chats[0].name == "chat SmolLM2-135M-Instruct"  # the served model's id, not "default"
+    assert attrs["gen_ai.request.model"] == "SmolLM2-135M-Instruct"
     assert attrs["gen_ai.operation.name"] == "chat"
     assert attrs["gen_ai.usage.output_tokens"] == 8
     assert attrs["gen_ai.request.max_tokens"] == 8
