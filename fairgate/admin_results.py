@@ -25,6 +25,7 @@ class QuotaFields(TypedDict, total=False):
     max_tokens_ceiling: int
     default_max_tokens: int
     daily_token_budget: int  # prompt + output tokens per UTC day; 0: unlimited
+    max_streams: int  # open WatchJob/RunJob/Generate streams; 0: unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class Quota:
     max_tokens_ceiling: int
     default_max_tokens: int
     daily_token_budget: int
+    max_streams: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,7 @@ def quota_from_proto(msg: pb.TenantQuota) -> Quota:
         max_tokens_ceiling=msg.max_tokens_ceiling,
         default_max_tokens=msg.default_max_tokens,
         daily_token_budget=msg.daily_token_budget,
+        max_streams=msg.max_streams,
     )
 
 

@@ -57,6 +57,8 @@ async def test_admin_commands_manage_a_tenant(
     limited = await cli.json("quota", "set", "acme", "--tokens-per-minute", "600")
     assert limited["quota"]["tokens_per_minute"] == 600 and limited["quota"]["weight"] == 2.0
     assert (await cli.json("weight", "set", "acme", "0.5"))["quota"]["weight"] == 0.5
+    streams = await cli.json("quota", "set", "acme", "--max-streams", "5")
+    assert streams["quota"]["max_streams"] == 5 and streams["quota"]["max_queued_jobs"] == 256
     renamed = await cli.json("tenant", "update", "acme", "--name", "Acme Corp")
     assert renamed["display_name"] == "Acme Corp"
     fetched = await cli.json("tenant", "get", "acme")
