@@ -32,6 +32,7 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="'default' (SmolLM2-135M-Instruct) or a local HF folder")
     parser.add_argument("--dtype", choices=DTYPES)
     parser.add_argument("--num-threads", type=int)
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on it")
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -52,7 +53,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
-    names = ("host", "port", "store", "policy", "model", "dtype", "num_threads")
+    names = ("host", "port", "store", "policy", "model", "dtype", "num_threads", "metrics_port")
     return {name: getattr(args, name) for name in names}
 
 

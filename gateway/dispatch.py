@@ -49,6 +49,7 @@ from gateway.deadlines import Deadlines
 from gateway.job_run import ENDED, JobRun, NodeState
 from gateway.jobs import rendered_chars
 from gateway.leases import Leases, reserve_within
+from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
 from gateway.owned import OwnsTasks
 from gateway.room import WaitingCalls, has_room
@@ -102,8 +103,10 @@ class Dispatcher(OwnsTasks):
         on_job_end: Callable[[JobRun], None] = lambda run: None,
         tracer: trace.Tracer | None = None,
         outbox: Outbox | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         super().__init__()
+        self.metrics = metrics
         self.engine = engine
         self.policy = policy
         self.store = store
@@ -358,6 +361,8 @@ class Dispatcher(OwnsTasks):
     def _refused(self, ticket: Ticket, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""
         call = ticket.call
+        if self.metrics is not None:
+            self.metrics.refused(call.tenant_id, exc.reason)
         if call.call_id not in self.tickets:
             return  # its job ended meanwhile
         if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
@@ -379,6 +384,12 @@ class Dispatcher(OwnsTasks):
             self.policy.mark_dispatched(call.call_id, now)
             self.policy.on_finished(call.call_id, 0, 0, now)
         self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+        self._call_ended(ticket, 0)
+
+    def _call_ended(self, ticket: Ticket, produced: int) -> None:
+        if self.metrics is not None:
+            node = ticket.run.nodes[ticket.call.node_id]
+            self.metrics.call_ended(ticket.call.tenant_id, node, produced)
 
     def _launch(self, ticket: Ticket) -> None:
         """Start a reserved call in the engine; a call the engine refuses fails alone."""
@@ -399,6 +410,7 @@ class Dispatcher(OwnsTasks):
             if not ticket.run.ended:
                 self.policy.on_finished(call.call_id, call.prompt_tokens, 0, self.clock())
             self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+            self._call_ended(ticket, 0)
 
     def _start_call(self, ticket: Ticket) -> None:
         call = ticket.call
@@ -541,6 +553,7 @@ class Dispatcher(OwnsTasks):
         elif not run.ended:
             reason = failure or ("engine error" if engine_error else "call aborted by the engine")
             self._finish_node(run, call.node_id, NodeState.FAILED, reason)
+        self._call_ended(ticket, produced)
         self._wake.set()
 
     def _refresh_priorities(self, job_id: str) -> None:
@@ -598,6 +611,8 @@ class Dispatcher(OwnsTasks):
             span.set_attribute("fairgate.job.state", run.state.value)
             span.end()
         self.on_job_end(run)
+        if self.metrics is not None:
+            self.metrics.job_ended(run)
         if run.job_id in self._finished_in_store:
             self._finished_in_store.discard(run.job_id)
         else:

@@ -26,6 +26,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import make_asgi_app
 
 from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -34,6 +35,7 @@ from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.engine_setup import build_engine_core
+from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
@@ -66,6 +68,7 @@ class RunningGateway:
     jobs: JobRegistry
     service: GatewayService
     health: health.aio.HealthServicer
+    metrics_port: int | None  # where /metrics is served, when it is
 
 
 class UnsafeSettings(ValueError):
@@ -132,6 +135,16 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+@contextlib.asynccontextmanager
+async def serving_metrics(metrics: GatewayMetrics, host: str, port: int) -> AsyncIterator[int]:
+    """Serve the metrics' /metrics over HTTP while the block runs; yields the port."""
+    from engine.openai_api.server import listening_socket, running_server  # uvicorn's stack
+
+    with listening_socket(host, port) as sock:
+        async with running_server(make_asgi_app(metrics.registry), sock):
+            yield sock.getsockname()[1]
+
+
 def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     """TLS credentials from the settings' files; None when TLS is off."""
     if settings.tls_cert_file is None or settings.tls_key_file is None:
@@ -187,6 +200,7 @@ async def running_gateway(
     history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
     planner = CallPlanner(history, AnomalyGuard(), defaults, refiner)
     policy = make_policy(settings.policy)
+    metrics = GatewayMetrics()
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
         engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
@@ -201,8 +215,15 @@ async def running_gateway(
                 on_job_end=jobs.ended,
                 tracer=tracer(tracer_provider) if tracer_provider is not None else None,
                 outbox=Outbox(store, outbox_path(settings)),
+                metrics=metrics,
             )
         )
+        metrics.watch(dispatcher)
+        metrics_port = None
+        if settings.metrics_port is not None:
+            metrics_port = await stack.enter_async_context(
+                serving_metrics(metrics, settings.metrics_host, settings.metrics_port)
+            )
         server, service, health_servicer = _build_server(
             settings, store, jobs, dispatcher, tracer_provider
         )
@@ -218,7 +239,8 @@ async def running_gateway(
         tg.start_soon(_report_health, engine, health_servicer)
         try:
             yield RunningGateway(
-                settings, port, store, engine, dispatcher, jobs, service, health_servicer
+                settings, port, store, engine, dispatcher, jobs, service, health_servicer,
+                metrics_port,
             )
         finally:
             tg.cancel_scope.cancel()
@@ -306,6 +328,9 @@ async def serve(settings: Settings) -> None:
     try:
         async with running_gateway(settings, tracer_provider=provider) as gateway:
             print(f"fairgate serving on {settings.host}:{gateway.port}", flush=True)
+            if gateway.metrics_port is not None:
+                where = f"{settings.metrics_host}:{gateway.metrics_port}"
+                print(f"metrics on http://{where}/metrics", flush=True)
             with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     log.info("shutting down")

@@ -46,6 +46,10 @@ class Settings(BaseSettings):
     max_connection_age_grace_s: float = Field(default=60.0, ge=0.0)
     max_active_jobs: int = Field(default=10_000, ge=1)
     auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
+    # Prometheus /metrics over HTTP on this port (0: any free one); off when unset. Bound to
+    # metrics_host, loopback unless said otherwise: never a tenant-facing port
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
     # quota closes that could not reach the store wait here (a redis store only; default
     # ~/.local/state/fairgate/outbox-<port>.jsonl)
     outbox_file: Path | None = None

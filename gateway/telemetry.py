@@ -4,8 +4,7 @@ Spans: the gRPC server span (instrumentation interceptor) -> `invoke_workflow <j
 `chat <model>` per call. OTLP export is on when the standard `OTEL_EXPORTER_OTLP_ENDPOINT`
 (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other `OTEL_*`
 variables itself. With nowhere to export there is no provider and no span work at all: no
-interceptor and no spans, not even non-recording ones. Prometheus metrics live in one registry
-served on demand.
+interceptor and no spans, not even non-recording ones. Prometheus metrics: gateway/metrics.py.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 TRACER_NAME = "fairgate"
 PROVIDER_NAME = "fairgate"  # gen_ai.provider.name
@@ -37,28 +35,6 @@ def setup_tracing(exporter: SpanExporter | None = None) -> TracerProvider | None
     provider = TracerProvider(resource=Resource.create({"service.name": "fairgate"}))
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=100))
     return provider
-
-
-class Metrics:
-    """The gateway's Prometheus metrics, in a registry of their own."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.jobs = Counter(
-            "fairgate_jobs", "Jobs by final state", ["tenant", "state"], registry=self.registry
-        )
-        self.calls = Counter(
-            "fairgate_calls", "Calls by final state", ["tenant", "state"], registry=self.registry
-        )
-        self.tokens = Counter(
-            "fairgate_output_tokens", "Generated tokens", ["tenant"], registry=self.registry
-        )
-        self.queue_wait = Histogram(
-            "fairgate_call_queue_seconds", "Ready to dispatched", registry=self.registry
-        )
-        self.ready = Gauge(
-            "fairgate_ready_calls", "Calls ready and waiting for the engine", registry=self.registry
-        )
 
 
 def tracer(provider: TracerProvider) -> trace.Tracer:

@@ -1,0 +1,144 @@
+"""The gateway's Prometheus metrics: what each tenant got, how long it waited, what the engine has.
+
+Counters and histograms are recorded where a call or a job ends (the dispatcher calls
+`call_ended`, `job_ended`, `refused`); gauges are read from the dispatcher and the engine when
+scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
+Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
+`max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
+cannot grow the registry without end. Settled tokens count the calls whose quota was settled
+(nodes SUCCEEDED or CAPPED), the same calls as the store's usage.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.job_run import JobRun, NodeRun, NodeState
+
+if TYPE_CHECKING:
+    from gateway.dispatch import Dispatcher
+
+MAX_TENANTS = 1000
+OTHER = "other"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class GatewayMetrics:
+    def __init__(self, max_tenants: int = MAX_TENANTS) -> None:
+        self.registry = CollectorRegistry()
+        self.max_tenants = max_tenants
+        self._tenants: set[str] = set()
+        r = self.registry
+        self.jobs = Counter("fairgate_jobs", "Jobs by final state", ["tenant", "state"], registry=r)
+        self.calls = Counter(
+            "fairgate_calls", "Calls by final state", ["tenant", "state"], registry=r
+        )
+        self.input_tokens = Counter(
+            "fairgate_input_tokens", "Prompt tokens of settled calls", ["tenant"], registry=r
+        )
+        self.output_tokens = Counter(
+            "fairgate_output_tokens", "Output tokens of settled calls", ["tenant"], registry=r
+        )
+        self.queue_wait = Histogram(
+            "fairgate_queue_wait_seconds",
+            "From ready to running in the engine",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "fairgate_time_to_first_token_seconds",
+            "From running to the first token",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "fairgate_time_per_output_token_seconds",
+            "Between output tokens after the first",
+            ["tenant"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.refusals = Counter(
+            "fairgate_quota_refusals", "Quota refusals of calls", ["tenant", "reason"], registry=r
+        )
+        self.caps = Counter(
+            "fairgate_anomaly_caps", "Calls the guard stopped at their cap", ["tenant"], registry=r
+        )
+
+    def tenant(self, tenant_id: str) -> str:
+        """The label value for a tenant (bounded)."""
+        if tenant_id in self._tenants:
+            return tenant_id
+        if len(self._tenants) < self.max_tenants:
+            self._tenants.add(tenant_id)
+            return tenant_id
+        return OTHER
+
+    def call_ended(self, tenant_id: str, node: NodeRun, produced: int) -> None:
+        tenant = self.tenant(tenant_id)
+        self.calls.labels(tenant, node.state.value).inc()
+        if node.state in (NodeState.SUCCEEDED, NodeState.CAPPED):
+            self.input_tokens.labels(tenant).inc(node.prompt_tokens)
+            self.output_tokens.labels(tenant).inc(produced)
+        if node.state is NodeState.CAPPED:
+            self.caps.labels(tenant).inc()
+        if node.started_at is None:
+            return
+        if node.ready_at is not None:
+            self.queue_wait.labels(tenant).observe(max(node.started_at - node.ready_at, 0.0))
+        if node.first_token_at is not None:
+            self.ttft.labels(tenant).observe(max(node.first_token_at - node.started_at, 0.0))
+            if produced > 1 and node.finished_at is not None:
+                per_token = (node.finished_at - node.first_token_at) / (produced - 1)
+                self.tpot.labels(tenant).observe(max(per_token, 0.0))
+
+    def job_ended(self, run: JobRun) -> None:
+        self.jobs.labels(self.tenant(run.tenant_id), run.state.value).inc()
+
+    def refused(self, tenant_id: str, reason: str) -> None:
+        self.refusals.labels(self.tenant(tenant_id), reason).inc()
+
+    def watch(self, dispatcher: Dispatcher) -> None:
+        """Report the dispatcher's and its engine's gauges at each scrape."""
+        self.registry.register(DispatchCollector(dispatcher, self))
+
+
+class DispatchCollector(Collector):
+    def __init__(self, dispatcher: Dispatcher, metrics: GatewayMetrics) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        dispatcher, engine = self.dispatcher, self.dispatcher.engine
+        yield GaugeMetricFamily(
+            "fairgate_ready_calls", "Calls ready for the engine", value=len(dispatcher.tickets)
+        )
+        active = GaugeMetricFamily("fairgate_active_jobs", "Jobs not ended", labels=["tenant"])
+        tenants = Tally(self.metrics.tenant(r.tenant_id) for r in dispatcher.runs.values())
+        for tenant, count in tenants.items():
+            active.add_metric([tenant], count)
+        yield active
+        cap, blocks = engine.capacity, engine.core.block_manager.num_blocks
+        yield GaugeMetricFamily(
+            "fairgate_engine_kv_usage_ratio",
+            "KV blocks in use",
+            value=(blocks - cap.free_blocks) / blocks,
+        )
+        yield GaugeMetricFamily(
+            "fairgate_engine_running_calls", "Calls in the batch", value=cap.num_running
+        )
+        yield GaugeMetricFamily(
+            "fairgate_engine_waiting_calls", "Calls not admitted yet", value=cap.num_waiting
+        )
+        yield GaugeMetricFamily(
+            "fairgate_engine_healthy", "1 while the engine serves", value=float(engine.healthy)
+        )

@@ -1,0 +1,61 @@
+"""Prometheus /metrics on its own port, scraped during and after a multi-tenant run, against
+what the jobs and the quota store say: tokens equal the settled usage, histograms count each
+call once, jobs and calls by final state."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairgate.v1 import gateway_pb2 as pb
+from tests.gateway.conftest import sim_core
+from tests.reliability.harness import node, reliable_gateway, roots
+
+pytestmark = pytest.mark.anyio
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+async def scrape(http: httpx.AsyncClient, url: str) -> Samples:
+    reply = await http.get(url)
+    assert reply.status_code == 200
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(reply.text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+async def test_metrics_count_what_the_jobs_did() -> None:
+    async with reliable_gateway(core=sim_core(0.002), metrics_port=0) as h:
+        for tenant in ("a", "b"):
+            await h.tenant(tenant)
+        url = f"http://127.0.0.1:{h.gateway.metrics_port}/metrics"
+        async with httpx.AsyncClient() as http:
+            running = await h.submit("a", roots(3, 100))
+            during = await scrape(http, url)
+            assert value(during, "fairgate_active_jobs", tenant="a") == 1
+            assert value(during, "fairgate_engine_healthy") == 1
+            chain = pb.JobSpec(nodes=[node("x", "go", 20), node("y", "{{x.output}}", 20, "x")])
+            for tenant, spec in (("a", chain), ("b", roots(2, 30)), ("b", chain)):
+                await h.run(tenant, spec)
+            await h.finished("a", running.job_id)
+            await h.unharmed()
+            after = await scrape(http, url)
+        for tenant, jobs in (("a", 2), ("b", 2)):
+            usage = await h.usage(tenant)
+            assert value(after, "fairgate_input_tokens_total", tenant=tenant) == usage.input_tokens
+            assert value(after, "fairgate_output_tokens_total", tenant=tenant) == (
+                usage.output_tokens
+            )
+            calls = value(after, "fairgate_calls_total", tenant=tenant, state="succeeded")
+            assert calls == usage.settled_calls
+            ttft = value(after, "fairgate_time_to_first_token_seconds_count", tenant=tenant)
+            assert ttft == calls  # once per call
+            assert value(after, "fairgate_jobs_total", tenant=tenant, state="succeeded") == jobs
+            assert value(after, "fairgate_active_jobs", tenant=tenant) == 0
+        assert value(after, "fairgate_ready_calls") == 0
