@@ -8,6 +8,7 @@ import pytest
 from google.rpc import code_pb2, error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
+from opentelemetry.trace import SpanKind, StatusCode
 
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
@@ -230,7 +231,12 @@ async def test_job_and_call_spans_carry_gen_ai_attributes(spans: Spans, harness:
     )
     attrs = chats[0].attributes or {}
     assert chats[0].name == "chat SmolLM2-135M-Instruct"  # the served model's id, not "default"
+    assert attrs["gen_ai.request.model"] == attrs["gen_ai.response.model"]
     assert attrs["gen_ai.request.model"] == "SmolLM2-135M-Instruct"
+    assert (
+        attrs["gen_ai.request.stream"] is True and attrs["gen_ai.response.time_to_first_chunk"] >= 0
+    )
+    assert chats[0].kind is SpanKind.INTERNAL and "error.type" not in attrs
     assert attrs["gen_ai.operation.name"] == "chat"
     assert attrs["gen_ai.usage.output_tokens"] == 8
     assert attrs["gen_ai.request.max_tokens"] == 8
@@ -294,3 +300,28 @@ async def test_with_hidden_refine_the_committed_model_refines_each_call(spans: S
         refined = event.attributes["fairgate.predicted_output_tokens"]
         assert refined == span.attributes["fairgate.predicted_output_tokens"]
         assert event.attributes["fairgate.reserved_output_tokens"] >= 0  # type: ignore[operator]
+
+
+@pytest.mark.engine_step_s(0.002)
+async def test_a_cancelled_call_span_has_an_error_type_and_status(
+    spans: Spans, harness: Harness
+) -> None:
+    spec = pb.JobSpec(nodes=[node("a", "one", 1500)])
+    stream = harness.stub.RunJob(pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha"))
+    async for event in stream:
+        if event.WhichOneof("event") == "token_delta":
+            job_id = event.job_id
+            break
+    await harness.stub.CancelJob(pb.CancelJobRequest(job_id=job_id), metadata=harness.auth("alpha"))
+    stream.cancel()
+    with anyio.fail_after(5):
+        while harness.gateway.dispatcher.running:
+            await anyio.sleep(0.005)
+    [chat] = [
+        s
+        for s in spans.finished()
+        if s.name.startswith("chat ") and (s.attributes or {}).get("fairgate.job.id") == job_id
+    ]
+    assert (chat.attributes or {})["error.type"] == "cancelled"
+    assert chat.status.status_code is StatusCode.ERROR
+    assert chat.status.description == "cancelled by the client"
