@@ -21,6 +21,8 @@ from engine import SamplingParams
 from gateway.jobs.model import NodeSpec
 from predictor.anomaly import AnomalyGuard
 from predictor.base import CallFeatures
+from predictor.distribution import LengthDistribution
+from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import TenantQuota
@@ -40,6 +42,8 @@ class CallPlan:
     policy_output: float  # the predicted length the policy orders by (guard penalty applied)
     reserve_output: int  # KV the engine sets aside for the output
     cap_reason: str = ""  # set when the guard capped max_tokens below what was asked
+    prediction: LengthDistribution | None = None  # what the error tracker scores at the end
+    conservative: bool = False  # ordered by the p90: this tenant's kind of call mispredicts
 
     @property
     def refinable(self) -> bool:
@@ -58,6 +62,7 @@ class CallPlanner:
         guard: AnomalyGuard | None = None,
         defaults: CallDefaults | None = None,
         refiner: PromptModel | None = None,
+        tracker: ErrorTracker | None = None,
     ) -> None:
         if refiner is not None and refiner.hidden_size == 0:
             raise ValueError("the refiner is a prompt-only model: it takes no hidden vector")
@@ -65,6 +70,7 @@ class CallPlanner:
         self.guard = guard
         self.defaults = defaults or CallDefaults()
         self.refiner = refiner
+        self.tracker = tracker
 
     def max_tokens(self, spec: NodeSpec, quota: TenantQuota) -> int:
         return min(spec.sampling.max_tokens or quota.default_max_tokens, quota.max_tokens_ceiling)
@@ -86,6 +92,9 @@ class CallPlanner:
         features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text)
         predicted = self.predictor.predict(features)
         policy_output, reserve, cap_reason = predicted.mean, min(predicted.p90, max_tokens), ""
+        conservative = self.tracker is not None and self.tracker.conservative(_kind(features))
+        if conservative:  # its mean keeps being wrong: order by the p90 the engine reserves
+            policy_output = min(predicted.p90, max_tokens)
         refine = self.refiner is not None
         if self.guard is not None:
             verdict = self.guard.assess(features, predicted, self.predictor.profile(tenant_id))
@@ -110,7 +119,21 @@ class CallPlanner:
             stop=sampling.stop,
             return_hidden=refine,
         )
-        return CallPlan(params, features, policy_output, math.ceil(reserve), cap_reason)
+        return CallPlan(
+            params,
+            features,
+            policy_output,
+            math.ceil(reserve),
+            cap_reason,
+            predicted,
+            conservative,
+        )
+
+    def observe(self, plan: CallPlan, produced: int) -> None:
+        """A call finished with `produced` tokens: history and the error tracker learn it."""
+        self.predictor.observe(plan.features, produced)
+        if self.tracker is not None and plan.prediction is not None:
+            self.tracker.record(_kind(plan.features), plan.prediction, produced)
 
     def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
         """The plan once the call is prefilled: its output predicted again from the prompt and
@@ -118,5 +141,14 @@ class CallPlanner:
         if self.refiner is None or not plan.refinable:
             raise ValueError("refine needs a refiner and a call planned for refinement")
         predicted = self.refiner.refine(plan.features, hidden)
-        reserve = math.ceil(min(predicted.p90, plan.params.max_tokens))
-        return dataclasses.replace(plan, policy_output=predicted.mean, reserve_output=reserve)
+        max_tokens = plan.params.max_tokens
+        reserve = math.ceil(min(predicted.p90, max_tokens))
+        output = min(predicted.p90, max_tokens) if plan.conservative else predicted.mean
+        return dataclasses.replace(
+            plan, policy_output=output, reserve_output=reserve, prediction=predicted
+        )
+
+
+def _kind(features: CallFeatures) -> str:
+    """The error tracker's key: a tenant's kind of call (its node name)."""
+    return f"{features.tenant_id}\x00{features.node_name}"

@@ -389,7 +389,7 @@ class Dispatcher(OwnsTasks):
     def _call_ended(self, ticket: Ticket, produced: int) -> None:
         if self.metrics is not None:
             node = ticket.run.nodes[ticket.call.node_id]
-            self.metrics.call_ended(ticket.call.tenant_id, node, produced)
+            self.metrics.call_ended(ticket.call.tenant_id, node, produced, ticket.plan.conservative)
 
     def _launch(self, ticket: Ticket) -> None:
         """Start a reserved call in the engine; a call the engine refuses fails alone."""
@@ -543,7 +543,7 @@ class Dispatcher(OwnsTasks):
         if finished:
             assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
-            self.planner.predictor.observe(ticket.plan.features, produced)
+            self.planner.observe(ticket.plan, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
             run.nodes[call.node_id].hit_length = hit_length
             if hit_length and ticket.plan.cap_reason:

@@ -73,6 +73,12 @@ class GatewayMetrics:
         self.caps = Counter(
             "fairgate_anomaly_caps", "Calls the guard stopped at their cap", ["tenant"], registry=r
         )
+        self.conservative = Counter(
+            "fairgate_conservative_calls",
+            "Calls ordered by their p90: the tenant's predictions of that kind went wrong",
+            ["tenant"],
+            registry=r,
+        )
 
     def tenant(self, tenant_id: str) -> str:
         """The label value for a tenant (bounded)."""
@@ -83,9 +89,13 @@ class GatewayMetrics:
             return tenant_id
         return OTHER
 
-    def call_ended(self, tenant_id: str, node: NodeRun, produced: int) -> None:
+    def call_ended(
+        self, tenant_id: str, node: NodeRun, produced: int, conservative: bool = False
+    ) -> None:
         tenant = self.tenant(tenant_id)
         self.calls.labels(tenant, node.state.value).inc()
+        if conservative:
+            self.conservative.labels(tenant).inc()
         if node.state in (NodeState.SUCCEEDED, NodeState.CAPPED):
             self.input_tokens.labels(tenant).inc(node.prompt_tokens)
             self.output_tokens.labels(tenant).inc(produced)

@@ -44,6 +44,7 @@ from gateway.streams import OpenStreams
 from gateway.telemetry import setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
+from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import HIDDEN_ARTIFACT, PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
@@ -198,7 +199,7 @@ async def running_gateway(
             "hidden_refine = false for this model"
         )
     history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
-    planner = CallPlanner(history, AnomalyGuard(), defaults, refiner)
+    planner = CallPlanner(history, AnomalyGuard(), defaults, refiner, ErrorTracker())
     policy = make_policy(settings.policy)
     metrics = GatewayMetrics()
     async with contextlib.AsyncExitStack() as stack:

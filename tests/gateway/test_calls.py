@@ -6,6 +6,7 @@ from gateway.calls import CallDefaults, CallPlanner, CallRefused
 from gateway.jobs.model import NodeSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
+from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import TenantQuota
@@ -79,3 +80,19 @@ def test_a_flagged_call_keeps_the_guards_cap_and_is_not_refined() -> None:
 def test_a_prompt_only_model_cannot_refine() -> None:
     with pytest.raises(ValueError, match="prompt-only"):
         planner(PromptModel.load())
+
+
+def test_a_kind_of_call_that_keeps_running_long_is_ordered_by_its_p90() -> None:
+    tracker = ErrorTracker(window=20, min_samples=20)
+    calls = CallPlanner(HistoryPredictor(LENGTH_PRIOR), None, CallDefaults(), None, tracker)
+    quota = TenantQuota(max_tokens_ceiling=1024, default_max_tokens=1024)
+    summarise = NodeSpec(id="n", prompt_template="x", name="summarise")
+    first = calls.plan("liar", summarise, "Summarise this.", 20, quota)
+    assert not first.conservative and first.policy_output == pytest.approx(LENGTH_PRIOR.mean)
+    for _ in range(20):  # predicted a p90 of 320, ran to 1,000 every time
+        calls.observe(first, 1000)
+    plan = calls.plan("liar", summarise, "Summarise this.", 20, quota)
+    assert plan.conservative and plan.policy_output == plan.prediction.p90  # type: ignore[union-attr]
+    other_kind = NodeSpec(id="m", prompt_template="x", name="translate")
+    assert not calls.plan("liar", other_kind, "Translate this.", 20, quota).conservative
+    assert not calls.plan("honest", summarise, "Summarise this.", 20, quota).conservative
