@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.genai_metrics import GenAiMetrics
 from gateway.job_run import JobRun, NodeRun, NodeState
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 
 
 class GatewayMetrics:
-    def __init__(self, max_tenants: int = MAX_TENANTS) -> None:
+    def __init__(self, max_tenants: int = MAX_TENANTS, genai: GenAiMetrics | None = None) -> None:
+        self.genai = genai  # the OpenTelemetry GenAI metrics, when they are exported
         self.registry = CollectorRegistry()
         self.max_tenants = max_tenants
         self._tenants: set[str] = set()
@@ -92,6 +94,8 @@ class GatewayMetrics:
     def call_ended(
         self, tenant_id: str, node: NodeRun, produced: int, conservative: bool = False
     ) -> None:
+        if self.genai is not None:
+            self.genai.call_ended(node, produced)
         tenant = self.tenant(tenant_id)
         self.calls.labels(tenant, node.state.value).inc()
         if conservative:

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import make_asgi_app
 
@@ -35,13 +36,14 @@ from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.engine_setup import build_engine_core
+from gateway.genai_metrics import GenAiMetrics
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
 from gateway.streams import OpenStreams
-from gateway.telemetry import setup_tracing, tracer
+from gateway.telemetry import TRACER_NAME, setup_metrics, setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
 from predictor.distribution import LengthDistribution
 from predictor.error_tracker import ErrorTracker
@@ -166,9 +168,11 @@ async def running_gateway(
     core: LLMEngine | None = None,
     store: QuotaStore | None = None,
     tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
 ) -> AsyncIterator[RunningGateway]:
     """Start a gateway; `core` and `store` replace the ones the settings would build. Spans go
-    to `tracer_provider`; without one the gateway does no span work."""
+    to `tracer_provider` and the GenAI metrics to `meter_provider`; without them the gateway
+    does no span or OpenTelemetry metric work."""
     check_exposure(settings)
     # The simulated engine's steps are instant: a thread hop would be all they cost
     instant = core is None and settings.simulated_engine
@@ -201,7 +205,10 @@ async def running_gateway(
     history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
     planner = CallPlanner(history, AnomalyGuard(), defaults, refiner, ErrorTracker())
     policy = make_policy(settings.policy)
-    metrics = GatewayMetrics()
+    genai = None
+    if meter_provider is not None:
+        genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME), config.model_name)
+    metrics = GatewayMetrics(genai=genai)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
         engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
@@ -323,11 +330,13 @@ def _build_server(
 
 async def serve(settings: Settings) -> None:
     """Run a gateway until SIGINT or SIGTERM; traces go over OTLP when OTEL_* asks for it."""
-    provider = setup_tracing()
+    provider, meters = setup_tracing(), setup_metrics()
     if provider is not None:
         trace.set_tracer_provider(provider)  # for any library that traces through the global one
     try:
-        async with running_gateway(settings, tracer_provider=provider) as gateway:
+        async with running_gateway(
+            settings, tracer_provider=provider, meter_provider=meters
+        ) as gateway:
             print(f"fairgate serving on {settings.host}:{gateway.port}", flush=True)
             if gateway.metrics_port is not None:
                 where = f"{settings.metrics_host}:{gateway.metrics_port}"
@@ -337,5 +346,6 @@ async def serve(settings: Settings) -> None:
                     log.info("shutting down")
                     return
     finally:
-        if provider is not None:
-            provider.shutdown()
+        for owner in (provider, meters):
+            if owner is not None:
+                owner.shutdown()

@@ -1,0 +1,68 @@
+"""OpenTelemetry metrics of the GenAI semantic conventions (development, semantic-conventions
+v1.37): what each call used and how long it took, for OTLP backends.
+
+Recorded once per call that ran in the engine, when it ends: `gen_ai.client.token.usage`
+(input and output tokens, `gen_ai.token.type`), `gen_ai.client.operation.duration` (from the
+call's start in the engine to its end, as the gateway, the engine's client, sees it),
+`gen_ai.server.request.duration` (the same span, the engine being in process),
+`gen_ai.server.time_to_first_token` and `gen_ai.server.time_per_output_token`. Each carries
+`gen_ai.operation.name` (chat), `gen_ai.provider.name` and `gen_ai.request.model`, and
+`error.type` when the call failed or was cancelled.
+"""
+
+from __future__ import annotations
+
+from opentelemetry.metrics import Histogram, Meter
+from opentelemetry.util.types import Attributes
+
+from gateway.job_run import NodeRun, NodeState
+from gateway.telemetry import PROVIDER_NAME
+
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
+
+
+class GenAiMetrics:
+    def __init__(self, meter: Meter, model: str) -> None:
+        self.base = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": model,
+        }
+        self.tokens = meter.create_histogram(
+            "gen_ai.client.token.usage",
+            unit="{token}",
+            description="Input and output tokens of a call",
+            explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+        )
+        self.operation = self._seconds(meter, "gen_ai.client.operation.duration", "A call")
+        self.request = self._seconds(meter, "gen_ai.server.request.duration", "A call")
+        self.ttft = self._seconds(meter, "gen_ai.server.time_to_first_token", "To the first token")
+        self.tpot = self._seconds(
+            meter, "gen_ai.server.time_per_output_token", "Per output token after the first"
+        )
+
+    @staticmethod
+    def _seconds(meter: Meter, name: str, description: str) -> Histogram:
+        return meter.create_histogram(
+            name, unit="s", description=description,
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+        )  # fmt: skip
+
+    def call_ended(self, node: NodeRun, produced: int) -> None:
+        if node.started_at is None or node.finished_at is None:
+            return  # it never ran in the engine
+        attributes: Attributes = dict(self.base)
+        if node.state in (NodeState.FAILED, NodeState.CANCELLED):
+            attributes = {**self.base, "error.type": node.state.value}
+        duration = max(node.finished_at - node.started_at, 0.0)
+        self.operation.record(duration, attributes)
+        self.request.record(duration, attributes)
+        self.tokens.record(node.prompt_tokens, {**self.base, "gen_ai.token.type": "input"})
+        self.tokens.record(produced, {**self.base, "gen_ai.token.type": "output"})
+        if node.first_token_at is None:
+            return
+        self.ttft.record(max(node.first_token_at - node.started_at, 0.0), attributes)
+        if produced > 1:
+            per_token = (node.finished_at - node.first_token_at) / (produced - 1)
+            self.tpot.record(max(per_token, 0.0), attributes)
