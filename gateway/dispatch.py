@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.job_run import ENDED, JobRun, NodeState
-from gateway.jobs import rendered_chars
+from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.leases import Leases, reserve_within
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
@@ -262,13 +262,10 @@ class Dispatcher(OwnsTasks):
         ready; a prompt over the bound fails the node before any of it is rendered."""
         with self._failing_node(run, node_id):
             outputs = {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}
-            size = rendered_chars(run.nodes[node_id].spec, _sizes(run.spec.inputs), outputs)
-            if size > self.config.max_prompt_chars:
-                reason = (
-                    f"the prompt renders to {size:,} characters; at most "
-                    f"{self.config.max_prompt_chars:,}"
-                )
-                self._finish_node(run, node_id, NodeState.FAILED, reason)
+            size = rendered_chars(run.nodes[node_id].spec, input_sizes(run.spec.inputs), outputs)
+            problem = oversized_prompt(size, self.config.max_prompt_chars)
+            if problem is not None:
+                self._finish_node(run, node_id, NodeState.FAILED, f"the prompt {problem}")
                 return
             encoded = await anyio.to_thread.run_sync(
                 self._tickets.encode_node, run, node_id, limiter=self._limiter(run.tenant_id)
@@ -379,10 +376,9 @@ class Dispatcher(OwnsTasks):
 
     def _drop_ready(self, ticket: Ticket, reason: str) -> None:
         """Fail a call that never reached the engine: the policy sees it end unserved."""
-        call, now = ticket.call, self.clock()
+        call = ticket.call
         if self.tickets.pop(call.call_id, None) is not None:
-            self.policy.mark_dispatched(call.call_id, now)
-            self.policy.on_finished(call.call_id, 0, 0, now)
+            self._end_unserved(call.call_id, self.clock())
         self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
         self._call_ended(ticket, 0)
 
@@ -585,8 +581,12 @@ class Dispatcher(OwnsTasks):
     def _withdraw_ready(self, run: JobRun, now: float) -> None:
         """Take a cancelled job's ready calls out of the policy before the job has ended."""
         for ticket in self._drop_tickets(run):
-            self.policy.mark_dispatched(ticket.call.call_id, now)
-            self.policy.on_finished(ticket.call.call_id, 0, 0, now)
+            self._end_unserved(ticket.call.call_id, now)
+
+    def _end_unserved(self, call_id: str, now: float) -> None:
+        """A ready call leaves the policy without running: dispatched, and done with nothing."""
+        self.policy.mark_dispatched(call_id, now)
+        self.policy.on_finished(call_id, 0, 0, now)
 
     def _drop_tickets(self, run: JobRun) -> list[Ticket]:
         """Forget the job's ready calls; those reserved with the job are released."""
@@ -626,6 +626,3 @@ class Dispatcher(OwnsTasks):
             except Exception:  # never the loop's end; the store reclaims it one lease later
                 log.exception("quota close %s failed", close.key)
 
-
-def _sizes(values: Mapping[str, str]) -> dict[str, int]:
-    return {name: len(value) for name, value in values.items()}

@@ -50,19 +50,19 @@ class GenAiMetrics:
         )  # fmt: skip
 
     def call_ended(self, node: NodeRun, produced: int) -> None:
-        if node.started_at is None or node.finished_at is None:
+        duration = node.run_time
+        if duration is None:
             return  # it never ran in the engine
         attributes: Attributes = dict(self.base)
         if node.state in (NodeState.FAILED, NodeState.CANCELLED):
             attributes = {**self.base, "error.type": node.state.value}
-        duration = max(node.finished_at - node.started_at, 0.0)
         self.operation.record(duration, attributes)
         self.request.record(duration, attributes)
         self.tokens.record(node.prompt_tokens, {**self.base, "gen_ai.token.type": "input"})
         self.tokens.record(produced, {**self.base, "gen_ai.token.type": "output"})
-        if node.first_token_at is None:
-            return
-        self.ttft.record(max(node.first_token_at - node.started_at, 0.0), attributes)
-        if produced > 1:
-            per_token = (node.finished_at - node.first_token_at) / (produced - 1)
-            self.tpot.record(max(per_token, 0.0), attributes)
+        for histogram, seconds in (
+            (self.ttft, node.time_to_first_token),
+            (self.tpot, node.time_per_output_token(produced)),
+        ):
+            if seconds is not None:
+                histogram.record(seconds, attributes)

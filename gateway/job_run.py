@@ -66,6 +66,32 @@ class NodeRun:
     first_token_at: float | None = None
     finished_at: float | None = None
 
+    @property
+    def queue_wait(self) -> float | None:
+        """From ready to running, once it ran."""
+        if self.ready_at is None or self.started_at is None:
+            return None
+        return max(self.started_at - self.ready_at, 0.0)
+
+    @property
+    def run_time(self) -> float | None:
+        """From running to its end, once it ran and ended."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(self.finished_at - self.started_at, 0.0)
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.started_at is None or self.first_token_at is None:
+            return None
+        return max(self.first_token_at - self.started_at, 0.0)
+
+    def time_per_output_token(self, produced: int) -> float | None:
+        """Between the `produced` tokens after the first, once it ended."""
+        if self.first_token_at is None or self.finished_at is None or produced < 2:
+            return None
+        return max(self.finished_at - self.first_token_at, 0.0) / (produced - 1)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeChanged:
@@ -107,6 +133,7 @@ class JobRun:
     events: list[JobEvent] = field(default_factory=list)
     key_id: str = ""  # the API key that submitted it: revoking the key cancels the job
     fingerprint: str = ""  # digest of the submitted spec, for idempotency keys
+    streamed: bool = False  # a RunJob or Generate created it: its last stream closing cancels it
     max_delta_bytes: int = MAX_DELTA_BYTES
     _dag: Dag | None = None
     _changed: anyio.Event = field(default_factory=anyio.Event)

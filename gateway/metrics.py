@@ -105,15 +105,13 @@ class GatewayMetrics:
             self.output_tokens.labels(tenant).inc(produced)
         if node.state is NodeState.CAPPED:
             self.caps.labels(tenant).inc()
-        if node.started_at is None:
-            return
-        if node.ready_at is not None:
-            self.queue_wait.labels(tenant).observe(max(node.started_at - node.ready_at, 0.0))
-        if node.first_token_at is not None:
-            self.ttft.labels(tenant).observe(max(node.first_token_at - node.started_at, 0.0))
-            if produced > 1 and node.finished_at is not None:
-                per_token = (node.finished_at - node.first_token_at) / (produced - 1)
-                self.tpot.labels(tenant).observe(max(per_token, 0.0))
+        for histogram, seconds in (
+            (self.queue_wait, node.queue_wait),
+            (self.ttft, node.time_to_first_token),
+            (self.tpot, node.time_per_output_token(produced)),
+        ):
+            if seconds is not None:
+                histogram.labels(tenant).observe(seconds)
 
     def job_ended(self, run: JobRun) -> None:
         self.jobs.labels(self.tenant(run.tenant_id), run.state.value).inc()

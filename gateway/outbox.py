@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -113,7 +114,7 @@ class Outbox(OwnsTasks):
         self._pending[close.key] = close
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         self._wake.set()
-        await self._write(self._append, json.dumps({"close": asdict(close)}))
+        await self._write(functools.partial(self._append, json.dumps({"close": asdict(close)})))
 
     async def _retry_loop(self) -> None:
         delay = RETRY_FIRST_S
@@ -141,18 +142,18 @@ class Outbox(OwnsTasks):
                 log.exception("dropping quota close %s", key)
             del self._pending[key]
             landed = True
-            await self._write(self._append, json.dumps({"done": key}))
+            await self._write(functools.partial(self._append, json.dumps({"done": key})))
         if not self._pending:
-            await self._write(lambda _: self._rewrite(), "")
+            await self._write(self._rewrite)
         return landed
 
-    async def _write(self, write: Callable[[str], None], line: str) -> None:
+    async def _write(self, write: Callable[[], None]) -> None:
         """Write to the file in a worker thread; a disk that fails is logged, and the closes
         stay pending in memory (they still land while this process lives)."""
         if self.path is None:
             return
         try:
-            await anyio.to_thread.run_sync(write, line)
+            await anyio.to_thread.run_sync(write)
         except OSError:
             log.exception("cannot write the outbox file %s", self.path)
 

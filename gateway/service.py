@@ -76,7 +76,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_active_jobs = max_active_jobs
         self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
-        self._streamed: set[str] = set()  # jobs a RunJob or Generate created: they own them
         # bumped by a key's revocation or a tenant's deletion, so that an admission that was
         # under way meanwhile is undone instead of escaping the cancel
         self._epochs: Counter[str] = Counter()
@@ -117,7 +116,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
-        run.key_id, run.fingerprint = key_id, fingerprint
+        run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         admitted = await self.dispatcher.admit(run, quota)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
@@ -126,8 +125,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             if epochs[1] != self._epochs[f"tenant {tenant_id}"]:
                 self.jobs.forget_tenant(tenant_id)  # a tenant made again under the id starts clean
             raise Unauthenticated("the API key was revoked")
-        if streamed:
-            self._streamed.add(run.job_id)
         return run
 
     async def _quota(self, tenant_id: str) -> TenantQuota:
@@ -212,10 +209,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self._running[run.job_id] -= 1
             if not self._running[run.job_id]:
                 del self._running[run.job_id]
-                if run.job_id in self._streamed and not run.ended:
+                if run.streamed and not run.ended:
                     self.dispatcher.cancel(run, "client disconnected")
-                if run.ended:
-                    self._streamed.discard(run.job_id)
 
 
 def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:

@@ -41,10 +41,8 @@ ERROR_TYPES = {  # a failed node's reason -> a low-cardinality error.type
 def annotate_call(span: trace.Span, ticket: Ticket, last: TokenDelta | None, produced: int) -> None:
     params = ticket.plan.params
     node = ticket.run.nodes[ticket.call.node_id]
-    if node.first_token_at is not None and node.started_at is not None:
-        span.set_attribute(
-            "gen_ai.response.time_to_first_chunk", node.first_token_at - node.started_at
-        )
+    if node.time_to_first_token is not None:
+        span.set_attribute("gen_ai.response.time_to_first_chunk", node.time_to_first_token)
     if node.state in (NodeState.FAILED, NodeState.CANCELLED):
         kind = "cancelled" if node.state is NodeState.CANCELLED else "failed"
         span.set_attribute("error.type", ERROR_TYPES.get(node.reason, kind))

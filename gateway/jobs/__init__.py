@@ -19,7 +19,7 @@ from gateway.jobs.template import (
     render_node,
     rendered_chars,
 )
-from gateway.jobs.validation import JobLimits, validate_job
+from gateway.jobs.validation import JobLimits, input_sizes, oversized_prompt, validate_job
 
 __all__ = [
     "ChatMessage",
@@ -35,8 +35,10 @@ __all__ = [
     "Reference",
     "SamplingSpec",
     "TemplateUnresolved",
+    "input_sizes",
     "job_spec_from_proto",
     "job_spec_to_proto",
+    "oversized_prompt",
     "references",
     "render",
     "render_node",

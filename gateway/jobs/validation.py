@@ -76,6 +76,9 @@ class _Job:
     first_index: Mapping[str, int]  # node id -> index of the first node with it
     edges: Mapping[str, Sequence[str]]  # node id -> depends_on of that first node
     input_chars: Mapping[str, int]  # input name -> length of its value
+    # each node's rendered size, outputs counted as empty: the parents have not run, so this
+    # is the least its prompt takes
+    prompt_chars: Sequence[int]
 
     @classmethod
     def of(cls, spec: JobSpec, limits: JobLimits) -> _Job:
@@ -83,8 +86,22 @@ class _Job:
         for i, node in enumerate(spec.nodes):
             first_index.setdefault(node.id, i)
         edges = {node_id: spec.nodes[i].depends_on for node_id, i in first_index.items()}
-        input_chars = {name: len(value) for name, value in spec.inputs.items()}
-        return cls(spec, limits, first_index, edges, input_chars)
+        input_chars = input_sizes(spec.inputs)
+        prompt_chars = [rendered_chars(node, input_chars, {}) for node in spec.nodes]
+        return cls(spec, limits, first_index, edges, input_chars, prompt_chars)
+
+
+def input_sizes(inputs: Mapping[str, str]) -> dict[str, int]:
+    """Each input's length, what `rendered_chars` reads."""
+    return {name: len(value) for name, value in inputs.items()}
+
+
+def oversized_prompt(size: int, limit: int) -> str | None:
+    """Why a prompt of `size` characters (at least) breaks `limit`, or None when it does not:
+    checked at submission and again before a node with parents is rendered."""
+    if size <= limit:
+        return None
+    return f"renders to at least {size:,} characters; at most {limit:,}"
 
 
 def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | None = None) -> None:
@@ -160,7 +177,7 @@ def _check_node(index: int, node: NodeSpec, job: _Job) -> Iterator[FieldViolatio
     yield from _check_depends_on(at, node, job.edges)
     yield from _check_prompt(at, node, job.limits)
     yield from _check_references(at, node, job)
-    yield from _check_rendered_size(at, node, job)
+    yield from _check_rendered_size(at, index, job)
     yield from _check_sampling(f"{at}.sampling", node.sampling, job.limits)
 
 
@@ -244,7 +261,7 @@ def _reference_problem(
 
 def _check_job_size(job: _Job) -> Iterator[FieldViolation]:
     """Admission renders and encodes every node's prompt: the sum is bounded too."""
-    total = sum(rendered_chars(node, job.input_chars, {}) for node in job.spec.nodes)
+    total = sum(job.prompt_chars)
     if total > job.limits.max_job_prompt_chars:
         yield FieldViolation(
             "nodes",
@@ -253,13 +270,10 @@ def _check_job_size(job: _Job) -> Iterator[FieldViolation]:
         )
 
 
-def _check_rendered_size(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:
-    """Outputs count as empty: the parents have not run, so this is the least the prompt takes."""
-    size = rendered_chars(node, job.input_chars, {})
-    if size > job.limits.max_prompt_chars:
-        yield FieldViolation(
-            at, f"renders to at least {size:,} characters; at most {job.limits.max_prompt_chars:,}"
-        )
+def _check_rendered_size(at: str, index: int, job: _Job) -> Iterator[FieldViolation]:
+    problem = oversized_prompt(job.prompt_chars[index], job.limits.max_prompt_chars)
+    if problem is not None:
+        yield FieldViolation(at, problem)
 
 
 def _check_sampling(at: str, sampling: SamplingSpec, limits: JobLimits) -> Iterator[FieldViolation]:
