@@ -227,11 +227,11 @@ class Dispatcher(OwnsTasks):
     ) -> Ticket | None:
         """The ticket of a one-call job that the next dispatch pass will start whatever the
         policy's order: the engine, below its knee, has room for it and every ready call."""
-        cap, ready, knee = self.engine.capacity, len(self.tickets), self.config.knee_calls
+        cap, ready, load = self.engine.capacity, len(self.tickets), self._load()
         if len(run.nodes) != 1 or cap.free_seqs <= ready + len(self.reserving):
             return None
-        if knee is not None and cap.num_running + cap.num_waiting + ready >= knee:
-            return None
+        if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
+            return None  # busy as the loop counts it: calls reserving count as running
         (node_id,) = run.nodes
         try:
             ticket = self._tickets.make(run, node_id, quota, blanks[node_id])
