@@ -186,13 +186,6 @@ class AsyncEngine:
 
         self._run(apply)
 
-    def has_room(self, num_tokens: int) -> bool:
-        """Would a new request needing `num_tokens` of KV be admitted without waiting?"""
-        cap = self._capacity
-        return cap.free_seqs > 0 and cap.free_blocks >= self.core.block_manager.blocks_for(
-            num_tokens
-        )
-
     @property
     def capacity(self) -> Capacity:
         return self._capacity
@@ -211,7 +204,7 @@ class AsyncEngine:
             dataclasses.replace(
                 cap,
                 free_blocks=cap.free_blocks
-                - self.core.block_manager.blocks_for(request.num_tokens),
+                - self.core.block_manager.blocks_for(self.core.scheduler.waiting_tokens(request)),
                 free_seqs=cap.free_seqs - 1,
             )
             if self._stepping

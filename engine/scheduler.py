@@ -112,8 +112,10 @@ class Scheduler:
         return bool(self.requests)
 
     def capacity(self) -> Capacity:
-        """KV blocks and sequence slots left once every waiting request is admitted."""
-        waiting_blocks = sum(self.blocks.blocks_for(r.num_tokens) for r in self.waiting)
+        """KV blocks and sequence slots left once every waiting request is admitted, a new one
+        with its predicted output (what a gateway dispatching by room must count: a burst of
+        requests between two steps cannot be promised the same blocks twice)."""
+        waiting_blocks = sum(self.blocks.blocks_for(self.waiting_tokens(r)) for r in self.waiting)
         promised = waiting_blocks + self._outstanding_blocks()
         return Capacity(
             free_blocks=self.blocks.num_free_blocks - promised,
@@ -122,6 +124,15 @@ class Scheduler:
             num_waiting=len(self.waiting),
             used_blocks=self.blocks.num_used_blocks,
         )
+
+    @staticmethod
+    def waiting_tokens(request: Request) -> int:
+        """KV a waiting request will take: its tokens, plus its predicted output if it was never
+        admitted (a preempted one resumes from what it has)."""
+        if request.status is not RequestStatus.WAITING:
+            return request.num_tokens
+        predicted = min(request.predicted_output_len or 0, request.params.max_tokens)
+        return request.num_tokens + predicted
 
     def schedule(self) -> StepPlan:
         budget = self.config.max_num_batched_tokens

@@ -1,11 +1,11 @@
-"""The dispatch loop: ready calls go to the engine in policy order, only when it has room.
+"""The dispatch loop: it performs what the dispatch core decides, on the pool's backends.
 
-Jobs are admitted against the tenant's quotas, then join the fair-share policy; a node whose
-parents are done is rendered and tokenized (in a worker thread, after its rendered size is
-checked against the bound) and handed to the policy as a ready call. The loop asks the policy
-for the next call and takes it only when the engine can admit it now (KV for prompt +
-reservation, a batch slot, counting what calls handed out but not yet admitted will take), so
-the engine's own waiting list stays short and the policy's order is the order that runs.
+Jobs are admitted against the tenant's quotas, then join the fair-share policy through the core
+(`gateway.dispatch_core`); a node whose parents are done is rendered and tokenized (in a worker
+thread, after its rendered size is checked against the bound) and handed to the core as a ready
+call. Each pass asks the core for the next call with the backends' capacity snapshots: the core
+answers in policy order, only while some backend can admit the call now, and says which one, so
+the backends' own queues stay short and the policy's order is the order that runs.
 
 A taken call first reserves its worst case (prompt + max_tokens) in the quota store, in a task
 of its own so that no slow store reply stalls the loop: meanwhile the policy holds it (it stays
@@ -14,7 +14,9 @@ backoff until `reserve_deadline_s`; a quota refusal with a retry time holds the 
 in the policy until then (or until one of its calls ends), so other tenants go on. A reserved
 call is marked dispatched and started; a follower task streams its tokens into the job and, when
 it ends, settles (or releases) the reservation exactly once through the outbox, tells the
-policy what it really cost, and releases dependents. Reservations and admitted jobs are leases
+core what it really cost, and releases dependents. A call lost with its backend (`BackendLost`)
+is released and runs again once from its prompt, its node back to READY with its output
+cleared (the lost-call rule); lost twice, it fails. Reservations and admitted jobs are leases
 that `Leases` renews while they run. A call planned for refinement is predicted again from its
 prompt's hidden state once prefilled (its engine reservation and its job's key follow). A
 one-call job that the engine would take at once reserves its call in the same script as its
@@ -43,16 +45,17 @@ import anyio
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 
-from engine import AsyncEngine, FinishReason, RequestStream, TokenDelta
+from engine import FinishReason, TokenDelta
+from gateway.backends import Backend, BackendCall, BackendCapacity, BackendLost, CallStream
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
+from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
 from gateway.job_run import ENDED, JobRun, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.leases import Leases, reserve_within
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
 from gateway.owned import OwnsTasks
-from gateway.room import WaitingCalls, has_room
 from gateway.spans import annotate_call, start_job_span
 from gateway.tickets import Blank, Ticket, Tickets
 from tenants import (
@@ -64,10 +67,12 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import EngineLoad, JobInfo, Policy
+from tenants.policies import JobInfo, Policy
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal error"
+BACKEND_LOST = "backend lost"
+Entry = CoreCall[Ticket]
 
 
 @dataclass(slots=True)
@@ -93,7 +98,7 @@ class DispatchConfig:
 class Dispatcher(OwnsTasks):
     def __init__(
         self,
-        engine: AsyncEngine,
+        backends: list[Backend],
         policy: Policy,
         store: QuotaStore,
         tokenizer: Any,
@@ -106,9 +111,11 @@ class Dispatcher(OwnsTasks):
         metrics: GatewayMetrics | None = None,
     ) -> None:
         super().__init__()
+        if not backends or len({b.name for b in backends}) != len(backends):
+            raise ValueError("a pool needs at least one backend, each with its own name")
         self.metrics = metrics
-        self.engine = engine
-        self.policy = policy
+        self.backends = {b.name: b for b in backends}
+        self.core: DispatchCore[Ticket] = DispatchCore(policy, config.knee_calls)
         self.store = store
         self.tokenizer = tokenizer
         self.planner = planner
@@ -118,16 +125,12 @@ class Dispatcher(OwnsTasks):
         self.on_job_end = on_job_end
         self.outbox = outbox if outbox is not None else Outbox(store)
         self.leases = Leases(store, config.reservation_ttl_s)
-        self.tickets: dict[str, Ticket] = {}  # ready calls in the policy
-        self.reserving: dict[str, Ticket] = {}  # held in the policy while they reserve
-        self.running: dict[str, RequestStream] = {}
+        self.streams: dict[str, CallStream] = {}  # running call id -> its backend's stream
         self.runs: dict[str, JobRun] = {}  # active jobs
         self._quotas: dict[str, TenantQuota] = {}
         self._wake = anyio.Event()
         self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
-        self._followed: dict[str, dict[str, Ticket]] = {}  # job id -> call id -> in the engine
-        self._waiting = WaitingCalls(engine.core.block_manager.blocks_for)
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
@@ -141,9 +144,12 @@ class Dispatcher(OwnsTasks):
         tg.start_soon(self._loop)
         tg.start_soon(self._deadlines.run)
 
+    def capacities(self) -> dict[str, BackendCapacity]:
+        return {name: backend.capacity() for name, backend in self.backends.items()}
+
     async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
-        job that the engine would take at once has its call reserved in the same script."""
+        job that the pool would take at once has its call reserved in the same script."""
         blanks = await anyio.to_thread.run_sync(
             self._tickets.encode_blanks, run, limiter=self._limiter(run.tenant_id)
         )
@@ -153,7 +159,7 @@ class Dispatcher(OwnsTasks):
             await self._admit_in_store(run, ticket)
         except QuotaUnavailable:  # the script may still run once the store answers: undo it
             if ticket is not None:
-                await self.outbox.send(Close("release", run.tenant_id, ticket.call.call_id))
+                await self.outbox.send(Close("release", run.tenant_id, ticket.quota_id))
             await self.outbox.send(Close("finish_job", run.tenant_id, run.job_id))
             raise
         return Admitted(info, blanks, ticket)
@@ -163,9 +169,13 @@ class Dispatcher(OwnsTasks):
         if ticket is None:
             await self.store.admit_job(run.tenant_id, run.job_id, len(run.nodes), ttl_s=ttl)
             return
-        call = ticket.call
         held = await self.store.admit_job_and_reserve(
-            run.tenant_id, run.job_id, len(run.nodes), call.call_id, ticket.quota_tokens, ttl,
+            run.tenant_id,
+            run.job_id,
+            len(run.nodes),
+            ticket.quota_id,
+            ticket.quota_tokens,
+            ttl,
             ttl_s=ttl,
         )
         ticket.held = held is not None
@@ -179,7 +189,7 @@ class Dispatcher(OwnsTasks):
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
-        self.policy.add_job(admitted.info, now)  # validates: nothing is kept if it refuses
+        self.core.add_job(admitted.info, now)  # validates: nothing is kept if it refuses
         self._quotas[run.tenant_id] = quota
         self.runs[run.job_id] = run
         self.leases.hold_job(run.tenant_id, run.job_id)
@@ -189,7 +199,7 @@ class Dispatcher(OwnsTasks):
             self._job_spans[run.job_id] = start_job_span(self._tracer, run)
         ticket = admitted.ticket
         if ticket is not None and ticket.held:
-            self.leases.hold_call(run.tenant_id, ticket.call.call_id)
+            self.leases.hold_call(run.tenant_id, ticket.quota_id)
         for node_id in run.start(now):
             if ticket is not None and ticket.call.node_id == node_id:
                 self._add_ready(ticket, now)
@@ -208,11 +218,16 @@ class Dispatcher(OwnsTasks):
             return
         now = self.clock()
         for node_id in run.cancel(now, reason, failed=failed):
-            self.engine.abort(f"{run.job_id}/{node_id}")
+            self._abort(f"{run.job_id}/{node_id}")
         if run.ended:
             self._forget(run, now)
         else:  # a finished call is being settled: the job ends with it
-            self._withdraw_ready(run, now)
+            self._release_held(self.core.withdraw_ready(run.job_id, now))
+
+    def _abort(self, call_id: str) -> None:
+        entry = self.core.running.get(call_id)
+        if entry is not None:
+            self.backends[entry.backend].abort(call_id)
 
     def _expire(self, job_id: str) -> None:
         run = self.runs.get(job_id)
@@ -226,24 +241,16 @@ class Dispatcher(OwnsTasks):
         self, run: JobRun, quota: TenantQuota, blanks: dict[str, Blank]
     ) -> Ticket | None:
         """The ticket of a one-call job that the next dispatch pass will start whatever the
-        policy's order: the engine, below its knee, has room for it and every ready call."""
-        cap, ready, load = self.engine.capacity, len(self.tickets), self._load()
-        if len(run.nodes) != 1 or cap.free_seqs <= ready + len(self.reserving):
+        policy's order: some backend, below its knee, has room for it and every ready call."""
+        if len(run.nodes) != 1:
             return None
-        if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
-            return None  # busy as the loop counts it: calls reserving count as running
         (node_id,) = run.nodes
         try:
             ticket = self._tickets.make(run, node_id, quota, blanks[node_id])
         except CallRefused:
             return None  # refused again once submitted, where its node fails
-        free = self._free_blocks()
-        blocks_for = self.engine.core.block_manager.blocks_for
-        for other in (ticket, *self.tickets.values()):  # at most free_seqs of them
-            free -= blocks_for(other.call.prompt_tokens + other.plan.reserve_output)
-            if free < 0:
-                return None
-        return ticket
+        reserve = ticket.plan.reserve_output
+        return ticket if self.core.starts_at_once(ticket.call, reserve, self.capacities()) else None
 
     def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
         try:
@@ -254,8 +261,7 @@ class Dispatcher(OwnsTasks):
         self._add_ready(ticket, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
-        self.tickets[ticket.call.call_id] = ticket
-        self.policy.add_ready(ticket.call, now)
+        self.core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held)
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:
         """Render and encode a node whose parents are done (off the event loop), then make it
@@ -283,42 +289,16 @@ class Dispatcher(OwnsTasks):
             except Exception:  # a policy bug must not end the gateway: the next wake retries
                 log.exception("dispatch pass failed")
 
-    def _load(self) -> EngineLoad:
-        cap = self.engine.capacity
-        busy = cap.num_running + cap.num_waiting + len(self.reserving)
-        return EngineLoad(busy, 0, self.config.knee_calls)
-
     def _dispatch_ready(self) -> None:
-        while (call := self.policy.peek(self.clock(), self._load())) is not None:
-            ticket = self.tickets[call.call_id]
-            if not self._has_room(call.prompt_tokens + ticket.plan.reserve_output):
-                return  # woken again when a running call ends
-            if ticket.held:
-                self._launch(ticket)
-                continue
-            self.policy.hold(call.call_id)
-            self.reserving[call.call_id] = ticket
-            self.tasks.start_soon(self._reserve_and_launch, ticket)
+        while (dispatch := self.core.next(self.clock(), self.capacities())) is not None:
+            entry = dispatch.entry
+            if dispatch.needs_reserve:
+                self.tasks.start_soon(self._reserve_and_launch, entry)
+            else:
+                self._start(entry)
 
-    def _free_blocks(self) -> int:
-        """Free KV blocks less what calls handed out and not yet admitted will take."""
-        if self._waiting:
-            self._waiting.prune(self.engine.core.scheduler.requests)
-        blocks_for = self.engine.core.block_manager.blocks_for
-        promised = sum(
-            blocks_for(t.call.prompt_tokens + t.plan.reserve_output)
-            for t in self.reserving.values()
-        )
-        return self.engine.capacity.free_blocks - self._waiting.blocks - promised
-
-    def _has_room(self, num_tokens: int) -> bool:
-        cap = self.engine.capacity
-        room = dataclasses.replace(
-            cap, free_seqs=cap.free_seqs - len(self.reserving), free_blocks=self._free_blocks()
-        )
-        return has_room(room, self.engine.core.block_manager.blocks_for, num_tokens, 0)
-
-    async def _reserve_and_launch(self, ticket: Ticket) -> None:
+    async def _reserve_and_launch(self, entry: Entry) -> None:
+        ticket = entry.payload
         call, run = ticket.call, ticket.run
         with self._failing_node(run, call.node_id):
             try:
@@ -328,58 +308,54 @@ class Dispatcher(OwnsTasks):
                 await reserve_within(
                     self.store,
                     call.tenant_id,
-                    call.call_id,
+                    ticket.quota_id,
                     ticket.quota_tokens,
                     self.config.reservation_ttl_s,
                     deadline,
                     self.clock,
                 )
             except QuotaExceeded as exc:
-                self._refused(ticket, exc)
+                self._refused(entry, exc)
                 return
             except QuotaUnavailable:
                 # the reserve may have landed after all: close it
-                await self._send(Close("release", call.tenant_id, call.call_id))
-                self._drop_ready(ticket, "quota store unavailable")
+                await self._send(Close("release", call.tenant_id, ticket.quota_id))
+                self._drop_ready(entry, "quota store unavailable")
                 return
             except (CallClosed, TenantNotFound) as exc:
-                self._drop_ready(ticket, str(exc))
+                self._drop_ready(entry, str(exc))
                 return
             finally:
-                self.reserving.pop(call.call_id, None)  # its slot and blocks are free again
-                self._wake.set()
-            if run.ended or call.call_id not in self.tickets:  # cancelled meanwhile
-                await self._send(Close("release", call.tenant_id, call.call_id))
+                self._wake.set()  # its promised room is free again, or it runs now
+            if self.core.launched(call.call_id, self.clock()) is None:  # its job ended
+                await self._send(Close("release", call.tenant_id, ticket.quota_id))
                 return
-            self.leases.hold_call(call.tenant_id, call.call_id)
-            self.policy.unhold(call.call_id)
-            self._launch(ticket)
+            self.leases.hold_call(call.tenant_id, ticket.quota_id)
+            self._start(entry)
 
-    def _refused(self, ticket: Ticket, exc: QuotaExceeded) -> None:
+    def _refused(self, entry: Entry, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""
-        call = ticket.call
+        call = entry.call
         if self.metrics is not None:
             self.metrics.refused(call.tenant_id, exc.reason)
-        if call.call_id not in self.tickets:
+        if call.call_id not in self.core.taking:
             return  # its job ended meanwhile
         if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
-            self._drop_ready(ticket, str(exc))
+            self._drop_ready(entry, str(exc))
             return
-        self.policy.unhold(call.call_id)
         delay = max(exc.retry_after_s, 0.01)
-        self.policy.hold_tenant(call.tenant_id, self.clock() + delay)
+        self.core.retry_later(call.call_id, self.clock() + delay)
         self.tasks.start_soon(self._wake_after, delay)
 
     async def _wake_after(self, delay: float) -> None:
         await anyio.sleep(delay)
         self._wake.set()
 
-    def _drop_ready(self, ticket: Ticket, reason: str) -> None:
-        """Fail a call that never reached the engine: the policy sees it end unserved."""
-        call = ticket.call
-        if self.tickets.pop(call.call_id, None) is not None:
-            self._end_unserved(call.call_id, self.clock())
-        self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
+    def _drop_ready(self, entry: Entry, reason: str) -> None:
+        """Fail a call that never reached a backend: the policy sees it end unserved."""
+        ticket = entry.payload
+        self.core.drop(entry.call.call_id, self.clock())
+        self._finish_node(ticket.run, entry.call.node_id, NodeState.FAILED, reason)
         self._call_ended(ticket, 0)
 
     def _call_ended(self, ticket: Ticket, produced: int) -> None:
@@ -387,50 +363,50 @@ class Dispatcher(OwnsTasks):
             node = ticket.run.nodes[ticket.call.node_id]
             self.metrics.call_ended(ticket.call.tenant_id, node, produced, ticket.plan.conservative)
 
-    def _launch(self, ticket: Ticket) -> None:
-        """Start a reserved call in the engine; a call the engine refuses fails alone."""
+    def _start(self, entry: Entry) -> None:
+        """Send a dispatched call to its backend; a call the backend refuses fails alone."""
+        ticket = entry.payload
         call = ticket.call
-        self.policy.mark_dispatched(call.call_id, self.clock())
-        del self.tickets[call.call_id]
+        backend = self.backends[entry.backend]
         try:
-            self._start_call(ticket)
+            stream = backend.submit(
+                BackendCall(
+                    call.call_id,
+                    ticket.prompt_ids,
+                    ticket.plan.params,
+                    entry.priority,
+                    ticket.plan.reserve_output,
+                    call.tenant_id if self.config.cache_salt_per_tenant else "",
+                )
+            )
         except Exception as exc:
-            log.warning("the engine refused %s: %s", call.call_id, exc)
-            self.tasks.start_soon(self._close_unstarted, ticket, str(exc))
+            log.warning("backend %s refused %s: %s", backend.name, call.call_id, exc)
+            self.tasks.start_soon(self._close_unstarted, entry, str(exc))
+            return
+        self.streams[call.call_id] = stream
+        ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
+        self.tasks.start_soon(self._follow, entry, stream)
 
-    async def _close_unstarted(self, ticket: Ticket, reason: str) -> None:
+    async def _close_unstarted(self, entry: Entry, reason: str) -> None:
+        ticket = entry.payload
         call = ticket.call
         with anyio.CancelScope(shield=True), self._failing_node(ticket.run, call.node_id):
-            self.leases.drop_call(call.call_id)
-            await self._send(Close("release", call.tenant_id, call.call_id))
-            if not ticket.run.ended:
-                self.policy.on_finished(call.call_id, call.prompt_tokens, 0, self.clock())
+            self.leases.drop_call(ticket.quota_id)
+            await self._send(Close("release", call.tenant_id, ticket.quota_id))
+            self._reprioritize(
+                self.core.finished(call.call_id, call.prompt_tokens, 0, self.clock())
+            )
             self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
             self._call_ended(ticket, 0)
 
-    def _start_call(self, ticket: Ticket) -> None:
-        call = ticket.call
-        ticket.priority = self.policy.priority(call.call_id)
-        stream = self.engine.add_request(
-            ticket.prompt_ids,
-            ticket.plan.params,
-            request_id=call.call_id,
-            priority=ticket.priority,
-            predicted_output_len=ticket.plan.reserve_output,
-            cache_salt=call.tenant_id if self.config.cache_salt_per_tenant else "",
-        )
-        self.running[call.call_id] = stream
-        self._followed.setdefault(call.job_id, {})[call.call_id] = ticket
-        self._waiting.add(call.call_id, call.prompt_tokens, ticket.plan.reserve_output)
-        ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
-        self.tasks.start_soon(self._follow, ticket, stream)
-
-    async def _follow(self, ticket: Ticket, stream: RequestStream) -> None:
+    async def _follow(self, entry: Entry, stream: CallStream) -> None:
+        ticket = entry.payload
         call, run = ticket.call, ticket.run
         last: TokenDelta | None = None
         last_at = 0.0
         produced = 0
         failure = ""  # why following the call failed, if it did
+        lost = False
         with self._call_span(run) as span:
             try:
                 async for delta in stream:
@@ -438,33 +414,57 @@ class Dispatcher(OwnsTasks):
                     last_at = self.clock()
                     if not delta.finished:  # the last tokens join the job with the call's end
                         run.add_tokens(call.node_id, delta.text, tuple(delta.token_ids), last_at)
-                    if not run.ended:  # an ended job has left the policy
-                        self._progress(ticket, delta, produced)
+                    self._progress(entry, delta, produced)
                     last = delta
                     if delta.finished and delta.finish_reason is not FinishReason.ERROR:
                         run.finishing.add(call.node_id)  # a cancel from now on is too late
+            except BackendLost as exc:
+                log.warning("backend %s lost %s: %s", entry.backend, call.call_id, exc)
+                lost, failure = True, BACKEND_LOST
             except Exception:
                 log.exception("following %s", call.call_id)
                 failure = INTERNAL_ERROR
             finally:
                 with anyio.CancelScope(shield=True):
-                    await stream.aclose()  # aborts the request if it has not finished
+                    await stream.aclose()  # aborts the call if it has not finished
                     with self._failing_node(run, call.node_id):
-                        await self._close_call(ticket, last, last_at, produced, failure)
+                        if not (lost and self._retry_lost(entry)):
+                            if stream.usage is not None:  # the backend's count is the truth
+                                produced = stream.usage.completion_tokens
+                            await self._close_call(entry, last, last_at, produced, failure)
                     if span is not None:
                         annotate_call(span, ticket, last, produced)
 
-    def _progress(self, ticket: Ticket, delta: TokenDelta, produced: int) -> None:
-        if delta.hidden is not None and ticket.plan.refinable:
-            self._refine(ticket, delta.hidden)
-        call = ticket.call
-        self.policy.on_progress(call.call_id, produced, self.clock())
-        if produced > call.predicted_output:  # charged the excess: re-keyed
-            self._refresh_priorities(call.job_id)
+    def _retry_lost(self, entry: Entry) -> bool:
+        """The lost-call rule: the attempt's reservation is released and the call runs again
+        from its prompt, once, under a fresh quota id (a late release of the first attempt
+        cannot touch the second's); False when it cannot (it fails, or was cancelled)."""
+        ticket = entry.payload
+        call, run = ticket.call, ticket.run
+        if run.nodes[call.node_id].state is not NodeState.RUNNING:
+            return False
+        if self.core.lost(call.call_id, self.clock()) is None:
+            return False
+        self.streams.pop(call.call_id, None)
+        self.leases.drop_call(ticket.quota_id)
+        self.tasks.start_soon(self._send, Close("release", call.tenant_id, ticket.quota_id))
+        ticket.held = False
+        ticket.attempt += 1
+        run.finishing.discard(call.node_id)
+        run.retry_node(call.node_id, self.clock(), f"{BACKEND_LOST}: running again")
+        self._wake.set()
+        return True
 
-    def _refine(self, ticket: Ticket, hidden: list[float]) -> None:
-        """The call is prefilled: predict its output again from its hidden state; the engine
+    def _progress(self, entry: Entry, delta: TokenDelta, produced: int) -> None:
+        ticket = entry.payload
+        if delta.hidden is not None and ticket.plan.refinable and not ticket.run.ended:
+            self._refine(entry, delta.hidden)
+        self._reprioritize(self.core.progress(ticket.call.call_id, produced, self.clock()))
+
+    def _refine(self, entry: Entry, hidden: list[float]) -> None:
+        """The call is prefilled: predict its output again from its hidden state; the backend
         moves its KV reservation and the policy re-keys its job (an event on the call's span)."""
+        ticket = entry.payload
         before = ticket.plan
         ticket.plan = self.planner.refine(before, hidden)
         call = ticket.call = dataclasses.replace(
@@ -478,9 +478,9 @@ class Dispatcher(OwnsTasks):
                 "fairgate.reserved_output_tokens": ticket.plan.reserve_output,
             },
         )
-        self.engine.set_prediction(call.call_id, ticket.plan.reserve_output)
-        self.policy.on_refined(call.call_id, call.predicted_output, self.clock())
-        self._refresh_priorities(call.job_id)
+        self.backends[entry.backend].set_prediction(call.call_id, ticket.plan.reserve_output)
+        now = self.clock()
+        self._reprioritize(self.core.refined(call.call_id, call, ticket.plan.reserve_output, now))
 
     def _call_span(self, run: JobRun) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""
@@ -492,7 +492,7 @@ class Dispatcher(OwnsTasks):
 
     async def _close_call(
         self,
-        ticket: Ticket,
+        entry: Entry,
         last: TokenDelta | None,
         last_at: float,
         produced: int,
@@ -501,16 +501,11 @@ class Dispatcher(OwnsTasks):
         """Settle or release the call, then end its node. A finished call's last tokens are
         added only now, after the settle, next to the node's end (and the job's, if it was the
         last call): whoever watches the job gets them in one wake-up. A call that failed here
-        (`failure`) or in the engine is released and its node fails."""
+        (`failure`) or in its backend is released and its node fails."""
+        ticket = entry.payload
         call, run = ticket.call, ticket.run
-        self.running.pop(call.call_id, None)
-        calls = self._followed[call.job_id]
-        del calls[call.call_id]
-        if not calls:
-            del self._followed[call.job_id]
-        self._waiting.discard(call.call_id)
-        self.leases.drop_call(call.call_id)
-        self.policy.unhold_tenant(call.tenant_id)  # a concurrency slot is free again
+        self.streams.pop(call.call_id, None)
+        self.leases.drop_call(ticket.quota_id)
         engine_error = last is not None and last.finish_reason is FinishReason.ERROR
         finished = not failure and last is not None and last.finished and not engine_error
         # a call is charged exactly when its node succeeds: one cancelled before its end was
@@ -521,25 +516,23 @@ class Dispatcher(OwnsTasks):
             close = Close(
                 "settle",
                 call.tenant_id,
-                call.call_id,
+                ticket.quota_id,
                 call.prompt_tokens,
                 produced,
                 run.job_id if ends_job else None,
             )
         else:
-            close = Close("release", call.tenant_id, call.call_id)
+            close = Close("release", call.tenant_id, ticket.quota_id)
         if await self.outbox.send(close) is None:
             ends_job = False  # the outbox settles it; the job is finished as it ends
         if ends_job and not run.ended:
             self._finished_in_store.add(run.job_id)
         now = self.clock()
-        if not run.ended:
-            self.policy.on_finished(call.call_id, call.prompt_tokens, produced, now)
-            self._refresh_priorities(call.job_id)  # re-keyed with the truth
+        self._reprioritize(self.core.finished(call.call_id, call.prompt_tokens, produced, now))
         if finished:
             assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
-            self.planner.observe(ticket.plan, produced)
+            self._observe(entry, produced)
             hit_length = last.finish_reason is FinishReason.LENGTH
             run.nodes[call.node_id].hit_length = hit_length
             if hit_length and ticket.plan.cap_reason:
@@ -552,13 +545,21 @@ class Dispatcher(OwnsTasks):
         self._call_ended(ticket, produced)
         self._wake.set()
 
-    def _refresh_priorities(self, job_id: str) -> None:
-        """Tell the engine the new priority of the job's calls it holds, after a re-key."""
-        for call_id, ticket in self._followed.get(job_id, {}).items():
-            priority = self.policy.priority(call_id)
-            if priority != ticket.priority:
-                ticket.priority = priority
-                self.engine.set_priority(call_id, priority)
+    def _observe(self, entry: Entry, produced: int) -> None:
+        """A call finished: the predictor learns its length, the router its backend's speed."""
+        ticket = entry.payload
+        self.planner.observe(ticket.plan, produced)
+        node = ticket.run.nodes[ticket.call.node_id]
+        ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
+        if ttft is not None and tpot is not None:
+            self.core.router.observe(entry.backend, ttft, tpot)
+
+    def _reprioritize(self, changes: list[Reprioritize[Ticket]]) -> None:
+        """Tell the backends the new priority of the calls they hold, after a re-key."""
+        for change in changes:
+            backend = self.backends[change.entry.backend]
+            if backend.capabilities.priority:
+                backend.set_priority(change.entry.call.call_id, change.priority)
 
     def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
         now = self.clock()
@@ -578,34 +579,21 @@ class Dispatcher(OwnsTasks):
             with contextlib.suppress(Exception):
                 self._finish_node(run, node_id, NodeState.FAILED, INTERNAL_ERROR)
 
-    def _withdraw_ready(self, run: JobRun, now: float) -> None:
-        """Take a cancelled job's ready calls out of the policy before the job has ended."""
-        for ticket in self._drop_tickets(run):
-            self._end_unserved(ticket.call.call_id, now)
-
-    def _end_unserved(self, call_id: str, now: float) -> None:
-        """A ready call leaves the policy without running: dispatched, and done with nothing."""
-        self.policy.mark_dispatched(call_id, now)
-        self.policy.on_finished(call_id, 0, 0, now)
-
-    def _drop_tickets(self, run: JobRun) -> list[Ticket]:
-        """Forget the job's ready calls; those reserved with the job are released."""
-        dropped = [t for t in self.tickets.values() if t.run is run]
-        for ticket in dropped:
-            call_id = ticket.call.call_id
-            del self.tickets[call_id]
+    def _release_held(self, dropped: list[Entry]) -> None:
+        """Calls that leave unserved; those reserved with their job are released."""
+        for entry in dropped:
+            ticket = entry.payload
             if ticket.held:  # reserved with the job, never dispatched
-                self.leases.drop_call(call_id)
-                self.tasks.start_soon(self._send, Close("release", run.tenant_id, call_id))
-        return dropped
+                self.leases.drop_call(ticket.quota_id)
+                release = Close("release", entry.call.tenant_id, ticket.quota_id)
+                self.tasks.start_soon(self._send, release)
 
     def _forget(self, run: JobRun, now: float) -> None:
         if self.runs.pop(run.job_id, None) is None:
             return
-        self.policy.remove_job(run.job_id, now)
+        self._release_held(self.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)
         self.leases.drop_job(run.job_id)
-        self._drop_tickets(run)
         span = self._job_spans.pop(run.job_id, None)
         if span is not None:
             span.set_attribute("fairgate.job.state", run.state.value)
@@ -625,4 +613,3 @@ class Dispatcher(OwnsTasks):
                 await self.outbox.send(close)
             except Exception:  # never the loop's end; the store reclaims it one lease later
                 log.exception("quota close %s failed", close.key)
-

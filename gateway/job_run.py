@@ -209,6 +209,16 @@ class JobRun:
         self._maybe_end(now)
         return released
 
+    def retry_node(self, node_id: str, now: float, reason: str) -> None:
+        """A running node whose backend was lost runs again from its prompt: it is READY once
+        more and its partial output is cleared (watchers see the state change first)."""
+        node = self.nodes[node_id]
+        assert node.state is NodeState.RUNNING
+        node.output, node.output_tokens = "", 0
+        node.started_at = node.first_token_at = None
+        node.ready_at = now
+        self._set(node_id, NodeState.READY, now, reason)
+
     def is_last_open(self, node_id: str) -> bool:
         """Whether every other node has ended, so that ending this one ends the job."""
         return all(node.state in ENDED for other, node in self.nodes.items() if other != node_id)

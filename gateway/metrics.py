@@ -1,7 +1,7 @@
-"""The gateway's Prometheus metrics: what each tenant got, how long it waited, what the engine has.
+"""The gateway's Prometheus metrics: what each tenant got, how long it waited, backends' load.
 
 Counters and histograms are recorded where a call or a job ends (the dispatcher calls
-`call_ended`, `job_ended`, `refused`); gauges are read from the dispatcher and the engine when
+`call_ended`, `job_ended`, `refused`); gauges are read from the dispatcher and its backends when
 scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
 `max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
@@ -120,7 +120,7 @@ class GatewayMetrics:
         self.refusals.labels(self.tenant(tenant_id), reason).inc()
 
     def watch(self, dispatcher: Dispatcher) -> None:
-        """Report the dispatcher's and its engine's gauges at each scrape."""
+        """Report the dispatcher's and its backends' gauges at each scrape."""
         self.registry.register(DispatchCollector(dispatcher, self))
 
 
@@ -130,27 +130,34 @@ class DispatchCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        dispatcher, engine = self.dispatcher, self.dispatcher.engine
+        dispatcher = self.dispatcher
         yield GaugeMetricFamily(
-            "fairgate_ready_calls", "Calls ready for the engine", value=len(dispatcher.tickets)
+            "fairgate_ready_calls", "Calls ready for a backend", value=len(dispatcher.core.ready)
         )
         active = GaugeMetricFamily("fairgate_active_jobs", "Jobs not ended", labels=["tenant"])
         tenants = Tally(self.metrics.tenant(r.tenant_id) for r in dispatcher.runs.values())
         for tenant, count in tenants.items():
             active.add_metric([tenant], count)
         yield active
-        cap, blocks = engine.capacity, engine.core.block_manager.num_blocks
-        yield GaugeMetricFamily(
-            "fairgate_engine_kv_usage_ratio",
-            "KV blocks in use",
-            value=(blocks - cap.free_blocks) / blocks,
-        )
-        yield GaugeMetricFamily(
-            "fairgate_engine_running_calls", "Calls in the batch", value=cap.num_running
-        )
-        yield GaugeMetricFamily(
-            "fairgate_engine_waiting_calls", "Calls not admitted yet", value=cap.num_waiting
-        )
-        yield GaugeMetricFamily(
-            "fairgate_engine_healthy", "1 while the engine serves", value=float(engine.healthy)
-        )
+        gauges = {
+            "kv_usage_ratio": GaugeMetricFamily(
+                "fairgate_backend_kv_usage_ratio", "KV blocks in use", labels=["backend"]
+            ),
+            "running": GaugeMetricFamily(
+                "fairgate_backend_running_calls", "Calls in the batch", labels=["backend"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "fairgate_backend_waiting_calls", "Calls not admitted yet", labels=["backend"]
+            ),
+            "healthy": GaugeMetricFamily(
+                "fairgate_backend_healthy", "1 while the backend takes calls", labels=["backend"]
+            ),
+        }
+        for name, cap in dispatcher.capacities().items():
+            if cap.total_blocks:
+                used = (cap.total_blocks - cap.free_blocks) / cap.total_blocks
+                gauges["kv_usage_ratio"].add_metric([name], used)
+            gauges["running"].add_metric([name], cap.running)
+            gauges["waiting"].add_metric([name], cap.waiting)
+            gauges["healthy"].add_metric([name], float(cap.healthy))
+        yield from gauges.values()

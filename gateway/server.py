@@ -33,6 +33,7 @@ from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
 from gateway.auth import AuthInterceptor, FailureThrottle
+from gateway.backends import LocalBackend
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.engine_setup import build_engine_core
@@ -214,7 +215,7 @@ async def running_gateway(
         engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
         dispatcher = await stack.enter_async_context(
             Dispatcher(
-                engine,
+                [LocalBackend(engine, config.model_name)],
                 policy,
                 store,
                 core.tokenizer,

@@ -41,8 +41,13 @@ class Ticket:
     prompt_ids: list[int]
     plan: CallPlan
     model_name: str
-    priority: float = 0.0  # what the engine was last told
     held: bool = False  # reserved in the quota store with its job's admission
+    attempt: int = 1  # a call lost with its backend runs again once (a second attempt)
+
+    @property
+    def quota_id(self) -> str:
+        """Its reservation's id in the quota store: each attempt reserves and settles its own."""
+        return self.call.call_id if self.attempt == 1 else f"{self.call.call_id}#{self.attempt}"
 
     @property
     def quota_tokens(self) -> int:

@@ -1,18 +1,16 @@
-"""Discrete-event simulation of the gateway's dispatch loop over the real engine core.
+"""Discrete-event simulation of the gateway's dispatch over the real engine core.
 
 The clock is the engine's virtual time (`LLMEngine.now()`: the simulated runner's modelled step
 times add up). Each turn of the loop: release what is due (job arrivals, whose root calls become
 ready after their think delay; calls whose parents finished plus their think delay), dispatch
-like `gateway/dispatch.py` does (the policy's `peek(now, EngineLoad(running + waiting, 0,
-knee))` answer goes to the engine only while `has_room(prompt + reserve)` holds, counting the
-output that calls still waiting in the engine will reserve (`gateway.room`), with the engine
-priority `policy.priority(call)` and a reservation of the predicted output), then one engine step
-whose tokens go to the policy (`on_progress`, `on_finished`); after a re-key (a call finished or
-ran past its prediction) the engine gets the new priority of the job's calls it holds, as the
-gateway tells it; an idle engine jumps the clock to the next event. The real scheduler and
-block manager decide batching, KV and preemption. Invariant: every job that arrives finishes,
-each of its calls is dispatched exactly once, and a job leaves the policy when its last call
-finishes.
+through the gateway's own `DispatchCore` (the policy's order, routed to the engine while it has
+room; the engine's capacity counts the output that calls still waiting in it will reserve), then
+one engine step whose tokens go to the core as progress and finishes; after a re-key the engine
+gets the new priority of the job's calls it holds, as the gateway tells its backends; an idle
+engine jumps the clock to the next event. There is no quota store, so every call is dispatched
+at once. The real scheduler and block manager decide batching, KV and preemption. Invariant:
+every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
+the policy when its last call finishes.
 """
 
 from __future__ import annotations
@@ -27,8 +25,9 @@ from bench.sim.errors import SimulationStuck
 from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
-from gateway.room import WaitingCalls, has_room
-from tenants.policies import EngineLoad, JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
+from gateway.backends import BackendCapacity, engine_capacity
+from gateway.dispatch_core import DispatchCore, Reprioritize
+from tenants.policies import JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
 
 Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens
 
@@ -65,7 +64,6 @@ class _JobState:
     children: dict[str, list[str]]
     parents_left: dict[str, int]
     calls_left: int
-    in_engine: dict[str, float] = field(default_factory=dict)  # call id -> priority it was given
 
 
 class Simulation:
@@ -81,7 +79,7 @@ class Simulation:
         self.runner = TraceRunner(setup.step_model)
         self.engine = LLMEngine(setup.config, runner=self.runner)
         self.policy = policy
-        self.knee = setup.knee_calls
+        self.core: DispatchCore[None] = DispatchCore(policy, setup.knee_calls)
         self.predictions = predictions
         self.record_s = record_s
         self.stop_after_work = stop_after_work  # a capacity probe stops once this much is done
@@ -89,16 +87,13 @@ class Simulation:
         self.timers: list[tuple[float, int, str, str]] = []  # (due, seq, job id, node id)
         self.seq = 0
         self.states: dict[str, _JobState] = {}
-        self.ready: dict[str, tuple[ReadyCall, int]] = {}  # call id -> (call, reserve)
         self.produced: dict[str, int] = {}  # running call id -> tokens so far
-        self.waiting = WaitingCalls(self.engine.block_manager.blocks_for)
         self.served: dict[str, float] = defaultdict(float)
-        self.blocked = False  # the last dispatch left a ready call for want of room
         self.result = SimResult(policy.name, {})
 
     def run(self) -> SimResult:
         total = len(self.arrivals)
-        while self.arrivals or self.timers or self.ready or self.engine.has_unfinished:
+        while self.arrivals or self.timers or self.core.ready or self.engine.has_unfinished:
             if self.stop_after_work is not None and self.result.work >= self.stop_after_work:
                 break
             now = self.engine.now()
@@ -112,7 +107,7 @@ class Simulation:
                 continue
             due = [t for t in (self._next_arrival(), self._next_timer()) if t is not None]
             if not due:
-                raise SimulationStuck(f"t={now:.3f}s: {len(self.ready)} ready calls never fit")
+                raise SimulationStuck(f"t={now:.3f}s: {len(self.core.ready)} ready calls never fit")
             self.engine.virtual_time = max(now, min(due))
         self.result.end_time = self.engine.now()
         self.result.preemptions = self.engine.scheduler.num_preemptions
@@ -153,7 +148,7 @@ class Simulation:
             )
             for n in job.nodes
         )
-        self.policy.add_job(JobInfo(job.job_id, job.tenant, job.weight, job.arrival, costs), now)
+        self.core.add_job(JobInfo(job.job_id, job.tenant, job.weight, job.arrival, costs), now)
         for node in job.nodes:
             if not node.parents:
                 self._schedule(state, node.node_id, job.arrival, now)
@@ -178,44 +173,28 @@ class Simulation:
             predicted,
             node.max_tokens,
         )
-        self.ready[call.call_id] = (call, math.ceil(min(predicted, node.max_tokens)))
-        self.policy.add_ready(call, now)
+        reserve = math.ceil(min(predicted, node.max_tokens))
+        self.core.add_ready(call, reserve, None, now, reserved=True)
 
-    def _load(self) -> EngineLoad:
+    def _capacities(self) -> dict[str, BackendCapacity]:
         cap = self.engine.scheduler.capacity()
-        return EngineLoad(cap.num_running + cap.num_waiting, 0, self.knee)
-
-    def _has_room(self, num_tokens: int) -> bool:
-        if self.waiting:
-            self.waiting.prune(self.engine.scheduler.requests)
-        blocks_for = self.engine.block_manager.blocks_for
-        return has_room(
-            self.engine.scheduler.capacity(), blocks_for, num_tokens, self.waiting.blocks
-        )
+        return {"engine": engine_capacity(cap, self.engine.block_manager.block_size)}
 
     def _dispatch(self, now: float) -> None:
-        self.blocked = False
-        while (call := self.policy.peek(now, self._load())) is not None:
-            _, reserve = self.ready[call.call_id]
-            if not self._has_room(call.prompt_tokens + reserve):
-                self.blocked = True
-                return
-            self.policy.mark_dispatched(call.call_id, now)
-            del self.ready[call.call_id]
+        while (dispatch := self.core.next(now, self._capacities())) is not None:
+            entry = dispatch.entry
+            call = entry.call
             node = self.states[call.job_id].nodes[call.node_id]
             self.runner.expect(call.call_id, node.output_tokens)
-            priority = self.policy.priority(call.call_id)
             self.engine.add_request(
                 [1] * call.prompt_tokens,
                 SamplingParams(max_tokens=node.max_tokens),
                 request_id=call.call_id,
-                priority=priority,
-                predicted_output_len=reserve,
+                priority=entry.priority,
+                predicted_output_len=entry.reserve_output,
                 detokenize=False,
             )
             self.produced[call.call_id] = 0
-            self.states[call.job_id].in_engine[call.call_id] = priority
-            self.waiting.add(call.call_id, call.prompt_tokens, reserve)
 
     def _step(self) -> None:
         start = self.engine.now()
@@ -235,37 +214,32 @@ class Simulation:
             step_work += work
             self.result.output_tokens += len(out.new_token_ids)
             if out.finished:
-                del self.produced[call_id], state.in_engine[call_id]
-                self.waiting.discard(call_id)
+                del self.produced[call_id]
                 self.result.work += kv_token_time(prompt, produced)
-                self.policy.on_finished(call_id, prompt, produced, now)
-                self._refresh_priorities(state)
+                self._reprioritize(self.core.finished(call_id, prompt, produced, now))
                 self._node_done(state, node_id, now)
             else:
                 self.produced[call_id] = produced
-                self.policy.on_progress(call_id, produced, now)
-                if produced > self.predictions[job_id, node_id]:
-                    self._refresh_priorities(state)
-        if self.blocked:
+                self._reprioritize(self.core.progress(call_id, produced, now))
+        if self.core.blocked:
             self.result.saturated_work += step_work
             self.result.saturated_s += now - start
             self.result.saturated_steps += 1
         self._snapshot()
 
-    def _refresh_priorities(self, state: _JobState) -> None:
+    def _reprioritize(self, changes: list[Reprioritize[None]]) -> None:
         """The job was re-keyed: its calls in the engine get their new priority."""
         scheduler = self.engine.scheduler
-        for call_id, sent in state.in_engine.items():
-            priority = self.policy.priority(call_id)
-            if priority != sent and call_id in scheduler.requests:  # not finished this step
-                state.in_engine[call_id] = priority
-                scheduler.set_priority(call_id, priority)
+        for change in changes:
+            call_id = change.entry.call.call_id
+            if call_id in scheduler.requests:  # not finished this step
+                scheduler.set_priority(call_id, change.priority)
 
     def _node_done(self, state: _JobState, node_id: str, now: float) -> None:
         state.calls_left -= 1
         if state.calls_left == 0:
             job_id = state.job.job_id
-            self.policy.remove_job(job_id, now)
+            self.core.remove_job(job_id, now)
             self.result.finish[job_id] = now
             del self.states[job_id]
             return

@@ -74,6 +74,7 @@ class Policy(Protocol):
     `peek` is pure (repeated calls return the same answer until something changes); the caller
     dispatches the answer with `mark_dispatched`. `remove_job` forgets the job's ready and running
     calls: the caller aborts its running calls in the engine and reports nothing more for them.
+    `requeue` puts a running call whose backend was lost back among the ready calls.
     A held call (`hold`: its quota is being reserved) and the ready calls of a held tenant
     (`hold_tenant`: a quota refused it until `until`) stay ready but are not shown by `peek`.
     """
@@ -103,6 +104,8 @@ class Policy(Protocol):
     def on_finished(
         self, call_id: str, prompt_tokens: int, output_tokens: int, now: float
     ) -> None: ...
+
+    def requeue(self, call_id: str, now: float) -> None: ...
 
     def remove_job(self, job_id: str, now: float) -> None: ...
 

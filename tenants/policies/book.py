@@ -206,6 +206,19 @@ class BookPolicy:
         del job.started[run.call.node_id]
         job.done[run.call.node_id] = (prompt_tokens, output_tokens)
 
+    def requeue(self, call_id: str, now: float) -> None:
+        """A running call was lost with its backend: it is ready again, to run once more. What
+        its attempt was charged stays charged (the service was consumed); it keeps its place
+        in counters that count ready and running calls alike, so no hook sees it arrive."""
+        job, run = self._running(call_id)
+        del job.running[call_id]
+        call = run.call
+        job.ready[call_id] = call
+        self._ready_seq[call_id] = self._next_seq
+        self._ready_at[call_id] = now
+        self._next_seq += 1
+        self._ready_jobs[job.info.job_id] = job
+
     def remove_job(self, job_id: str, now: float) -> None:
         job = self._job(job_id)
         self._job_removed(job, now)

@@ -78,13 +78,18 @@ async def test_invalid_request_is_refused_synchronously() -> None:
             engine.add_request([], SamplingParams(max_tokens=4))
 
 
-async def test_has_room_counts_waiting_and_pending_requests() -> None:
+async def test_capacity_counts_a_waiting_request_with_its_predicted_output() -> None:
     core = make_sim_engine(num_blocks=8)  # block_size 4: 32 tokens of KV
     async with AsyncEngine(core) as engine:
-        assert engine.has_room(32)
-        async with engine.add_request(list(range(1, 17)), SamplingParams(max_tokens=4)):
-            assert not engine.has_room(32)
-            assert engine.has_room(16)
+        assert engine.capacity.free_blocks == 8
+        slots = engine.capacity.free_seqs
+        params = SamplingParams(max_tokens=8)
+        prompt = list(range(1, 9))
+        async with engine.add_request(prompt, params, predicted_output_len=6):
+            # before a step admits it: its prompt (2 blocks) and predicted output (2 more)
+            assert engine.capacity.free_blocks == 4 and engine.capacity.free_seqs == slots - 1
+            async with engine.add_request(prompt, params, predicted_output_len=100):
+                assert engine.capacity.free_blocks == 0  # capped at max_tokens: 4 blocks
 
 
 async def collect(stream: RequestStream) -> list[TokenDelta]:

@@ -188,7 +188,7 @@ async def test_a_generate_closed_early_cancels_its_call(harness: Harness) -> Non
     with anyio.fail_after(5):  # the call is aborted, its quota released, its job finished
         while (u := await store.usage("alpha")).active_reservations or u.queued_jobs:
             await anyio.sleep(0.005)
-    assert not dispatcher.running and u.settled_calls == 0
+    assert not dispatcher.streams and u.settled_calls == 0
 
 
 async def test_other_tenants_jobs_are_not_found(harness: Harness) -> None:

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from engine import AsyncEngine, LLMEngine, SimulatedRunner
+from gateway.backends import LocalBackend
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
@@ -142,7 +143,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             history = HistoryPredictor(LENGTH_PRIOR)
             planner = CallPlanner(history, AnomalyGuard(), CallDefaults(), refiner)
             dispatcher = Dispatcher(
-                engine,
+                [LocalBackend(engine, "sim")],
                 RecordingJustitia(),
                 store,
                 engine.core.tokenizer,
@@ -171,7 +172,7 @@ async def test_room_counts_the_output_that_waiting_calls_will_reserve(make_env: 
     await anyio.wait_all_tasks_blocked()
     waiting = engine.core.scheduler.waiting
     assert [r.request_id for r in waiting] == ["j0/a"]  # by prompts alone all three fitted
-    assert len(dispatcher.tickets) == 2
+    assert len(dispatcher.core.ready) == 2
 
 
 async def test_past_the_knee_only_the_most_urgent_job_adds_calls(make_env: MakeEnv) -> None:
@@ -181,12 +182,12 @@ async def test_past_the_knee_only_the_most_urgent_job_adds_calls(make_env: MakeE
         await admit(env.dispatcher, job(f"j{i}", ("a", 100)))
     await anyio.wait_all_tasks_blocked()
     assert len(env.engine.core.scheduler.waiting) == 2
-    assert len(env.dispatcher.tickets) == 3  # held by the policy, not refused
+    assert len(env.dispatcher.core.ready) == 3  # held by the policy, not refused
     # a much smaller job is now the most urgent (earliest fair-share finish): it passes the knee
     await admit(env.dispatcher, job("small", ("b", 1)))
     await anyio.wait_all_tasks_blocked()
     assert [r.request_id for r in env.engine.core.scheduler.waiting][-1] == "small/b"
-    assert len(env.dispatcher.tickets) == 3
+    assert len(env.dispatcher.core.ready) == 3
 
 
 async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) -> None:
@@ -198,7 +199,7 @@ async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) ->
     seen: list[float] = []
 
     def check() -> None:  # the engine holds the policy's current priority for "long"
-        priority = dispatcher.policy.priority("j/long")
+        priority = dispatcher.core.policy.priority("j/long")
         assert requests["j/long"].priority == priority
         if not seen or seen[-1] != priority:
             seen.append(priority)
@@ -230,7 +231,7 @@ async def test_a_prefilled_call_is_predicted_again_from_its_hidden_state(
     assert isinstance(runner, SimulatedRunner)
     hidden = runner.hidden_vector("j/a")
     expected = refiner.distribution(1.0 + 3.0 * hidden[0], 40)
-    policy = env.dispatcher.policy
+    policy = env.dispatcher.core.policy
     assert isinstance(policy, RecordingJustitia)
     [(call_id, predicted, before, after)] = policy.refined
     assert call_id == "j/a" and predicted == pytest.approx(expected.mean)
@@ -244,7 +245,7 @@ async def test_without_a_refiner_no_call_is_refined(make_env: MakeEnv) -> None:
     await admit(env.dispatcher, run)
     async for _ in run.watch():
         pass
-    policy = env.dispatcher.policy
+    policy = env.dispatcher.core.policy
     assert isinstance(policy, RecordingJustitia) and policy.refined == []
     assert env.engine.predictions == []
 
@@ -305,7 +306,7 @@ async def test_a_call_is_held_only_when_the_engine_has_room_for_every_ready_call
     await anyio.wait_all_tasks_blocked()
     await admit(env.dispatcher, job("large-2", ("a", 1000)))  # no room: it stays ready
     await anyio.wait_all_tasks_blocked()
-    assert list(env.dispatcher.tickets) == ["large-2/a"]
+    assert list(env.dispatcher.core.ready) == ["large-2/a"]
     store.ops.clear()
     await admit(env.dispatcher, job("small", ("a", 4)))  # 2 blocks fit, but not beside large-2
     assert store.ops == ["admit_job"]

@@ -39,7 +39,7 @@ async def test_metrics_count_what_the_jobs_did() -> None:
             running = await h.submit("a", roots(3, 100))
             during = await scrape(http, url)
             assert value(during, "fairgate_active_jobs", tenant="a") == 1
-            assert value(during, "fairgate_engine_healthy") == 1
+            assert value(during, "fairgate_backend_healthy", backend="local") == 1
             chain = pb.JobSpec(nodes=[node("x", "go", 20), node("y", "{{x.output}}", 20, "x")])
             for tenant, spec in (("a", chain), ("b", roots(2, 30)), ("b", chain)):
                 await h.run(tenant, spec)

@@ -101,7 +101,7 @@ async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) ->
     gateway = harness.gateway
     core = gateway.engine.core
     with anyio.fail_after(5):
-        while core.has_unfinished or gateway.dispatcher.running:
+        while core.has_unfinished or gateway.dispatcher.streams:
             await anyio.sleep(0.005)
     blocks = core.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks
@@ -315,7 +315,7 @@ async def test_a_cancelled_call_span_has_an_error_type_and_status(
     await harness.stub.CancelJob(pb.CancelJobRequest(job_id=job_id), metadata=harness.auth("alpha"))
     stream.cancel()
     with anyio.fail_after(5):
-        while harness.gateway.dispatcher.running:
+        while harness.gateway.dispatcher.streams:
             await anyio.sleep(0.005)
     [chat] = [
         s

@@ -198,3 +198,22 @@ def test_priority_orders_a_tenants_own_jobs_only(policy: Policy) -> None:
     # t1's turn comes when it came without priorities, and its higher-priority job takes it
     assert before[0] == "low/n" and after[0] == "high/n"
     assert after.index("high/n") < after.index("low/n")
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_a_requeued_call_is_ready_again_and_runs_once_more(name: str) -> None:
+    policy = make_policy(name)
+    job = make_job("j", nodes=[make_node("a")])
+    policy.add_job(job, 0.0)
+    call = make_ready(job, "a")
+    policy.add_ready(call, 0.0)
+    policy.mark_dispatched(call.call_id, 1.0)
+    policy.on_progress(call.call_id, 3, 2.0)
+    policy.requeue(call.call_id, 3.0)
+    policy.check_invariants()  # type: ignore[attr-defined]
+    assert policy.peek(3.0, NO_KNEE) == call
+    policy.mark_dispatched(call.call_id, 4.0)
+    policy.on_finished(call.call_id, call.prompt_tokens, 5, 5.0)
+    policy.check_invariants()  # type: ignore[attr-defined]
+    with pytest.raises(CallNotRunning):
+        policy.requeue(call.call_id, 6.0)

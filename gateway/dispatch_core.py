@@ -1,0 +1,297 @@
+"""The dispatch decisions without I/O: which ready call runs next, and on which backend.
+
+The core owns the fair-share policy, the ready calls, the room accounting and each call's
+lifecycle; it takes `now` and the backends' capacity snapshots and returns decisions, which the
+async `Dispatcher` (quota store, backends, job streams) and the scheduling simulator perform.
+
+`next(now, capacities)` asks the policy for the first call in its order (telling it how busy
+the pool is) and routes it to a backend that can admit it at once: a free batch slot and KV for
+its prompt plus its reserved output, less what the calls it is still taking were promised there.
+When no backend has room the answer is None and the call waits (the caller asks again when a
+call ends): the backends' own queues stay short, so the policy's order is the order that runs.
+A call whose quota is reserved already (with its job's admission, or where there is no quota)
+is dispatched at once and the caller submits it before asking again, so the next snapshot
+counts it. Any other call is *taken*: held in the policy, its room promised, while the caller
+reserves its quota; then it is `launched`, sent back to wait (`retry_later`, its tenant held
+until a time) or `drop`ped unserved.
+
+A running call reports progress and finishes; the policy re-keys its job with what it really
+costs, and the calls of that job a backend holds get their new priority (`Reprioritize`). A call
+lost with its backend goes back to the ready calls once (`lost`); lost again, it fails.
+
+Invariant: a call is in exactly one of ready, taking and running, and only while its job is
+active, except running calls, which stay until they end (their job may have left the policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from gateway.backends.base import BackendCapacity
+from gateway.routing import Router
+from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall
+
+T = TypeVar("T")
+MAX_ATTEMPTS = 2  # a lost call runs again once
+
+
+@dataclass(slots=True)
+class CoreCall(Generic[T]):
+    """A call the core holds, with what its caller keeps beside it (`payload`)."""
+
+    call: ReadyCall
+    reserve_output: int  # KV set aside for its output on the backend
+    payload: T
+    reserved: bool = False  # its quota needs no reserve step (done with its job, or none)
+    backend: str = ""  # where it runs or is being sent
+    priority: float = 0.0  # what its backend was last told
+    attempts: int = 0  # dispatches so far
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.call.prompt_tokens + self.reserve_output
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch(Generic[T]):
+    """Send this call to `entry.backend`; reserve its quota first when `needs_reserve`."""
+
+    entry: CoreCall[T]
+    needs_reserve: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Reprioritize(Generic[T]):
+    """Tell the backend holding this call its new priority."""
+
+    entry: CoreCall[T]
+    priority: float
+
+
+class DispatchCore(Generic[T]):
+    def __init__(
+        self, policy: Policy, knee_calls: int | None = None, router: Router | None = None
+    ) -> None:
+        self.policy = policy
+        self.knee_calls = knee_calls  # per backend
+        self.router = router or Router()
+        self.ready: dict[str, CoreCall[T]] = {}
+        self.taking: dict[str, CoreCall[T]] = {}
+        self.running: dict[str, CoreCall[T]] = {}
+        self._jobs: dict[str, dict[str, CoreCall[T]]] = {}  # active job -> its running calls
+        self.blocked = False  # the last `next` left a ready call for want of room
+
+    # --- jobs and ready calls -------------------------------------------------------------
+
+    def add_job(self, info: JobInfo, now: float) -> None:
+        self.policy.add_job(info, now)  # validates: nothing is kept if it refuses
+        self._jobs[info.job_id] = {}
+
+    def has_job(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def add_ready(
+        self, call: ReadyCall, reserve_output: int, payload: T, now: float, reserved: bool = False
+    ) -> CoreCall[T]:
+        entry = CoreCall(call, reserve_output, payload, reserved)
+        self.policy.add_ready(call, now)
+        self.ready[call.call_id] = entry
+        return entry
+
+    def remove_job(self, job_id: str, now: float) -> list[CoreCall[T]]:
+        """The job leaves the policy; its ready and taking calls are forgotten and returned
+        (its running calls end on their own, the caller aborts them)."""
+        if self._jobs.pop(job_id, None) is None:
+            return []
+        self.policy.remove_job(job_id, now)
+        self.router.forget(job_id)
+        return self._forget_waiting(job_id)
+
+    def withdraw_ready(self, job_id: str, now: float) -> list[CoreCall[T]]:
+        """A cancelled job that has a call still ending: its ready calls leave unserved."""
+        dropped = [e for e in self.ready.values() if e.call.job_id == job_id]
+        for entry in dropped:
+            del self.ready[entry.call.call_id]
+            self._end_unserved(entry.call.call_id, now)
+        return dropped
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    def load(self, capacities: Mapping[str, BackendCapacity]) -> EngineLoad:
+        """How busy the pool is, as the policy is told: calls the backends hold or are being
+        sent, against the knee of every backend that serves."""
+        busy = sum(c.running + c.waiting for c in capacities.values()) + len(self.taking)
+        serving = sum(c.healthy for c in capacities.values())
+        knee = None if self.knee_calls is None else self.knee_calls * max(serving, 1)
+        return EngineLoad(busy, 0, knee)
+
+    def next(self, now: float, capacities: Mapping[str, BackendCapacity]) -> Dispatch[T] | None:
+        self.blocked = False
+        call = self.policy.peek(now, self.load(capacities))
+        if call is None:
+            return None
+        entry = self.ready[call.call_id]
+        backend = self.router.route(entry.call, entry.kv_tokens, self._rooms(capacities))
+        if backend is None:
+            self.blocked = True
+            return None
+        entry.backend = backend
+        del self.ready[call.call_id]
+        if entry.reserved:
+            self._dispatched(entry, now)
+            return Dispatch(entry, needs_reserve=False)
+        self.policy.hold(call.call_id)
+        self.taking[call.call_id] = entry
+        return Dispatch(entry, needs_reserve=True)
+
+    def starts_at_once(
+        self, call: ReadyCall, reserve_output: int, capacities: Mapping[str, BackendCapacity]
+    ) -> bool:
+        """Would a new job's only call be dispatched by the next pass whatever the policy's
+        order? Some backend has room for it and for every ready call, below its knee."""
+        load = self.load(capacities)
+        ready = len(self.ready)
+        if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
+            return False  # busy as the pass counts it: calls being taken count as running
+        needs = [call.prompt_tokens + reserve_output, *(e.kv_tokens for e in self.ready.values())]
+        for room in self._rooms(capacities).values():
+            if room.healthy and room.free_slots > ready:
+                free = room.free_blocks - sum(room.blocks_for(n) for n in needs)
+                if free >= 0:
+                    return True
+        return False
+
+    def _rooms(self, capacities: Mapping[str, BackendCapacity]) -> dict[str, BackendCapacity]:
+        """Each backend's room less what the calls being taken there were promised."""
+        rooms = dict(capacities)
+        for entry in self.taking.values():
+            room = rooms.get(entry.backend)
+            if room is not None:
+                rooms[entry.backend] = _less(room, room.blocks_for(entry.kv_tokens))
+        return rooms
+
+    # --- a taken call's quota -------------------------------------------------------------
+
+    def launched(self, call_id: str, now: float) -> CoreCall[T] | None:
+        """Its quota is reserved: it runs. None when its job ended meanwhile (release it)."""
+        entry = self.taking.pop(call_id, None)
+        if entry is None:
+            return None
+        self._dispatched(entry, now)
+        return entry
+
+    def retry_later(self, call_id: str, until: float) -> None:
+        """A quota refused the call until `until`: it waits, and its tenant's calls with it."""
+        entry = self.taking.pop(call_id, None)
+        if entry is None:
+            return
+        self.policy.unhold(call_id)
+        self.ready[call_id] = entry
+        self.policy.hold_tenant(entry.call.tenant_id, until)
+
+    def drop(self, call_id: str, now: float) -> CoreCall[T] | None:
+        """A ready or taken call that will never run leaves the policy unserved."""
+        entry = self.taking.pop(call_id, None) or self.ready.pop(call_id, None)
+        if entry is not None:
+            self._end_unserved(call_id, now)
+        return entry
+
+    # --- a running call -------------------------------------------------------------------
+
+    def priority(self, call_id: str) -> float:
+        return self.policy.priority(call_id)
+
+    def progress(self, call_id: str, produced: int, now: float) -> list[Reprioritize[T]]:
+        entry = self.running[call_id]
+        if not self.has_job(entry.call.job_id):
+            return []  # an ended job has left the policy
+        self.policy.on_progress(call_id, produced, now)
+        if produced > entry.call.predicted_output:  # charged the excess: re-keyed
+            return self.refresh(entry.call.job_id)
+        return []
+
+    def refined(
+        self, call_id: str, call: ReadyCall, reserve_output: int, now: float
+    ) -> list[Reprioritize[T]]:
+        """The call's output predicted again once prefilled: the policy re-keys its job."""
+        entry = self.running[call_id]
+        entry.call, entry.reserve_output = call, reserve_output
+        if not self.has_job(call.job_id):
+            return []
+        self.policy.on_refined(call_id, call.predicted_output, now)
+        return self.refresh(call.job_id)
+
+    def finished(
+        self, call_id: str, prompt_tokens: int, produced: int, now: float
+    ) -> list[Reprioritize[T]]:
+        """The call ended (done, failed or aborted): the policy learns what it cost."""
+        entry = self.running.pop(call_id)
+        job_id = entry.call.job_id
+        self.policy.unhold_tenant(entry.call.tenant_id)  # a concurrency slot is free again
+        calls = self._jobs.get(job_id)
+        if calls is None:
+            return []
+        del calls[call_id]
+        self.policy.on_finished(call_id, prompt_tokens, produced, now)
+        return self.refresh(job_id)  # re-keyed with the truth
+
+    def lost(self, call_id: str, now: float) -> CoreCall[T] | None:
+        """The backend failed while it held the call: ready again for another attempt (its
+        quota to be reserved again), or None when it has had its attempts or its job ended."""
+        entry = self.running[call_id]
+        calls = self._jobs.get(entry.call.job_id)
+        if calls is None or entry.attempts >= MAX_ATTEMPTS:
+            return None
+        del self.running[call_id], calls[call_id]
+        self.policy.requeue(call_id, now)
+        self.policy.unhold_tenant(entry.call.tenant_id)
+        entry.reserved, entry.backend = False, ""
+        self.ready[call_id] = entry
+        return entry
+
+    def refresh(self, job_id: str) -> list[Reprioritize[T]]:
+        """The job was re-keyed: its running calls whose priority changed."""
+        changed = []
+        for call_id, entry in self._jobs.get(job_id, {}).items():
+            priority = self.policy.priority(call_id)
+            if priority != entry.priority:
+                entry.priority = priority
+                changed.append(Reprioritize(entry, priority))
+        return changed
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _dispatched(self, entry: CoreCall[T], now: float) -> None:
+        call_id = entry.call.call_id
+        self.policy.mark_dispatched(call_id, now)
+        entry.priority = self.policy.priority(call_id)
+        entry.attempts += 1
+        self.running[call_id] = entry
+        self._jobs[entry.call.job_id][call_id] = entry
+        self.router.sent(entry.call, entry.backend)
+
+    def _end_unserved(self, call_id: str, now: float) -> None:
+        """A ready call leaves the policy without running: dispatched, and done with nothing."""
+        self.policy.mark_dispatched(call_id, now)
+        self.policy.on_finished(call_id, 0, 0, now)
+
+    def _forget_waiting(self, job_id: str) -> list[CoreCall[T]]:
+        gone = []
+        for calls in (self.ready, self.taking):
+            for call_id in [c for c, e in calls.items() if e.call.job_id == job_id]:
+                gone.append(calls.pop(call_id))
+        return gone
+
+
+def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
+    return BackendCapacity(
+        room.free_blocks - blocks,
+        room.block_size,
+        room.free_slots - 1,
+        room.running,
+        room.waiting,
+        room.healthy,
+        room.total_blocks,
+    )

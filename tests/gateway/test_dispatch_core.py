@@ -1,0 +1,226 @@
+"""The dispatch core alone: decisions from `now` and capacity snapshots, no I/O, no clock."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.backends import BackendCapacity
+from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
+from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
+
+
+def room(
+    free_blocks: int = 100,
+    free_slots: int = 8,
+    running: int = 0,
+    waiting: int = 0,
+    healthy: bool = True,
+) -> BackendCapacity:
+    return BackendCapacity(free_blocks, 16, free_slots, running, waiting, healthy)
+
+
+def make_core(policy: str = "fcfs", knee_calls: int | None = None) -> DispatchCore[str]:
+    return DispatchCore(make_policy(policy), knee_calls)
+
+
+def add_job(
+    core: DispatchCore[str],
+    job_id: str,
+    nodes: int = 1,
+    now: float = 0.0,
+    tenant: str = "t",
+    prompt: int = 16,
+    predicted: float = 16.0,
+) -> list[ReadyCall]:
+    costs = tuple(NodeCost(f"n{i}", (), prompt, predicted, 64) for i in range(nodes))
+    core.add_job(JobInfo(job_id, tenant, 1.0, now, costs), now)
+    calls = [
+        ReadyCall(f"{job_id}/n{i}", job_id, tenant, f"n{i}", prompt, predicted, 64)
+        for i in range(nodes)
+    ]
+    for call in calls:
+        core.add_ready(call, 16, call.call_id, now)
+    return calls
+
+
+def test_a_call_goes_to_a_backend_with_room_and_waits_while_none_has_any() -> None:
+    core = make_core()
+    add_job(core, "a")
+    assert core.next(0.0, {"x": room(free_blocks=1)}) is None  # prompt 16 + 16 needs 2 blocks
+    assert core.blocked
+    dispatch = core.next(1.0, {"x": room(free_blocks=1), "y": room(free_blocks=2)})
+    assert dispatch is not None and dispatch.entry.backend == "y" and dispatch.needs_reserve
+    assert not core.blocked and list(core.taking) == ["a/n0"]
+
+
+def test_calls_being_taken_hold_their_room_until_launched() -> None:
+    core = make_core()
+    add_job(core, "a", nodes=3)
+    snapshot = {"x": room(free_blocks=4)}  # room for two calls of 2 blocks each
+    first, second = core.next(0.0, snapshot), core.next(0.0, snapshot)
+    assert first is not None and second is not None
+    assert core.next(0.0, snapshot) is None  # the same snapshot promises no block twice
+    assert core.launched("a/n0", 1.0) is not None
+    # once launched, the backend's own snapshot counts the call: the promise is gone
+    assert core.load({"x": room(running=1)}).running_calls == 2  # one running, one taking
+
+
+def test_a_reserved_call_is_dispatched_at_once() -> None:
+    core = make_core()
+    core.add_job(JobInfo("a", "t", 1.0, 0.0, (NodeCost("n", (), 4, 4.0, 8),)), 0.0)
+    core.add_ready(ReadyCall("a/n", "a", "t", "n", 4, 4.0, 8), 4, "payload", 0.0, reserved=True)
+    dispatch = core.next(0.0, {"x": room()})
+    assert dispatch is not None and not dispatch.needs_reserve
+    assert dispatch.entry.payload == "payload" and list(core.running) == ["a/n"]
+    assert dispatch.entry.attempts == 1
+
+
+def test_a_quota_refusal_holds_the_tenant_until_its_retry_time() -> None:
+    core = make_core()
+    add_job(core, "a", tenant="slow")
+    add_job(core, "b", now=1.0, tenant="fast")
+    snapshot = {"x": room()}
+    taken = core.next(2.0, snapshot)
+    assert taken is not None and taken.entry.call.job_id == "a"
+    core.retry_later("a/n0", until=10.0)
+    nxt = core.next(3.0, snapshot)
+    assert nxt is not None and nxt.entry.call.job_id == "b"  # the other tenant goes on
+    assert core.next(4.0, snapshot) is None  # still held
+    again = core.next(10.0, snapshot)
+    assert again is not None and again.entry.call.call_id == "a/n0"
+
+
+def test_a_dropped_call_leaves_the_policy_unserved() -> None:
+    core = make_core()
+    add_job(core, "a", nodes=2)
+    assert core.next(0.0, {"x": room()}) is not None
+    assert core.drop("a/n0", 1.0) is not None
+    assert core.drop("a/n1", 1.0) is not None
+    assert not core.ready and not core.taking and core.next(2.0, {"x": room()}) is None
+    assert core.remove_job("a", 2.0) == []
+
+
+def test_the_knee_counts_every_serving_backend() -> None:
+    core = make_core("justitia", knee_calls=2)
+    healthy = {"x": room(running=1), "y": room(running=1)}
+    assert core.load(healthy).knee_calls == 4 and core.load(healthy).running_calls == 2
+    one_down = {"x": room(running=1), "y": room(running=1, healthy=False)}
+    assert core.load(one_down).knee_calls == 2
+
+
+def test_progress_past_the_prediction_reprioritizes_the_jobs_running_calls() -> None:
+    core = make_core("justitia")
+    add_job(core, "a", nodes=2, predicted=4.0)
+    add_job(core, "b", now=0.5, predicted=40.0)
+    snapshot = {"x": room()}
+    for _ in range(3):
+        dispatch = core.next(1.0, snapshot)
+        assert dispatch is not None
+        core.launched(dispatch.entry.call.call_id, 1.0)
+    before = core.running["a/n1"].priority
+    assert core.progress("a/n0", 3, 2.0) == []  # within its prediction: no re-key
+    changes = core.progress("a/n0", 200, 3.0)  # far past it: the excess is charged now
+    assert [c.entry.call.call_id for c in changes] == ["a/n0", "a/n1"]
+    assert core.running["a/n1"].priority == changes[1].priority != before
+
+
+def test_a_lost_call_runs_again_once_then_fails() -> None:
+    core = make_core()
+    add_job(core, "a")
+    snapshot = {"x": room(), "y": room()}
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        dispatch = core.next(float(attempt), snapshot)
+        assert dispatch is not None and dispatch.needs_reserve  # its quota is taken again
+        entry = core.launched("a/n0", float(attempt))
+        assert entry is not None and entry.attempts == attempt
+        if attempt < MAX_ATTEMPTS:
+            assert core.lost("a/n0", float(attempt)) is entry
+            assert list(core.ready) == ["a/n0"] and not core.running
+    assert core.lost("a/n0", 9.0) is None  # lost twice: the caller fails it
+    assert core.finished("a/n0", 16, 0, 9.0) == []
+    assert not core.running
+
+
+def test_a_removed_job_forgets_its_waiting_calls_and_its_running_calls_end_alone() -> None:
+    core = make_core()
+    add_job(core, "a", nodes=3)
+    snapshot = {"x": room()}
+    first = core.next(0.0, snapshot)
+    second = core.next(0.0, snapshot)
+    assert first is not None and second is not None
+    core.launched(first.entry.call.call_id, 0.0)
+    gone = core.remove_job("a", 1.0)
+    assert sorted(e.call.call_id for e in gone) == ["a/n1", "a/n2"]  # taking and ready
+    assert core.launched(second.entry.call.call_id, 1.0) is None  # its job ended: release it
+    assert core.progress("a/n0", 5, 2.0) == [] and core.finished("a/n0", 16, 5, 2.0) == []
+
+
+def test_a_one_call_job_starts_at_once_only_with_room_beside_every_ready_call() -> None:
+    core = make_core()
+    add_job(core, "a")  # ready, 2 blocks
+    call = ReadyCall("b/n", "b", "t", "n", 16, 16.0, 64)
+    assert core.starts_at_once(call, 16, {"x": room(free_blocks=4)})
+    assert not core.starts_at_once(call, 16, {"x": room(free_blocks=3)})
+    assert not core.starts_at_once(call, 16, {"x": room(free_slots=1)})
+    assert core.starts_at_once(call, 16, {"x": room(free_blocks=3), "y": room(free_blocks=4)})
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "vtc", "justitia", "las"])
+def test_blast_every_call_ends_exactly_once_and_no_room_is_promised_twice(policy: str) -> None:
+    rng = random.Random(7)
+    core = make_core(policy, knee_calls=rng.choice([None, 3]))
+    ended: list[str] = []
+    produced: dict[str, int] = {}
+    active: set[str] = set()
+    for step in range(3000):
+        now = float(step)
+        if rng.random() < 0.2:
+            job_id = f"j{step}"
+            add_job(core, job_id, nodes=rng.randint(1, 3), now=now, tenant=f"t{step % 3}")
+            active.add(job_id)
+        snapshot = {
+            name: room(free_blocks=rng.randint(0, 12), free_slots=rng.randint(0, 3))
+            for name in ("x", "y")
+        }
+        before = set(core.taking)
+        while core.next(now, snapshot) is not None:
+            pass
+        for name, cap in snapshot.items():  # new calls fit beside those taken before
+            taken = [e for e in core.taking.values() if e.backend == name]
+            if any(e.call.call_id not in before for e in taken):
+                assert len(taken) <= cap.free_slots
+                assert sum(cap.blocks_for(e.kv_tokens) for e in taken) <= cap.free_blocks
+        for call_id in list(core.taking):
+            roll = rng.random()
+            if roll < 0.6:
+                core.launched(call_id, now)
+                produced[call_id] = 0
+            elif roll < 0.7:
+                core.retry_later(call_id, now + 2)
+            elif roll < 0.8:
+                core.drop(call_id, now)
+                ended.append(call_id)
+        for call_id in list(core.running):
+            roll = rng.random()
+            if roll < 0.3:
+                core.finished(call_id, 16, produced.pop(call_id) + rng.randint(0, 9), now)
+                ended.append(call_id)
+            elif roll < 0.35:
+                so_far = produced.pop(call_id)
+                if core.lost(call_id, now) is None:
+                    core.finished(call_id, 16, so_far, now)
+                    ended.append(call_id)
+            elif roll < 0.6:
+                produced[call_id] += rng.randint(0, 30)
+                core.progress(call_id, produced[call_id], now)
+        for job_id in list(active):
+            calls = (*core.ready, *core.taking, *core.running)
+            if not any(c.startswith(job_id + "/") for c in calls):
+                core.remove_job(job_id, now)
+                active.discard(job_id)
+        core.policy.check_invariants()  # type: ignore[attr-defined]
+        ready, taking, running = set(core.ready), set(core.taking), set(core.running)
+        assert not (ready & taking or ready & running or taking & running)
+    assert len(ended) == len(set(ended)) and len(ended) > 100
