@@ -33,6 +33,7 @@ class CallDefaults:
     temperature: float = 0.7
     top_p: float = 0.9
     max_model_len: int = 2048
+    ignore_eos: bool = False  # benchmarks only: every call runs to its max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,7 @@ class CallPlanner:
             seed=sampling.seed,
             stop=sampling.stop,
             return_hidden=refine,
+            ignore_eos=self.defaults.ignore_eos,
         )
         return CallPlan(
             params,

@@ -37,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument(
         "--simulated", action="store_true", help="instant synthetic tokens (gateway benchmarks)"
     )
+    serve.add_argument(
+        "--simulated-step-s",
+        type=float,
+        help="with --simulated: each step takes this long on the wall clock (default 0)",
+    )
     serve.set_defaults(func=serve_engine)
 
 
@@ -53,6 +58,7 @@ async def serve_engine(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         num_threads=args.num_threads,
         simulated_engine=args.simulated or None,
+        simulated_step_s=args.simulated_step_s,
     )
     try:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)

@@ -17,7 +17,8 @@ until a time) or `drop`ped unserved.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`). A call
-lost with its backend goes back to the ready calls once (`lost`); lost again, it fails.
+lost with its backend goes back to the ready calls once (`lost`), to run on another backend of
+the pool (the same one only in a pool of one); lost again, it fails.
 
 Invariant: a call is in exactly one of ready, taking and running, and only while its job is
 active, except running calls, which stay until they end (their job may have left the policy).
@@ -48,6 +49,7 @@ class CoreCall(Generic[T]):
     backend: str = ""  # where it runs or is being sent
     priority: float = 0.0  # what its backend was last told
     attempts: int = 0  # dispatches so far
+    lost_on: str = ""  # the backend its last attempt was lost with: the next runs elsewhere
 
     @property
     def kv_tokens(self) -> int:
@@ -133,7 +135,10 @@ class DispatchCore(Generic[T]):
         if call is None:
             return None
         entry = self.ready[call.call_id]
-        backend = self.router.route(entry.call, entry.kv_tokens, self._rooms(capacities))
+        rooms = self._rooms(capacities)
+        if entry.lost_on and len(rooms) > 1:
+            rooms.pop(entry.lost_on, None)
+        backend = self.router.route(entry.call, entry.kv_tokens, rooms)
         if backend is None:
             self.blocked = True
             return None
@@ -247,7 +252,7 @@ class DispatchCore(Generic[T]):
         del self.running[call_id], calls[call_id]
         self.policy.requeue(call_id, now)
         self.policy.unhold_tenant(entry.call.tenant_id)
-        entry.reserved, entry.backend = False, ""
+        entry.reserved, entry.lost_on, entry.backend = False, entry.backend, ""
         self.ready[call_id] = entry
         return entry
 

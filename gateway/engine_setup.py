@@ -29,8 +29,12 @@ def build_engine_core(settings: Settings) -> LLMEngine:
     from engine.loader import load_tokenizer, resolve_model  # loads transformers' model code
 
     tokenizer = load_tokenizer(resolve_model(settings.model))
+    step_s = settings.simulated_step_s
     runner = SimulatedRunner(
-        StepTimeModel(0.0, 0.0), vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id
+        StepTimeModel(step_s, 0.0),
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        realtime=step_s > 0,
     )
     return LLMEngine(
         config, runner=runner, tokenizer=tokenizer, clock=time.monotonic, num_blocks=8192

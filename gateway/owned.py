@@ -2,7 +2,8 @@
 
 Entering opens what the subclass needs (`_open`, on an exit stack closed in reverse order),
 then one task group in which `_start_tasks` launches the subclass's tasks; leaving, or `aclose()`,
-cancels the group and closes everything that was opened. Nothing outlives the owner.
+cancels the group and closes everything that was opened; so does a failure while entering.
+Nothing outlives the owner.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ class OwnsTasks:
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> Self:
-        await self._open(self._stack)
-        self._tg = await self._stack.enter_async_context(anyio.create_task_group())
-        self._start_tasks(self._tg)
+        try:
+            await self._open(self._stack)
+            self._tg = await self._stack.enter_async_context(anyio.create_task_group())
+            self._start_tasks(self._tg)
+        except BaseException:  # what was opened before the failure is closed again
+            with anyio.CancelScope(shield=True):
+                await self._stack.aclose()
+            self._tg = None
+            raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

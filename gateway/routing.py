@@ -2,13 +2,14 @@
 
 The candidates are the backends that can admit the call at once (healthy, a free batch slot, KV
 blocks for its prompt and reserved output). Each is scored by the call's predicted completion
-there, `ttft + tpot * reserved output`, from the backend's time to first token and time per
+there: `ttft + tpot * reserved output`, from the backend's time to first token and time per
 output token, fitted online as exponential averages of what it streamed (a backend with no
-samples yet borrows the pool's mean; with none anywhere, every backend scores alike). Ties go to
-the backend with the most free slots, then the most free KV, then the name, so an idle pool
-spreads calls. Prefix affinity: the backend that ran another call of the same job (its prefix
-cache may hold their shared prompt) wins when its score is within `affinity_margin` of the best.
-Pure: no I/O and no clock.
+samples yet borrows the pool's mean; with none anywhere the base is one unit for all), stretched
+by how full its batch is, `1 + busy / slots`, since a continuous batch slows every call in it as
+it fills. Ties go to the backend with the most free slots, then the most free KV, then the name.
+Prefix affinity: the backend that ran the job's last call (its prefix cache may hold their
+shared prompt) wins while its score is within `affinity_margin` of the best. Pure: no I/O and
+no clock.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Router:
         if len(fits) <= 1:
             return fits[0] if fits else None
         output = kv_tokens - call.prompt_tokens
-        scores = {name: self._predicted_s(name, output) for name in fits}
+        scores = {name: self._predicted_s(name, output) * _stretch(rooms[name]) for name in fits}
         best = min(fits, key=lambda n: (scores[n], -rooms[n].free_slots, -rooms[n].free_blocks, n))
         near = self._affinity.get(call.job_id)
         if near in scores and scores[near] <= scores[best] * (1 + self.affinity_margin):
@@ -74,7 +75,7 @@ class Router:
 
     def _predicted_s(self, backend: str, output_tokens: int) -> float:
         speed = self._speed.get(backend) or self._pool_mean()
-        return 0.0 if speed is None else speed.ttft_s + speed.tpot_s * output_tokens
+        return 1.0 if speed is None else speed.ttft_s + speed.tpot_s * output_tokens
 
     def _pool_mean(self) -> _Speed | None:
         if not self._speed:
@@ -89,3 +90,9 @@ class Router:
 def _admits(room: BackendCapacity, kv_tokens: int) -> bool:
     """Would the backend admit a call needing `kv_tokens` of KV at once?"""
     return room.healthy and room.free_slots > 0 and room.free_blocks >= room.blocks_for(kv_tokens)
+
+
+def _stretch(room: BackendCapacity) -> float:
+    """How much slower a call runs in the backend's batch as full as it is now."""
+    busy = room.running + room.waiting
+    return 1.0 + busy / max(busy + room.free_slots, 1)

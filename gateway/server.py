@@ -33,13 +33,12 @@ from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
 from gateway.auth import AuthInterceptor, FailureThrottle
-from gateway.backends import LocalBackend
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
-from gateway.engine_setup import build_engine_core
 from gateway.genai_metrics import GenAiMetrics
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
+from gateway.pool import Pool, open_pool
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
@@ -67,7 +66,7 @@ class RunningGateway:
     settings: Settings
     port: int
     store: QuotaStore
-    engine: AsyncEngine
+    engine: AsyncEngine | None  # the local engine, when the pool has one
     dispatcher: Dispatcher
     jobs: JobRegistry
     service: GatewayService
@@ -177,48 +176,30 @@ async def running_gateway(
     check_exposure(settings)
     # The simulated engine's steps are instant: a thread hop would be all they cost
     instant = core is None and settings.simulated_engine
-    if core is None:
-        core = await anyio.to_thread.run_sync(build_engine_core, settings)
     store = store if store is not None else make_store(settings)
     jobs = JobRegistry(settings.retained_jobs_per_tenant)
-    from engine.loader import served_model_name  # loads transformers' model code
-
-    config = DispatchConfig(
-        model_name=served_model_name(settings.model),  # `chat <model>` spans name the real id
-        reservation_ttl_s=settings.reservation_ttl_s,
-        knee_calls=settings.knee_calls,
-        reserve_deadline_s=settings.reserve_deadline_s,
-        max_prompt_chars=settings.max_prompt_chars,
-        cache_salt_per_tenant=settings.prefix_cache_per_tenant,
-    )
-    defaults = CallDefaults(
-        settings.default_temperature, settings.default_top_p, settings.max_model_len
-    )
-    cold = PromptModel.load() if settings.length_predictor == "prompt" else None
-    hidden_size = core.runner.hidden_size  # 0: the engine hands out no hidden states
-    refiner = PromptModel.load(HIDDEN_ARTIFACT) if settings.hidden_refine and hidden_size else None
-    if refiner is not None and refiner.hidden_size != hidden_size:
-        raise ValueError(
-            f"hidden_refine: {HIDDEN_ARTIFACT.name} takes hidden vectors of "
-            f"{refiner.hidden_size}, the engine's model hands out {hidden_size}: set "
-            "hidden_refine = false for this model"
-        )
-    history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
-    planner = CallPlanner(history, AnomalyGuard(), defaults, refiner, ErrorTracker())
-    policy = make_policy(settings.policy)
-    genai = None
-    if meter_provider is not None:
-        genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME), config.model_name)
-    metrics = GatewayMetrics(genai=genai)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
-        engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
+        pool = await open_pool(settings, stack, core, instant)
+        config = DispatchConfig(
+            model_name=pool.model_name,  # `chat <model>` spans name the real id
+            reservation_ttl_s=settings.reservation_ttl_s,
+            knee_calls=settings.knee_calls,
+            reserve_deadline_s=settings.reserve_deadline_s,
+            max_prompt_chars=settings.max_prompt_chars,
+            cache_salt_per_tenant=settings.prefix_cache_per_tenant,
+        )
+        planner = _planner(settings, pool)
+        genai = None
+        if meter_provider is not None:
+            genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME), config.model_name)
+        metrics = GatewayMetrics(genai=genai)
         dispatcher = await stack.enter_async_context(
             Dispatcher(
-                [LocalBackend(engine, config.model_name)],
-                policy,
+                pool.backends,
+                make_policy(settings.policy),
                 store,
-                core.tokenizer,
+                pool.tokenizer,
                 planner,
                 config,
                 on_job_end=jobs.ended,
@@ -245,10 +226,18 @@ async def running_gateway(
         await server.start()
         await _set_health(health_servicer, True)
         tg = await stack.enter_async_context(anyio.create_task_group())
-        tg.start_soon(_report_health, engine, health_servicer)
+        if pool.engine is not None:
+            tg.start_soon(_report_health, pool.engine, health_servicer)
         try:
             yield RunningGateway(
-                settings, port, store, engine, dispatcher, jobs, service, health_servicer,
+                settings,
+                port,
+                store,
+                pool.engine,
+                dispatcher,
+                jobs,
+                service,
+                health_servicer,
                 metrics_port,
             )
         finally:
@@ -276,6 +265,28 @@ async def _report_health(engine: AsyncEngine, servicer: health.aio.HealthService
         if engine.healthy != serving:
             serving = engine.healthy
             await _set_health(servicer, serving)
+
+
+def _planner(settings: Settings, pool: Pool) -> CallPlanner:
+    """Prediction, the guard and limits; the hidden-state refiner when the pool's engine hands
+    out hidden states of the size its artifact takes."""
+    defaults = CallDefaults(
+        settings.default_temperature,
+        settings.default_top_p,
+        pool.max_model_len,
+        settings.ignore_eos,
+    )
+    cold = PromptModel.load() if settings.length_predictor == "prompt" else None
+    hidden_size = pool.hidden_size
+    refiner = PromptModel.load(HIDDEN_ARTIFACT) if settings.hidden_refine and hidden_size else None
+    if refiner is not None and refiner.hidden_size != hidden_size:
+        raise ValueError(
+            f"hidden_refine: {HIDDEN_ARTIFACT.name} takes hidden vectors of "
+            f"{refiner.hidden_size}, the engine's model hands out {hidden_size}: set "
+            "hidden_refine = false for this model"
+        )
+    history = HistoryPredictor(LENGTH_PRIOR, cold=cold)
+    return CallPlanner(history, AnomalyGuard(), defaults, refiner, ErrorTracker())
 
 
 def _build_server(

@@ -18,6 +18,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from gateway.backends.settings import BackendSettings
+
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
 DEFAULT_ADMIN_KEY = "fg_admin_local_dev"
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -71,6 +73,9 @@ class Settings(BaseSettings):
     # size where a step's cost per token stops falling; see docs/BENCHMARKS.md, fair scheduling)
     knee_calls: int | None = Field(default=None, ge=1)
     simulated_engine: bool = False  # instant synthetic tokens (gateway benchmarks)
+    # the simulated engine's steps take this long on the wall clock (0: instant), so calls last
+    # as long as a real engine's would
+    simulated_step_s: float = Field(default=0.0, ge=0.0, le=10.0)
     # calls
     # "prompt": the trained prompt model (predictor/artifacts/prompt_model.npz) predicts a call's
     # output length until its DAG node has history; "history": per-node moving averages only
@@ -82,11 +87,17 @@ class Settings(BaseSettings):
     hidden_refine: bool = True
     default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
+    # benchmarks only: every call runs to its max_tokens (end-of-sequence ignored), so that runs
+    # compared with each other generate the same tokens
+    ignore_eos: bool = False
     # lease of a call's quota reservation and of an admitted job; renewed every third of it
     # while they run, so a crashed gateway holds a tenant's quota for at most this long
     reservation_ttl_s: float = Field(default=60.0, gt=0.0)
     max_message_bytes: int = 16 * 1024 * 1024
     grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
+    # where calls run: `[[backends]]` tables in the TOML (gateway/backends/settings.py); none:
+    # the local engine the engine settings above describe
+    backends: list[BackendSettings] = []
 
     @classmethod
     def settings_customise_sources(

@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP face of one AsyncEngine: a starlette app with vLLM's routes.
 
 Routes: POST /v1/completions (completions.py), GET /v1/models (the served model and its
-max_model_len), GET /health (200 while the engine is healthy, 503 otherwise), GET /metrics
-(Prometheus text, metrics.py). Errors are translated here, once: this server's own (errors.py),
-the engine's (InvalidRequest 400, DuplicateRequest 409, EngineClosed 503) and starlette's (an
-unknown route 404, a wrong method 405) all become one OpenAI-style body,
-`{"error": {"message", "type", "param", "code"}}`.
+max_model_len), POST /tokenize (tokenize.py), GET /health (200 while the engine is healthy, 503
+otherwise), GET /metrics (Prometheus text, metrics.py). Errors are translated here, once: this
+server's own (errors.py), the engine's (InvalidRequest 400, DuplicateRequest 409, EngineClosed
+503) and starlette's (an unknown route 404, a wrong method 405) all become one OpenAI-style
+body, `{"error": {"message", "type", "param", "code"}}`.
 Invariant: a request body is read only while its declared and received length stay within
 `max_body_bytes`; past it the request is refused (413) before anything parses it.
 """
@@ -33,6 +33,7 @@ from engine.openai_api.errors import (
 )
 from engine.openai_api.metrics import EngineMetrics
 from engine.openai_api.protocol import ErrorBody, ModelCard, ModelList
+from engine.openai_api.tokenize import tokenize
 
 MAX_BODY_BYTES = 16 << 20
 MAX_PROMPT_CHARS = 262_144  # a string prompt, before it is tokenized
@@ -64,6 +65,9 @@ def build_app(
     async def completions(request: Request) -> Response:
         return await create_completion(served, request, await _body(request, max_body_bytes))
 
+    async def tokenize_text(request: Request) -> Response:
+        return await tokenize(served, await _body(request, max_body_bytes))
+
     async def models(_: Request) -> Response:
         return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
 
@@ -77,6 +81,7 @@ def build_app(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize_text, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],

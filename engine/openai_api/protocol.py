@@ -14,7 +14,7 @@ the engine's InvalidRequest, which the edge answers with 400 like every other re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -28,6 +28,7 @@ DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling, not greedy
 MAX_STOP_STRINGS = 16  # each is searched for after every token
 MAX_STOP_CHARS = 512
 INT64 = 1 << 63
+M = TypeVar("M", bound=BaseModel)
 
 # Fields OpenAI or vLLM define that fairgate's engine does not implement, with the values that
 # ask for nothing (clients send those as defaults).
@@ -145,8 +146,12 @@ class CompletionRequest(BaseModel):
 
 def parse_request(body: bytes) -> CompletionRequest:
     """Validate a JSON body; a refusal names the first field at fault."""
+    return _parse(CompletionRequest, body)
+
+
+def _parse(model: type[M], body: bytes) -> M:
     try:
-        return CompletionRequest.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as exc:
         error = exc.errors()[0]
         param = ".".join(str(part) for part in error["loc"]) or None
@@ -220,6 +225,28 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize for a text prompt (its chat-messages form is not served)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+
+    model: str | None = None  # when given, it must name the served model
+    prompt: str
+    add_special_tokens: bool = True  # as a completion's string prompt is encoded
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+def parse_tokenize(body: bytes) -> TokenizeRequest:
+    return _parse(TokenizeRequest, body)
 
 
 class ErrorInfo(BaseModel):

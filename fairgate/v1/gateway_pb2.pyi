@@ -67,8 +67,11 @@ class _NodeStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeState.V
     NODE_STATE_PENDING: _NodeState.ValueType  # 1
     """Waiting for its parents."""
     NODE_STATE_READY: _NodeState.ValueType  # 2
-    """Rendered and queued for the engine."""
+    """Rendered and queued for a backend."""
     NODE_STATE_RUNNING: _NodeState.ValueType  # 3
+    """On a backend. A node whose backend fails while it runs goes back to READY once, its
+    output so far cleared (reason "backend lost: running again"), and runs again elsewhere.
+    """
     NODE_STATE_SUCCEEDED: _NodeState.ValueType  # 4
     NODE_STATE_FAILED: _NodeState.ValueType  # 5
     """The call failed, or a node it depends on did not succeed (see reason)."""
@@ -82,8 +85,11 @@ NODE_STATE_UNSPECIFIED: NodeState.ValueType  # 0
 NODE_STATE_PENDING: NodeState.ValueType  # 1
 """Waiting for its parents."""
 NODE_STATE_READY: NodeState.ValueType  # 2
-"""Rendered and queued for the engine."""
+"""Rendered and queued for a backend."""
 NODE_STATE_RUNNING: NodeState.ValueType  # 3
+"""On a backend. A node whose backend fails while it runs goes back to READY once, its
+output so far cleared (reason "backend lost: running again"), and runs again elsewhere.
+"""
 NODE_STATE_SUCCEEDED: NodeState.ValueType  # 4
 NODE_STATE_FAILED: NodeState.ValueType  # 5
 """The call failed, or a node it depends on did not succeed (see reason)."""

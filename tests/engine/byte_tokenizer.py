@@ -8,13 +8,13 @@ from transformers import PreTrainedTokenizerFast
 CORPUS = ["the quick brown fox jumps over the lazy dog", "summarise these notes in one line"] * 20
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
+def byte_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     """Byte-level BPE (so any text round-trips) with an `<eos>` special token."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
+        vocab_size=vocab_size,
         special_tokens=["<eos>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,

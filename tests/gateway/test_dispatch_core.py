@@ -126,13 +126,15 @@ def test_progress_past_the_prediction_reprioritizes_the_jobs_running_calls() -> 
     assert core.running["a/n1"].priority == changes[1].priority != before
 
 
-def test_a_lost_call_runs_again_once_then_fails() -> None:
+def test_a_lost_call_runs_again_once_on_another_backend_then_fails() -> None:
     core = make_core()
     add_job(core, "a")
     snapshot = {"x": room(), "y": room()}
+    backends = []
     for attempt in range(1, MAX_ATTEMPTS + 1):
         dispatch = core.next(float(attempt), snapshot)
         assert dispatch is not None and dispatch.needs_reserve  # its quota is taken again
+        backends.append(dispatch.entry.backend)
         entry = core.launched("a/n0", float(attempt))
         assert entry is not None and entry.attempts == attempt
         if attempt < MAX_ATTEMPTS:
@@ -140,7 +142,16 @@ def test_a_lost_call_runs_again_once_then_fails() -> None:
             assert list(core.ready) == ["a/n0"] and not core.running
     assert core.lost("a/n0", 9.0) is None  # lost twice: the caller fails it
     assert core.finished("a/n0", 16, 0, 9.0) == []
-    assert not core.running
+    assert not core.running and backends[0] != backends[1]
+
+
+def test_in_a_pool_of_one_a_lost_call_runs_again_on_the_same_backend() -> None:
+    core = make_core()
+    add_job(core, "a")
+    assert core.next(0.0, {"x": room()}) is not None and core.launched("a/n0", 0.0)
+    assert core.lost("a/n0", 1.0) is not None
+    dispatch = core.next(2.0, {"x": room()})
+    assert dispatch is not None and dispatch.entry.backend == "x"
 
 
 def test_a_removed_job_forgets_its_waiting_calls_and_its_running_calls_end_alone() -> None:

@@ -76,3 +76,13 @@ def test_a_forgotten_job_has_no_affinity() -> None:
 def test_a_negative_margin_is_refused() -> None:
     with pytest.raises(ValueError, match="affinity_margin"):
         Router(affinity_margin=-0.1)
+
+
+def test_a_fuller_batch_stretches_the_predicted_finish() -> None:
+    router = Router(affinity_margin=0.2)
+    quiet = BackendCapacity(100, 16, 6, 2, 0, True)  # 2 of 8 slots busy: x1.25
+    busy = BackendCapacity(100, 16, 2, 6, 0, True)  # 6 of 8: x1.75
+    assert router.route(call(), 116, {"quiet": quiet, "busy": busy}) == "quiet"
+    router.sent(call("j"), "busy")
+    # the job's backend is 40 % slower now: past the margin, its next call moves
+    assert router.route(call("j"), 116, {"quiet": quiet, "busy": busy}) == "quiet"

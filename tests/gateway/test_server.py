@@ -99,6 +99,7 @@ async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) ->
     states = {n.id: n.state for n in cancelled.nodes}
     assert states == {"a": pb.NODE_STATE_CANCELLED, "b": pb.NODE_STATE_CANCELLED}
     gateway = harness.gateway
+    assert gateway.engine is not None
     core = gateway.engine.core
     with anyio.fail_after(5):
         while core.has_unfinished or gateway.dispatcher.streams:

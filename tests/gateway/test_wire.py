@@ -28,9 +28,7 @@ def test_a_changed_type_a_reused_number_and_an_unreserved_removal_are_caught() -
     assert len(incompatible(shape, reused)) == 1
     removed = copy.deepcopy(shape)
     del removed["messages"][JOB]["fields"]["5"]
-    assert incompatible(shape, removed) == [
-        f"{JOB} field 5 (priority) removed without reserving"
-    ]
+    assert incompatible(shape, removed) == [f"{JOB} field 5 (priority) removed without reserving"]
     removed["messages"][JOB]["reserved"].append([5, 6])
     assert incompatible(shape, removed) == []
 

@@ -11,9 +11,9 @@ from fairgate.v1 import gateway_pb2 as pb
 from gateway.job_run import JobRun
 from gateway.jobs import job_spec_from_proto
 from tenants import MemoryQuotaStore, Reservation
+from tests.fake_clock import FakeClock
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import reliable_gateway, roots
-from tests.tenants.conftest import FakeClock
 
 pytestmark = pytest.mark.anyio
 

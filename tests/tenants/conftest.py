@@ -15,21 +15,11 @@ from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore, TenantQuota
+from tests.fake_clock import FakeClock
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 START = 1_750_000_000.0 + 6 * 3600  # 06:00 UTC, far from a budget day boundary
 TTL = 60.0  # a reservation TTL no test outlives
-
-
-class FakeClock:
-    def __init__(self, now: float = START) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass
@@ -82,7 +72,7 @@ def redis_prefix() -> Iterator[str]:
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     if request.param == "memory":
-        clock = FakeClock()
+        clock = FakeClock(START)
         async with MemoryQuotaStore(clock=clock) as memory_store:
             yield Harness(memory_store, clock)
     else:

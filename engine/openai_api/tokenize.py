@@ -1,0 +1,38 @@
+"""POST /tokenize: a text as the served model's tokenizer encodes it, in vLLM's shape.
+
+A gateway that encodes prompts itself checks with this route, at start-up, that its tokenizer is
+the server's: `{"model", "prompt", "add_special_tokens"}` in, `{"count", "max_model_len",
+"tokens"}` out (and `token_strs` on request). The text is encoded as a completion's string
+prompt is (completions.py), in a worker thread, within the same size limit.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import anyio
+from starlette.responses import JSONResponse, Response
+
+from engine.openai_api.completions import Served
+from engine.openai_api.errors import BadRequest, UnknownModel
+from engine.openai_api.protocol import TokenizeResponse, parse_tokenize
+
+
+async def tokenize(served: Served, body: bytes) -> Response:
+    request = parse_tokenize(body)
+    if request.model is not None and request.model != served.model_name:
+        raise UnknownModel(f"the model `{request.model}` does not exist", "model")
+    if len(request.prompt) > served.max_prompt_chars:
+        raise BadRequest(
+            f"the prompt has {len(request.prompt)} characters; at most {served.max_prompt_chars}",
+            "prompt",
+        )
+    encode = functools.partial(
+        served.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
+    )
+    ids: list[int] = list(await anyio.to_thread.run_sync(encode))
+    strs = served.tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
+    reply = TokenizeResponse(
+        count=len(ids), max_model_len=served.max_model_len, tokens=ids, token_strs=strs
+    )
+    return JSONResponse(reply.model_dump(mode="json"))

@@ -1,0 +1,86 @@
+"""The consumer's end of one remote call: deltas from the call's task, an abort by closing.
+
+The backend runs each call in a task of its own task group that sends deltas, then at most one
+error, into a memory stream. This side hands them out. Closing it early (or the backend's
+`abort`) cancels the call's task, whose HTTP response then closes: that disconnect is how a
+vLLM-compatible server learns to abort the request. `aclose` returns once the task has ended, so
+the connection is closed and the call's room released when it returns.
+Invariant: an aborted call's stream ends quietly (like the engine's); a stream that ends any other
+way without its finished delta raises `BackendLost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from engine import TokenDelta
+from gateway.backends.base import CallUsage
+from gateway.backends.errors import BackendError, BackendLost
+
+Item = TokenDelta | BackendError  # what a call's task sends
+
+
+@dataclass(slots=True)
+class CallControl:
+    """Shared by a call's task and its stream."""
+
+    call_id: str
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ended: anyio.Event = field(default_factory=anyio.Event)  # the task is over
+    aborted: bool = False  # the gateway stopped it (abort, or the stream closed early)
+    usage: CallUsage | None = None  # set by the task before its last delta, or when it ends
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.scope.cancel()
+
+
+class RemoteCallStream:
+    def __init__(self, control: CallControl, receive: MemoryObjectReceiveStream[Item]) -> None:
+        self.call_id = control.call_id
+        self._control = control
+        self._receive = receive
+        self.finished = False
+
+    @property
+    def usage(self) -> CallUsage | None:
+        return self._control.usage
+
+    def __aiter__(self) -> RemoteCallStream:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        if self.finished or self._control.aborted:
+            self._receive.close()
+            raise StopAsyncIteration
+        try:
+            item = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
+            if self._control.aborted:
+                raise StopAsyncIteration from None
+            raise BackendLost(f"call {self.call_id}: the backend closed while it ran") from None
+        if isinstance(item, BackendError):
+            self._receive.close()
+            raise item
+        if item.finished:
+            self.finished = True
+            self._receive.close()
+        return item
+
+    async def __aenter__(self) -> RemoteCallStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop listening; aborts the call on the server when it has not finished."""
+        self._receive.close()
+        if not self.finished and not self._control.ended.is_set():
+            self._control.abort()
+            with anyio.CancelScope(shield=True):
+                await self._control.ended.wait()

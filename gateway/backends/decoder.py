@@ -1,0 +1,127 @@
+"""A streamed completion's server-sent events, turned into one call's token deltas and usage.
+
+Algorithm: `SseLines` joins an event's `data:` lines (a blank line ends the event; comments and
+other fields are skipped). `CompletionDecoder` reads each event's JSON: a chunk with a choice
+becomes a delta (its token ids and text); the chunk with a `finish_reason` is the last one, but it
+is held back until the usage chunk that follows it (choices empty, `usage` set) or the end of the
+stream, so whoever sees the finished delta can also read the call's usage. The usage is the
+server's when it sent one (the quota settles on it), else the token ids counted. An error event
+(`{"error": {...}}`, as vLLM and fairgate send one mid-stream) ends the call: a 5xx (or none
+given) as lost, a 4xx as refused. A stream that ends with no finish was cut: lost.
+Pure: lines in, deltas out.
+Invariant: exactly one delta has `finished` True, and it is the last; `usage` is set before it is
+handed out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine import TokenDelta
+from gateway.backends.base import CallUsage
+from gateway.backends.errors import BackendLost, BackendRefused
+from gateway.backends.wire import finish_reason
+
+DONE = "[DONE]"
+
+
+class SseLines:
+    """Server-sent event framing: lines in, each event's data out."""
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        """The event's data when `line` ends one, else None."""
+        if not line:
+            data, self._data = self._data, []
+            return "\n".join(data) if data else None
+        if line.startswith("data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None  # a comment (":") or a field we do not use (event:, id:, retry:)
+
+
+class CompletionDecoder:
+    def __init__(self, call_id: str, prompt_tokens: int) -> None:
+        self.call_id = call_id
+        self.prompt_tokens = prompt_tokens
+        self.counted = 0  # token ids streamed
+        self.usage: CallUsage | None = None
+        self.done = False  # `[DONE]` came
+        self._held: TokenDelta | None = None  # the finished delta, until the usage comes
+        self._finished = False
+
+    def feed(self, data: str) -> list[TokenDelta]:
+        """The deltas one event's data makes (the held last one once the usage came)."""
+        if data == DONE:
+            self.done = True
+            return []
+        try:
+            event: dict[str, Any] = json.loads(data)
+        except ValueError:
+            raise BackendLost(
+                f"call {self.call_id}: an event that is not JSON: {data[:200]!r}"
+            ) from None
+        if "error" in event:
+            raise _error(self.call_id, event["error"])
+        out: list[TokenDelta] = []
+        for choice in event.get("choices") or ():
+            delta = self._choice(choice)
+            if delta is not None:
+                out.append(delta)
+        usage = event.get("usage")
+        if usage is not None and self._finished:
+            # the usage of a finished call: the truth the quota settles on
+            self.usage = CallUsage(
+                prompt_tokens=int(usage.get("prompt_tokens", self.prompt_tokens)),
+                completion_tokens=int(usage["completion_tokens"]),
+                reported=True,
+            )
+            out += self._release()
+        return out
+
+    def end(self) -> list[TokenDelta]:
+        """The stream ended: the held last delta, or BackendLost when the call never finished."""
+        if not self._finished:
+            raise BackendLost(f"call {self.call_id}: the stream ended before the call finished")
+        return self._release()
+
+    def counted_usage(self) -> CallUsage:
+        """The usage as far as the stream went (for a stream that broke)."""
+        return CallUsage(self.prompt_tokens, self.counted, reported=False)
+
+    def _choice(self, choice: dict[str, Any]) -> TokenDelta | None:
+        if self._finished:
+            raise BackendLost(f"call {self.call_id}: tokens came after the call finished")
+        token_ids = [int(t) for t in choice.get("token_ids") or ()]
+        text = choice.get("text") or ""
+        self.counted += len(token_ids)
+        reason = choice.get("finish_reason")
+        if reason is None:
+            if not token_ids and not text:
+                return None  # a chunk with nothing new (vLLM sends some)
+            return TokenDelta(self.call_id, token_ids, text)
+        self._finished = True
+        self._held = TokenDelta(
+            self.call_id, token_ids, text, finished=True, finish_reason=finish_reason(reason)
+        )
+        return None
+
+    def _release(self) -> list[TokenDelta]:
+        held, self._held = self._held, None
+        if held is None:
+            return []
+        if self.usage is None:
+            self.usage = self.counted_usage()
+        return [held]
+
+
+def _error(call_id: str, error: Any) -> Exception:
+    info = error if isinstance(error, dict) else {"message": str(error)}
+    code = info.get("code")
+    message = f"call {call_id}: the server failed it: {info.get('message', '?')}"
+    if isinstance(code, int) and 400 <= code < 500:
+        return BackendRefused(message, code)
+    return BackendLost(message)

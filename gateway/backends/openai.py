@@ -1,0 +1,298 @@
+"""The `openai` backend: a vLLM-compatible server over HTTP (vLLM, `fairgate engine serve`).
+
+One shared `httpx.AsyncClient` carries everything. Entering the backend checks the server
+(startup.py) and scrapes it once; then a task scrapes `/metrics` and polls `/health` every
+`scrape_interval_s`. `capacity()` is the last scrape less the calls it could not have seen yet
+(unseen.py), healthy only while that scrape is fresh, `/health` answered 200 and the circuit
+breaker lets calls through. `submit` starts a task per call in the backend's task group: it
+streams one `/v1/completions` request (wire.py), decodes its events into deltas (decoder.py) and
+hands them to the call's stream (call_stream.py). Closing that stream early, `abort`, or closing
+the backend cancels the task, which closes the HTTP response: the disconnect is the abort the
+server understands. A failed connection, a 5xx or a cut stream is `BackendLost` (the call may run
+elsewhere) and counts against the breaker; a 4xx is `BackendRefused` (the call fails).
+Invariant: every call's task ends by sending its finished delta, an error, or nothing (aborted),
+and then frees its room (`UnseenCalls.ended`) and its breaker trial, whatever ended it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import math
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+import httpx
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
+
+from engine import TokenDelta
+from gateway.backends.base import BackendCall, BackendCapacity, CallStream, Capabilities
+from gateway.backends.breaker import CircuitBreaker
+from gateway.backends.call_stream import CallControl, Item, RemoteCallStream
+from gateway.backends.decoder import CompletionDecoder, SseLines
+from gateway.backends.errors import BackendError, BackendLost, BackendRefused
+from gateway.backends.server_load import ServerLoad, parse_load
+from gateway.backends.settings import BackendSettings
+from gateway.backends.startup import ServerInfo, check_server
+from gateway.backends.unseen import UnseenCalls
+from gateway.backends.wire import completion_body
+from gateway.owned import OwnsTasks
+
+logger = logging.getLogger(__name__)
+
+STALE_SCRAPES = 5  # a snapshot older than this many scrape intervals is stale: send nothing
+CONNECT_TIMEOUT_S = 5.0
+RETRYABLE_STATUSES = (408, 429)  # the server is busy, not refusing the call: lost, not failed
+
+
+class _Verdict(enum.Enum):
+    """What a call's end says about the backend, for the breaker."""
+
+    NONE = "none"  # nothing (aborted before the server answered)
+    WORKS = "works"  # the server answered
+    FAILED = "failed"  # no connection, a 5xx, a cut stream
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One call's run on the server, as its task sees it."""
+
+    control: CallControl
+    send: MemoryObjectSendStream[Item]
+    decoder: CompletionDecoder
+    trial: bool = False  # the breaker's half-open trial, whose verdict is still due
+    shown: bool = False  # its first event came
+    verdict: _Verdict = _Verdict.NONE
+
+    async def hand_out(self, deltas: list[TokenDelta]) -> None:
+        for delta in deltas:
+            if self.decoder.usage is not None:
+                self.control.usage = self.decoder.usage  # before the finished delta is seen
+            await self.send.send(delta)
+
+
+class OpenAIBackend(OwnsTasks):
+    def __init__(
+        self, settings: BackendSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if settings.kind != "openai" or settings.url is None or settings.tokenizer is None:
+            raise ValueError("OpenAIBackend needs settings of kind 'openai'")
+        super().__init__()
+        self.settings = settings
+        self.name = settings.display_name
+        self.model = settings.model
+        self.capabilities = Capabilities(hidden_states=False, priority=settings.priority)
+        self.server: ServerInfo | None = None  # what the start-up check read
+        self.stale_after_s = STALE_SCRAPES * settings.scrape_interval_s
+        self._url = settings.url
+        self._tokenizer = settings.tokenizer
+        self._clock = clock
+        self._breaker = CircuitBreaker(
+            clock, settings.breaker_failures, settings.breaker_cooldown_s
+        )
+        self._unseen = UnseenCalls()
+        self._load: ServerLoad | None = None
+        self._health_ok = False
+        self._scrape_failure: str | None = None  # the last scrape's failure, logged once
+        self._scraped = anyio.Event()
+        self._calls: dict[str, CallControl] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    async def _open(self, stack: contextlib.AsyncExitStack) -> None:
+        client = await stack.enter_async_context(self._make_client())
+        self.server = await check_server(client, self.name, self.model, self._tokenizer)
+        self._client = client
+        await self._scrape()  # a first snapshot before anyone asks for room
+
+    def _start_tasks(self, tg: TaskGroup) -> None:
+        tg.start_soon(self._scrape_forever)
+
+    def _make_client(self) -> httpx.AsyncClient:
+        settings = self.settings
+        headers = {}
+        if settings.api_key is not None:
+            headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
+        verify: ssl.SSLContext | bool = settings.tls_verify
+        if settings.tls_ca_file is not None:
+            verify = ssl.create_default_context(cafile=str(settings.tls_ca_file))
+        return httpx.AsyncClient(
+            base_url=self._url,
+            headers=headers,
+            verify=verify,
+            # streams may idle while the server queues or prefills; connecting may not
+            timeout=httpx.Timeout(settings.read_timeout_s, connect=CONNECT_TIMEOUT_S),
+            # one connection per running call: the server's batch, not the pool, is the limit
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=settings.max_num_seqs
+            ),
+            # the server's address is explicit: proxies meant for the outside world stay out
+            trust_env=False,
+        )
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self._client is not None, "not entered"
+        return self._client
+
+    # -- room -------------------------------------------------------------------------------
+
+    def capacity(self) -> BackendCapacity:
+        load = self._load
+        if load is None:
+            unseen = len(self._unseen)
+            return BackendCapacity(0, 1, 0, running=0, waiting=unseen, healthy=False)
+        fresh = self._clock() - load.taken_at <= self.stale_after_s
+        healthy = fresh and self._health_ok and self._breaker.allows()
+        return self._unseen.capacity(load, self.settings.max_num_seqs, healthy)
+
+    @property
+    def load(self) -> ServerLoad | None:
+        """The last scrape as the server reported it."""
+        return self._load
+
+    async def next_scrape(self) -> None:
+        """Wait until the next scrape has landed (or failed)."""
+        await self._scraped.wait()
+
+    async def _scrape_forever(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.scrape_interval_s)
+            await self._scrape()
+
+    async def _scrape(self) -> None:
+        mark = self._unseen.scrape_started()
+        taken_at = self._clock()
+        timeout = max(self.stale_after_s, 1.0)
+        failure = None
+        try:
+            response = await self.client.get("/metrics", timeout=timeout)
+            response.raise_for_status()
+            load = parse_load(response.text, self.model, taken_at)
+        except (httpx.HTTPError, ValueError) as exc:
+            failure = f"/metrics: {exc!r}"
+        else:
+            self._load = load
+            self._unseen.scraped(mark)
+        try:
+            health = await self.client.get("/health", timeout=timeout)
+            self._health_ok = health.status_code == 200
+            if not self._health_ok:
+                failure = failure or f"/health answered {health.status_code}"
+        except httpx.HTTPError as exc:
+            self._health_ok = False
+            failure = failure or f"/health: {exc!r}"
+        if failure != self._scrape_failure:
+            if failure is not None:
+                logger.warning("backend %s: %s", self.name, failure)
+            else:
+                logger.info("backend %s: scraped again", self.name)
+            self._scrape_failure = failure
+        self._scraped.set()
+        self._scraped = anyio.Event()
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def submit(self, call: BackendCall) -> CallStream:
+        """Start the call; ValueError for a call id already running here."""
+        tasks = self.tasks  # not entered, or closed: nothing is booked
+        if call.call_id in self._calls:
+            raise ValueError(f"backend {self.name}: call {call.call_id} is already running")
+        output = call.predicted_output or call.params.max_tokens
+        self._unseen.sent(call.call_id, len(call.prompt_ids), output)
+        control = CallControl(call.call_id)
+        self._calls[call.call_id] = control
+        send, receive = anyio.create_memory_object_stream[Item](math.inf)
+        attempt = _Attempt(control, send, CompletionDecoder(call.call_id, len(call.prompt_ids)))
+        attempt.trial = self._breaker.started()
+        tasks.start_soon(self._run, call, attempt)
+        return RemoteCallStream(control, receive)
+
+    def abort(self, call_id: str) -> None:
+        control = self._calls.get(call_id)
+        if control is not None:
+            control.abort()
+
+    def set_priority(self, call_id: str, priority: float) -> None:
+        """Nothing: a vLLM-compatible server takes a request's priority once, when it comes."""
+
+    def set_prediction(self, call_id: str, predicted_output: int) -> None:
+        self._unseen.resized(call_id, predicted_output)
+
+    async def _run(self, call: BackendCall, attempt: _Attempt) -> None:
+        control = attempt.control
+        try:
+            with attempt.send, control.scope:
+                try:
+                    await self._stream(call, attempt)
+                    attempt.verdict = _Verdict.WORKS
+                except (BackendError, httpx.HTTPError) as exc:
+                    error = self._as_backend_error(call, exc)
+                    # a refusal is an answer: the server works
+                    lost = isinstance(error, BackendLost)
+                    attempt.verdict = _Verdict.FAILED if lost else _Verdict.WORKS
+                    await attempt.send.send(error)
+                except anyio.BrokenResourceError:
+                    pass  # the stream was closed: nobody listens, the response closes here
+        finally:
+            if control.usage is None:
+                control.usage = attempt.decoder.counted_usage()
+            self._unseen.ended(call.call_id)
+            del self._calls[call.call_id]
+            control.ended.set()
+            if attempt.verdict is _Verdict.WORKS:
+                self._breaker.succeeded()
+            elif attempt.verdict is _Verdict.FAILED:
+                self._breaker.failed(attempt.trial)
+            else:
+                self._breaker.abandoned(attempt.trial)
+
+    async def _stream(self, call: BackendCall, attempt: _Attempt) -> None:
+        """Stream the call's deltas to its stream; raises what ends it otherwise."""
+        body = completion_body(call, self.model, self.settings.priority)
+        async with self.client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise _refusal(call, response)
+            lines = SseLines()
+            async for line in response.aiter_lines():
+                data = lines.feed(line)
+                if data is not None:
+                    await attempt.hand_out(attempt.decoder.feed(data))
+                    if not attempt.shown:
+                        self._shown(call, attempt)
+            data = lines.feed("")  # an event the server did not end with a blank line
+            if data is not None:
+                await attempt.hand_out(attempt.decoder.feed(data))
+        await attempt.hand_out(attempt.decoder.end())
+
+    def _shown(self, call: BackendCall, attempt: _Attempt) -> None:
+        """The server streamed the call's first event: it runs it, and it works."""
+        attempt.shown = True
+        self._unseen.shown(call.call_id)
+        self._breaker.succeeded()
+        attempt.trial = False  # the trial's verdict is in
+
+    def _as_backend_error(self, call: BackendCall, exc: Exception) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        return BackendLost(f"backend {self.name}: call {call.call_id}: {exc!r}")
+
+
+def _refusal(call: BackendCall, response: httpx.Response) -> BackendError:
+    """The error a non-200 answer to a completion request stands for."""
+    try:
+        message = str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:300]
+    text = f"call {call.call_id}: the server answered {response.status_code}: {message}"
+    status = response.status_code
+    if status >= 500 or status in RETRYABLE_STATUSES:
+        return BackendLost(text)
+    return BackendRefused(text, status)

@@ -1,0 +1,93 @@
+"""A vLLM-compatible server's load, read from its Prometheus `/metrics` text.
+
+Reads the gauges vLLM exports, and `fairgate engine serve` under the same names:
+`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1) and
+`vllm:cache_config_info`, whose labels carry the pool's shape (`num_gpu_blocks`, `block_size`).
+Only the lines of those families are parsed. A server with several engines (data parallel)
+exports one series per engine (label `engine`): requests and blocks add up, and the KV use is
+weighted by each engine's blocks. Series of another model (label `model_name`) are left out.
+Pure: text in, a snapshot out.
+Invariant: a text without the pool's shape or the request gauges is refused (ValueError), never
+read as an idle server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+CACHE_CONFIG = "vllm:cache_config_info"
+NAMES = frozenset((RUNNING, WAITING, KV_USAGE, CACHE_CONFIG))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLoad:
+    """One scrape of a server."""
+
+    running: int  # requests in its batches
+    waiting: int  # requests queued for their first schedule (or preempted)
+    num_blocks: int  # KV blocks in its pool
+    used_blocks: int  # of those, in use
+    block_size: int  # tokens per block
+    taken_at: float  # clock time when the scrape was sent (the snapshot is at least this fresh)
+
+    @property
+    def free_blocks(self) -> int:
+        return max(self.num_blocks - self.used_blocks, 0)
+
+
+def parse_load(text: str, model: str, taken_at: float) -> ServerLoad:
+    """The load of `model` in a Prometheus text exposition; ValueError when it is not there."""
+    gauges: dict[str, dict[str, float]] = {RUNNING: {}, WAITING: {}, KV_USAGE: {}}  # by engine
+    blocks: dict[str, int] = {}  # engine -> num_gpu_blocks
+    block_sizes: set[int] = set()
+    for family in text_string_to_metric_families(_only_ours(text)):
+        for sample in family.samples:
+            labels = sample.labels
+            engine = labels.get("engine", "0")
+            if sample.name == CACHE_CONFIG:
+                blocks[engine] = _int_label(labels, "num_gpu_blocks")
+                block_sizes.add(_int_label(labels, "block_size"))
+            elif sample.name in gauges and labels.get("model_name", model) == model:
+                gauges[sample.name][engine] = sample.value
+    missing = [name for name in (RUNNING, WAITING, KV_USAGE) if not gauges[name]]
+    if not blocks or missing:
+        raise ValueError(f"/metrics lacks {', '.join(missing or [CACHE_CONFIG])} for {model!r}")
+    if len(block_sizes) != 1:
+        raise ValueError(f"/metrics gives engines of different block sizes: {sorted(block_sizes)}")
+    usage = gauges[KV_USAGE]
+    used = sum(usage.get(engine, 0.0) * num for engine, num in blocks.items())
+    return ServerLoad(
+        running=round(sum(gauges[RUNNING].values())),
+        waiting=round(sum(gauges[WAITING].values())),
+        num_blocks=sum(blocks.values()),
+        used_blocks=min(round(used), sum(blocks.values())),
+        block_size=block_sizes.pop(),
+        taken_at=taken_at,
+    )
+
+
+def _int_label(labels: dict[str, str], name: str) -> int:
+    value = labels.get(name, "")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CACHE_CONFIG} has {name}={value!r}, not a positive integer")
+    return int(value)
+
+
+def _only_ours(text: str) -> str:
+    """The lines of the four families read here: vLLM's whole exposition (histograms of every
+    latency, bucket by bucket) is many times larger, and it is parsed several times a second."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(maxsplit=3)
+            name = parts[2] if len(parts) > 2 else ""
+        else:
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in NAMES:
+            kept.append(line)
+    return "\n".join(kept) + "\n"

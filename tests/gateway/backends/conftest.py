@@ -1,0 +1,147 @@
+"""A real `fairgate engine serve` app and `OpenAIBackend`s on it.
+
+The app is the engine's own (`build_app`), over the simulated engine and the engine tests' small
+byte-level tokenizer, served by uvicorn on port 0, behind a `Gate`: an ASGI wrapper through which
+a test makes a route fail (503) or demands an API key. The tokenizer the backend checks against
+is the same tokenizer saved to a folder. The simulated engine's tokens are a hash of the request
+id and position and never end-of-sequence: a call makes exactly max_tokens, and the same request
+id and prompt make the same tokens. `step_s` > 0 makes each engine step take that long, so a
+test can act while a call runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine import AsyncEngine, LLMEngine, SamplingParams
+from engine.openai_api import build_app, listening_socket, running_server
+from gateway.backends import BackendCall, BackendSettings, OpenAIBackend
+from tests.engine.byte_tokenizer import byte_tokenizer
+from tests.engine.simulated import sim_core as simulated_core
+
+MODEL = "fairgate-sim"
+NUM_BLOCKS = 256
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 2048
+SCRAPE_S = 0.02  # short, so that waiting for a scrape is quick
+SLOW_STEP_S = 0.02  # 500 tokens take 10 s: longer than any bounded wait here
+
+
+@dataclass
+class Gate:
+    """In front of the app: routes that answer 503, and an API key every request must carry."""
+
+    app: ASGIApp
+    failing: set[str] = field(default_factory=set)
+    api_key: str | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            wanted = f"Bearer {self.api_key}".encode()
+            if self.api_key is not None and headers.get(b"authorization") != wanted:
+                return await _answer(send, 401, b'{"error": {"message": "bad key", "code": 401}}')
+            if scope["path"] in self.failing:
+                return await _answer(send, 503, b'{"error": {"message": "down", "code": 503}}')
+        await self.app(scope, receive, send)
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class Remote:
+    url: str
+    port: int
+    engine: AsyncEngine
+    gate: Gate
+    http: httpx.AsyncClient
+
+    async def metrics(self) -> dict[str, float]:
+        text = (await self.http.get("/metrics")).text
+        families = text_string_to_metric_families(text)
+        return {sample.name: sample.value for family in families for sample in family.samples}
+
+
+def sim_core(step_s: float = 0.0) -> LLMEngine:
+    return simulated_core(step_s, NUM_BLOCKS, max_model_len=MAX_MODEL_LEN)
+
+
+@asynccontextmanager
+async def remote(step_s: float = 0.0) -> AsyncIterator[Remote]:
+    """The engine's HTTP app on a listening socket, behind a Gate."""
+    async with AsyncEngine(sim_core(step_s)) as engine:
+        with listening_socket("127.0.0.1", 0) as listening:
+            port = listening.getsockname()[1]
+            url = f"http://127.0.0.1:{port}"
+            gate = Gate(build_app(engine, MODEL))
+            async with running_server(gate, listening), httpx.AsyncClient(base_url=url) as http:
+                yield Remote(url, port, engine, gate, http)
+
+
+@pytest.fixture
+async def server(request: pytest.FixtureRequest) -> AsyncIterator[Remote]:
+    marker = request.node.get_closest_marker("engine_step_s")
+    async with remote(marker.args[0] if marker else 0.0) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served model's tokenizer, as a local HF folder."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def settings(url: str, tokenizer: Path, **overrides: Any) -> BackendSettings:
+    fields: dict[str, Any] = {
+        "kind": "openai",
+        "url": url,
+        "model": MODEL,
+        "tokenizer": tokenizer,
+        "max_num_seqs": 8,
+        "scrape_interval_s": SCRAPE_S,
+    }
+    return BackendSettings(**(fields | overrides))
+
+
+@asynccontextmanager
+async def backend_on(
+    url: str, tokenizer: Path, clock: Callable[[], float] | None = None, **overrides: Any
+) -> AsyncIterator[OpenAIBackend]:
+    kwargs = {} if clock is None else {"clock": clock}
+    async with OpenAIBackend(settings(url, tokenizer, **overrides), **kwargs) as backend:
+        yield backend
+
+
+def make_call(call_id: str = "call-1", prompt_len: int = 20, **params: Any) -> BackendCall:
+    sampling = SamplingParams(**({"max_tokens": 8} | params))
+    return BackendCall(call_id=call_id, prompt_ids=list(range(1, prompt_len + 1)), params=sampling)
+
+
+async def scraped_until(
+    backend: OpenAIBackend, check: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0
+) -> None:
+    """Wait, scrape by scrape and bounded, until `check()` holds."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            result = check()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await backend.next_scrape()

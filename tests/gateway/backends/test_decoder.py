@@ -1,0 +1,108 @@
+"""Server-sent events of a streamed completion, into one call's deltas and usage."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from engine import FinishReason, TokenDelta
+from gateway.backends.base import CallUsage
+from gateway.backends.decoder import CompletionDecoder, SseLines
+from gateway.backends.errors import BackendLost, BackendRefused
+
+
+def chunk(ids: list[int], text: str = "x", reason: str | None = None) -> str:
+    choice = {"index": 0, "text": text, "token_ids": ids, "finish_reason": reason}
+    return json.dumps({"id": "cmpl-1", "choices": [choice]})
+
+
+def usage(completion: int, prompt: int = 5) -> str:
+    numbers = {"prompt_tokens": prompt, "completion_tokens": completion}
+    return json.dumps({"id": "cmpl-1", "choices": [], "usage": numbers})
+
+
+def feed(decoder: CompletionDecoder, *events: str) -> list[TokenDelta]:
+    return [delta for event in events for delta in decoder.feed(event)]
+
+
+def test_sse_lines_join_an_events_data_and_skip_the_rest() -> None:
+    lines = SseLines()
+    received = [lines.feed(line) for line in [": ping", "data: {", "data:}", "id: 3", ""]]
+    assert received == [None, None, None, None, "{\n}"]
+    assert lines.feed("") is None  # a blank line with no event before it
+
+
+def test_the_finish_is_held_until_the_usage_which_wins_over_the_count() -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5)
+    deltas = feed(decoder, chunk([1, 2]), chunk([3], reason="length"))
+    assert [d.token_ids for d in deltas] == [[1, 2]]  # the last waits for the usage
+    assert decoder.usage is None
+    (last,) = decoder.feed(usage(completion=4, prompt=6))
+    assert last.finished and last.finish_reason is FinishReason.LENGTH and last.token_ids == [3]
+    assert decoder.usage == CallUsage(prompt_tokens=6, completion_tokens=4, reported=True)
+    assert decoder.feed("[DONE]") == [] and decoder.done
+    assert decoder.end() == []
+
+
+def test_a_stream_that_ends_after_the_finish_without_usage_settles_on_the_count() -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5)
+    assert feed(decoder, chunk([1]), chunk([2, 3], reason="stop")) != []
+    (last,) = decoder.end()
+    assert last.finish_reason is FinishReason.STOP
+    assert decoder.usage == CallUsage(5, 3, reported=False)
+
+
+def test_a_stream_cut_before_the_finish_is_lost_and_counts_what_came() -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5)
+    feed(decoder, chunk([1, 2]))
+    with pytest.raises(BackendLost, match="before the call finished"):
+        decoder.end()
+    assert decoder.counted_usage() == CallUsage(5, 2, reported=False)
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("stop", FinishReason.STOP),
+        ("length", FinishReason.LENGTH),
+        ("repetition", FinishReason.STOP),
+        ("abort", FinishReason.ABORT),
+        ("error", FinishReason.ERROR),
+        ("content_filter", FinishReason.ERROR),
+    ],
+)
+def test_finish_reasons(reason: str, expected: FinishReason) -> None:
+    decoder = CompletionDecoder("c", 1)
+    decoder.feed(chunk([1], reason=reason))
+    assert decoder.end()[0].finish_reason is expected
+
+
+def test_empty_chunks_make_no_delta() -> None:
+    decoder = CompletionDecoder("c", 1)
+    assert decoder.feed(chunk([], text="")) == []
+    assert decoder.feed(json.dumps({"choices": [{"index": 0, "text": "é"}]}))[0].text == "é"
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        ({"message": "bad", "type": "BadRequestError", "code": 400}, BackendRefused),
+        ({"message": "engine failed", "type": "InternalServerError", "code": 500}, BackendLost),
+        ({"message": "no code"}, BackendLost),
+    ],
+)
+def test_an_error_event_ends_the_call(error: dict[str, Any], raised: type[Exception]) -> None:
+    decoder = CompletionDecoder("c", 1)
+    decoder.feed(chunk([1]))
+    with pytest.raises(raised, match=error["message"]):
+        decoder.feed(json.dumps({"error": error}))
+
+
+@pytest.mark.parametrize("event", ["not json", chunk([9])])
+def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> None:
+    decoder = CompletionDecoder("c", 1)
+    decoder.feed(chunk([1], reason="length"))
+    with pytest.raises(BackendLost):
+        decoder.feed(event)

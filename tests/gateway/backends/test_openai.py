@@ -1,0 +1,218 @@
+"""The openai backend against a real `fairgate engine serve` app (the simulated engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine import FinishReason
+from gateway.backends import (
+    BackendLost,
+    BackendRefused,
+    BackendUnreachable,
+    CallUsage,
+    OpenAIBackend,
+)
+from tests.fake_clock import FakeClock
+from tests.gateway.backends.conftest import (
+    BLOCK_SIZE,
+    NUM_BLOCKS,
+    SLOW_STEP_S,
+    Remote,
+    backend_on,
+    make_call,
+    remote,
+    scraped_until,
+)
+from tests.gateway.backends.proxy import cuttable_proxy
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_call_streams_its_tokens_and_ends_with_the_servers_usage(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        stream = backend.submit(make_call("call-1", prompt_len=20, max_tokens=12))
+        deltas = [delta async for delta in stream]
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+    assert deltas[-1].finish_reason is FinishReason.LENGTH
+    token_ids = [t for d in deltas for t in d.token_ids]
+    assert stream.usage == CallUsage(prompt_tokens=20, completion_tokens=12, reported=True)
+    assert len(token_ids) == 12
+    # the same request id and prompt make the same tokens: these are the server's
+    body = {"prompt": list(range(1, 21)), "max_tokens": 12, "request_id": "call-1"}
+    direct = await server.http.post("/v1/completions", json=body | {"return_token_ids": True})
+    choice = direct.json()["choices"][0]
+    assert choice["token_ids"] == token_ids
+    assert "".join(d.text for d in deltas) == choice["text"]
+
+
+@pytest.mark.engine_step_s(SLOW_STEP_S)
+async def test_capacity_counts_a_call_as_sent_then_as_scraped_and_frees_it_after(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with backend_on(server.url, tokenizer_dir, max_num_seqs=8) as backend:
+        idle = backend.capacity()
+        assert idle.healthy and (idle.running, idle.waiting, idle.free_slots) == (0, 0, 8)
+        assert idle.free_blocks == idle.total_blocks == NUM_BLOCKS
+        stream = backend.submit(make_call(prompt_len=40, max_tokens=500))
+        sent = backend.capacity()  # booked at once, before any scrape: 540 tokens
+        assert (sent.running, sent.waiting, sent.free_slots) == (0, 1, 7)
+        assert sent.free_blocks == NUM_BLOCKS - (540 + BLOCK_SIZE - 1) // BLOCK_SIZE
+        await anext(aiter(stream))
+        # booked until a scrape that started after the server showed the call has landed
+        await scraped_until(backend, lambda: backend.capacity().waiting == 0)
+        running = backend.capacity()
+        assert (running.running, running.free_slots) == (1, 7)  # the scrape counts it now
+        assert backend.load is not None and backend.load.used_blocks > 0
+        assert running.free_blocks == NUM_BLOCKS - backend.load.used_blocks
+        await stream.aclose()
+        await scraped_until(backend, lambda: backend.capacity() == idle)
+
+
+@pytest.mark.engine_step_s(SLOW_STEP_S)
+@pytest.mark.parametrize("how", ["close", "abort"])
+async def test_stopping_a_call_early_aborts_it_on_the_server(
+    server: Remote, tokenizer_dir: Path, how: str
+) -> None:
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        stream = backend.submit(make_call("call-9", max_tokens=500))  # 10 s if left to run
+        first = await anext(aiter(stream))
+        assert first.token_ids and (await server.metrics())["vllm:num_requests_running"] == 1
+        if how == "close":
+            await stream.aclose()
+        else:
+            backend.abort("call-9")
+            assert [delta async for delta in stream] == []  # ends quietly: not lost
+
+        async def freed() -> bool:
+            load = backend.load
+            return load is not None and load.running == 0 and server.engine.num_live == 0
+
+        await scraped_until(backend, freed)
+        generated = (await server.metrics())["vllm:generation_tokens_total"]
+        assert generated < 500
+        assert stream.usage is not None and not stream.usage.reported
+        assert 1 <= stream.usage.completion_tokens <= generated
+
+
+@pytest.mark.engine_step_s(SLOW_STEP_S)
+async def test_a_server_lost_mid_stream_raises_backend_lost_and_opens_the_breaker(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with (
+        cuttable_proxy(server.port) as proxy,
+        backend_on(proxy.url, tokenizer_dir, breaker_failures=2) as backend,
+    ):
+        stream = backend.submit(make_call(max_tokens=500))
+        received = len((await anext(aiter(stream))).token_ids)
+        proxy.cut()  # as if the server died: its connections drop, new ones are refused
+        with pytest.raises(BackendLost):
+            async for delta in stream:
+                received += len(delta.token_ids)
+        assert stream.usage is not None
+        assert stream.usage == CallUsage(20, stream.usage.completion_tokens, reported=False)
+        assert stream.usage.completion_tokens >= received
+        await scraped_until(backend, lambda: not backend.capacity().healthy)  # /health fails
+        with pytest.raises(BackendLost):
+            [delta async for delta in backend.submit(make_call("call-2"))]
+        assert backend._breaker.allows() is False  # two losses in a row
+
+
+async def test_stale_metrics_make_it_unhealthy_until_a_scrape_lands(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    clock = FakeClock()
+    async with backend_on(server.url, tokenizer_dir, clock=clock) as backend:
+        assert backend.capacity().healthy
+        server.gate.failing.add("/metrics")
+        await backend.next_scrape()
+        assert backend.capacity().healthy  # the last snapshot is still fresh
+        clock.advance(backend.stale_after_s + 0.001)
+        assert not backend.capacity().healthy
+        server.gate.failing.clear()
+        await scraped_until(backend, lambda: backend.capacity().healthy)
+
+
+async def test_a_failing_health_check_makes_it_unhealthy(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        server.gate.failing.add("/health")
+        await scraped_until(backend, lambda: not backend.capacity().healthy)
+        server.gate.failing.clear()
+        await scraped_until(backend, lambda: backend.capacity().healthy)
+
+
+async def test_5xx_answers_are_lost_calls_that_open_the_breaker_until_a_trial_succeeds(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    clock = FakeClock()
+    overrides = {"breaker_failures": 2, "breaker_cooldown_s": 30.0}
+    async with backend_on(server.url, tokenizer_dir, clock=clock, **overrides) as backend:
+        server.gate.failing.add("/v1/completions")
+        for i in range(2):
+            assert backend.capacity().healthy
+            with pytest.raises(BackendLost, match="503"):
+                [delta async for delta in backend.submit(make_call(f"call-{i}"))]
+        assert not backend.capacity().healthy
+        server.gate.failing.clear()
+        clock.advance(30.0)
+        # half-open (once a snapshot fresh by the moved clock is in): one trial may go
+        await scraped_until(backend, lambda: backend.capacity().healthy)
+        trial = backend.submit(make_call("trial"))
+        assert not backend.capacity().healthy  # only one
+        assert [d async for d in trial][-1].finished
+        assert backend.capacity().healthy
+
+
+async def test_a_refused_call_fails_with_the_servers_reason_and_spares_the_breaker(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with backend_on(server.url, tokenizer_dir, breaker_failures=1) as backend:
+        call = make_call()
+        call.prompt_ids[0] = 10**6  # out of the vocabulary
+        with pytest.raises(BackendRefused, match="prompt token ids must be in") as refused:
+            [delta async for delta in backend.submit(call)]
+        assert refused.value.status == 400
+        assert backend.capacity().healthy
+
+
+async def test_a_call_id_already_running_is_refused(server: Remote, tokenizer_dir: Path) -> None:
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        stream = backend.submit(make_call("same", max_tokens=4))
+        with pytest.raises(ValueError, match="already running"):
+            backend.submit(make_call("same"))
+        await stream.aclose()
+
+
+async def test_the_api_key_goes_with_every_request(server: Remote, tokenizer_dir: Path) -> None:
+    server.gate.api_key = "sk-secret"
+    async with backend_on(server.url, tokenizer_dir, api_key="sk-secret") as backend:
+        assert backend.capacity().healthy
+        assert [d async for d in backend.submit(make_call())][-1].finished
+    with pytest.raises(BackendUnreachable, match="401"):
+        async with backend_on(server.url, tokenizer_dir, api_key="sk-wrong"):
+            pass
+
+
+async def test_closing_the_backend_ends_its_running_calls_as_lost(tokenizer_dir: Path) -> None:
+    async with remote(SLOW_STEP_S) as server:
+        async with backend_on(server.url, tokenizer_dir) as backend:
+            stream = backend.submit(make_call(max_tokens=500))
+            await anext(aiter(stream))
+        with pytest.raises(BackendLost, match="closed"):
+            await anext(aiter(stream))
+        with anyio.fail_after(5):
+            while server.engine.num_live:  # the server saw the disconnect
+                await anyio.sleep(0.01)
+
+
+def test_it_takes_only_openai_settings() -> None:
+    from gateway.backends import BackendSettings
+
+    with pytest.raises(ValueError, match="kind 'openai'"):
+        OpenAIBackend(BackendSettings())

@@ -1,0 +1,80 @@
+"""Reading a server's load from its Prometheus text, as vLLM and fairgate's engine write it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.backends.server_load import parse_load
+
+MODEL = "m"
+
+
+def exposition(
+    running: float = 3,
+    waiting: float = 1,
+    usage: float = 0.25,
+    engine: str = "0",
+    blocks: int = 400,
+    block_size: int = 16,
+    model: str = MODEL,
+) -> str:
+    labels = f'engine="{engine}",model_name="{model}"'
+    return (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{labels}}} {running}\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f"vllm:num_requests_waiting{{{labels}}} {waiting}\n"
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f"vllm:kv_cache_usage_perc{{{labels}}} {usage}\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f'vllm:cache_config_info{{block_size="{block_size}",engine="{engine}",'
+        f'num_gpu_blocks="{blocks}",enable_prefix_caching="False"}} 1.0\n'
+    )
+
+
+def test_one_engine() -> None:
+    load = parse_load(exposition(), MODEL, taken_at=5.0)
+    assert (load.running, load.waiting, load.num_blocks, load.block_size) == (3, 1, 400, 16)
+    assert (load.used_blocks, load.free_blocks, load.taken_at) == (100, 300, 5.0)
+
+
+def test_engines_of_one_server_add_up_and_their_kv_use_is_weighted() -> None:
+    text = exposition(running=2, usage=0.5, engine="0") + exposition(
+        running=1, usage=0.0, engine="1"
+    ).replace("# TYPE", "# IGNORED")  # one TYPE line per family, as Prometheus writes it
+    load = parse_load(text, MODEL, 0.0)
+    assert (load.running, load.waiting, load.num_blocks, load.used_blocks) == (3, 2, 800, 200)
+
+
+def test_another_models_series_are_left_out() -> None:
+    text = exposition(running=7, model="other").replace(
+        "vllm:cache_config_info", "vllm:unused_info"
+    ) + exposition(running=2).replace("# TYPE", "# IGNORED")
+    assert parse_load(text, MODEL, 0.0).running == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "missing"),
+    [
+        ("", "vllm:num_requests_running"),
+        (exposition().replace("vllm:cache_config_info", "vllm:other_info"), "cache_config_info"),
+        (exposition().replace("vllm:kv_cache_usage_perc", "vllm:other"), "kv_cache_usage_perc"),
+        (exposition(model="other"), "vllm:num_requests_running"),
+        (exposition(blocks=0), "num_gpu_blocks"),
+    ],
+)
+def test_a_text_without_the_load_is_refused_not_read_as_idle(text: str, missing: str) -> None:
+    with pytest.raises(ValueError, match=missing):
+        parse_load(text, MODEL, 0.0)
+
+
+def test_other_families_are_skipped_before_parsing() -> None:
+    histogram = (
+        "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency.\n"
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0\n'
+        "vllm:num_requests_running_fake 99\n"
+        "this line would not parse\n"
+    )
+    load = parse_load(histogram + exposition(running=2), MODEL, 0.0)
+    assert load.running == 2

@@ -1,0 +1,104 @@
+"""A gateway in front of a pool of two `fairgate engine serve` processes (the `openai` backend).
+
+Real processes, real HTTP, real gRPC: jobs run on both servers and succeed; a cancel reaches the
+server (its running count drops to 0) and releases the quota; a server killed mid-job has its
+calls run again on the other by the lost-call rule, which the job's stream shows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fairgate.v1 import gateway_pb2 as pb
+from tests.gateway.engine_servers import engine_servers, server_metric
+from tests.reliability.harness import Reliable, node, reliable_gateway
+
+pytestmark = pytest.mark.anyio
+
+
+def map_reduce(parts: int, max_tokens: int) -> pb.JobSpec:
+    maps = [node(f"map{i}", f"summarize part {i}", max_tokens) for i in range(parts)]
+    inputs = " ".join(f"{{{{map{i}.output}}}}" for i in range(parts))
+    reduce = node("reduce", f"combine: {inputs}", max_tokens, *(f"map{i}" for i in range(parts)))
+    return pb.JobSpec(nodes=[*maps, reduce])
+
+
+async def running_on(h: Reliable, job_id: str, tenant: str) -> tuple[str, str]:
+    """The first call of the job to stream a token, and the backend streaming it."""
+    request = pb.WatchJobRequest(job_id=job_id)
+    async for event in h.stub.WatchJob(request, metadata=h.auth(tenant)):
+        if event.WhichOneof("event") == "token_delta":
+            call_id = f"{job_id}/{event.token_delta.node_id}"
+            entry = h.gateway.dispatcher.core.running.get(call_id)
+            if entry is not None:
+                return call_id, entry.backend
+    raise AssertionError(f"{job_id} ended before a call streamed")
+
+
+async def test_jobs_of_two_tenants_run_on_both_servers(tmp_path: Path) -> None:
+    async with (
+        engine_servers(tmp_path, 2, step_s=0.002) as servers,
+        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+    ):
+        for tenant in ("a", "b"):
+            await h.tenant(tenant)
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(h.run, "ab"[i % 2], map_reduce(3, 24))
+        for tenant, job_ids in h.jobs.items():
+            for job_id in job_ids:
+                assert (await h.finished(tenant, job_id)).state == pb.JOB_STATE_SUCCEEDED
+        for server in servers:  # the pool spread the jobs
+            assert await server_metric(server.url, "vllm:generation_tokens_total") > 0
+        await h.unharmed()
+
+
+async def test_a_cancel_reaches_the_server_and_releases_the_quota(tmp_path: Path) -> None:
+    async with (
+        engine_servers(tmp_path, 2, step_s=0.01) as servers,
+        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+    ):
+        await h.tenant("a")
+        job = await h.submit("a", map_reduce(4, 500))  # each call would take 5 s
+        _, backend = await running_on(h, job.job_id, "a")
+        server = next(s for s in servers if s.name == backend)
+        assert await server.running_requests() > 0
+        await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("a"))
+        with anyio.fail_after(10):
+            while any([await s.running_requests() for s in servers]):
+                await anyio.sleep(0.05)
+        assert (await h.finished("a", job.job_id)).state == pb.JOB_STATE_CANCELLED
+        await h.unharmed()
+
+
+async def test_a_server_killed_mid_job_has_its_calls_run_again_on_the_other(
+    tmp_path: Path,
+) -> None:
+    async with (
+        engine_servers(tmp_path, 2, step_s=0.01) as servers,
+        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+    ):
+        await h.tenant("a")
+        job = await h.submit("a", map_reduce(4, 150))
+        lost, backend = await running_on(h, job.job_id, "a")
+        doomed = next(s for s in servers if s.name == backend)
+        events = h.stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=h.auth("a"))
+        doomed.kill()
+        retried: dict[str, str] = {}
+        final = None
+        async for event in events:
+            kind = event.WhichOneof("event")
+            change = event.node_state_changed
+            if kind == "node_state_changed" and change.node.state == pb.NODE_STATE_READY:
+                retried[change.node.id] = change.node.reason
+            elif kind == "job_finished":
+                final = event.job_finished.job
+        assert final is not None and final.state == pb.JOB_STATE_SUCCEEDED
+        lost_node = lost.split("/")[1]
+        assert retried.get(lost_node) == "backend lost: running again", retried
+        for n in final.nodes:
+            assert n.output_tokens == 150 and n.state == pb.NODE_STATE_SUCCEEDED
+        await h.unharmed()  # usage: the lost attempts released, the reruns settled
