@@ -1,4 +1,4 @@
-"""`fairgate bench sched`: the fair-scheduling study (issue 5; docs/BENCHMARKS.md).
+"""`fairgate bench sched`: the fair-scheduling study (docs/BENCHMARKS.md, "Fair scheduling").
 
 Builds the workload from the real data (or reads `--workload FILE`), then runs every policy on
 the same jobs in each engine regime (`cpu`, `gpu`) and load, through the real engine core with
@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.paths import OUT_DIR, add_data_flag
 from bench.sim.plots import plot_jct_cdf, plot_service
 from bench.sim.regime import CPU_STEP_MODEL, Regime, cpu_regime, gpu_regime, load_step_model
 from bench.sim.report import markdown
@@ -32,9 +33,7 @@ from bench.workloads.build import DEFAULT_CONTEXT, DEFAULT_MAX_THINK_S, build_wo
 from bench.workloads.format import Job, read_workload, write_workload
 from tenants.policies import POLICY_NAMES
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data"
-DEFAULT_OUT = ROOT / "bench" / "out" / "sched"
+DEFAULT_OUT = OUT_DIR / "sched"
 FULL_JOBS, QUICK_JOBS = 600, 150
 
 
@@ -44,7 +43,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shared data folder")
+    add_data_flag(p)
     p.add_argument("--workload", type=Path, help="a JSONL workload (docs/WORKLOADS.md)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--json", type=Path, help="write the summary JSON here")

@@ -1,6 +1,11 @@
 """fairgate's inference engine: paged KV, continuous batching, prediction-aware admission.
 
-Usable alone: it imports nothing from the gateway, tenants or predictor packages.
+`LLMEngine` steps a `Scheduler` (a `StepPlan` each step, over the `BlockManager`'s paged KV and
+prefix cache) through a `Runner` (the model, or `SimulatedRunner` with a `StepTimeModel`);
+`AsyncEngine` owns its step loop for async callers and streams `TokenDelta`s. A request is a
+prompt's token ids with `SamplingParams`; `EngineConfig` holds the sizes and the `ReserveMode`.
+Usable alone: it imports nothing from the gateway, tenants or predictor packages, and its HTTP
+face (`engine.openai_api`) is imported only when asked for (docs/ARCHITECTURE.md §9).
 """
 
 from engine.async_engine import AsyncEngine, RequestStream, TokenDelta

@@ -19,7 +19,7 @@ import grpc
 
 from fairgate.v1 import admin_pb2 as pb
 from fairgate.v1 import admin_pb2_grpc
-from gateway.admin_views import (
+from gateway.admin_protos import (
     field,
     key_to_proto,
     quota_from_proto,

@@ -26,7 +26,7 @@ from cachetools import TTLCache
 
 from gateway.errors import AuthThrottled, PermissionDenied, Unauthenticated, abort_with
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
-from tenants.keys import key_id_of
+from tenants.api_keys import key_id_of
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller")
 CALLER_KEY: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller_key")

@@ -13,13 +13,14 @@ import anyio
 
 from gateway.cli_client import register as register_client_commands
 from gateway.cli_engine import register as register_engine_commands
-from gateway.settings import DTYPES, load_settings
+from gateway.settings import DTYPES, Settings, load_settings
+from tenants.policies import PolicyError, check_servable
 
 BENCHES = {
-    "engine": "bench.engine",
+    "engine": "bench.engine_speed.throughput",
     "sched": "bench.sched",
-    "predictor": "bench.predictor",
-    "gateway": "bench.gateway",
+    "predictor": "bench.prediction.evaluate",
+    "gateway": "bench.gateway_overhead",
 }
 
 
@@ -35,12 +36,19 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on it")
 
 
+def _server_settings(args: argparse.Namespace) -> Settings:
+    """The settings a server runs with; `PolicyError` for a policy it cannot serve."""
+    settings = load_settings(args.config, **_overrides(args))
+    check_servable(settings.policy)
+    return settings
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from gateway.server import UnsafeSettings, serve
 
     try:
-        await serve(load_settings(args.config, **_overrides(args)))
-    except UnsafeSettings as exc:
+        await serve(_server_settings(args))
+    except (UnsafeSettings, PolicyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -49,7 +57,12 @@ async def _serve(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    return await run_demo(load_settings(args.config, **_overrides(args)), jobs_per_tenant=args.jobs)
+    try:
+        settings = _server_settings(args)
+    except PolicyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return await run_demo(settings, jobs_per_tenant=args.jobs)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -50,7 +50,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import HIDDEN_ARTIFACT, PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from tenants.policies import make_policy
+from tenants.policies import make_serving_policy
 
 log = logging.getLogger(__name__)
 SERVICES = (
@@ -197,7 +197,7 @@ async def running_gateway(
         dispatcher = await stack.enter_async_context(
             Dispatcher(
                 pool.backends,
-                make_policy(settings.policy),
+                make_serving_policy(settings.policy),
                 store,
                 pool.tokenizer,
                 planner,

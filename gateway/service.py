@@ -30,19 +30,19 @@ from fairgate.v1 import gateway_pb2_grpc
 from gateway.auth import current_key, current_tenant
 from gateway.dispatch import Dispatcher
 from gateway.errors import IdempotencyConflict, Overloaded, Unauthenticated, grpc_edge
-from gateway.job_run import JobEnded, JobRun, TokensAdded
-from gateway.jobs import (
-    ChatMessage,
-    JobLimits,
-    JobSpec,
-    NodeSpec,
+from gateway.gateway_protos import (
+    chat_from_proto,
+    event_to_proto,
+    finish_reason,
     job_spec_from_proto,
-    validate_job,
+    job_to_proto,
+    sampling_from_proto,
+    usage,
 )
-from gateway.jobs.convert import chat_from_proto, sampling_from_proto
+from gateway.job_run import JobEnded, JobRun, TokensAdded
+from gateway.jobs import ChatMessage, JobLimits, JobSpec, NodeSpec, validate_job
 from gateway.registry import JobRegistry
 from gateway.streams import OpenStreams, Stream
-from gateway.views import event_to_proto, finish_reason, job_to_proto, usage
 from tenants import QuotaStore, TenantQuota
 
 Context = grpc.aio.ServicerContext[Any, Any]

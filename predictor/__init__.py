@@ -1,18 +1,15 @@
-"""fairgate's predictor: what a call will cost, how sure we are, and when a prompt is an attack.
+"""fairgate's predictor: how long a call will run, how sure we are, and when a prompt is an attack.
 
-Imports nothing from the gateway or tenants packages; the engine only for its step-time model.
+What the server runs: `HistoryPredictor` (per tenant and node, falling back to the trained
+`PromptModel`) gives a call's `LengthDistribution`; `ErrorTracker` watches how far predictions
+miss; `AnomalyGuard` scores a prompt for unbounded consumption; `LatencyModel` estimates TTFT and
+completion from the engine's state. The models' artifacts live in `predictor/artifacts/`; what
+makes them (labels, training, evaluation) is offline work in `bench/prediction/`. Imports nothing
+from the gateway or tenants packages; the engine only for its step-time model and request state.
 """
 
 from predictor.anomaly import AnomalyGuard, Assessment, GuardConfig
 from predictor.base import CallFeatures, LengthPredictor
-from predictor.cost import (
-    CostNode,
-    JobCost,
-    NodeCost,
-    TokenCounters,
-    job_cost,
-    kv_token_time,
-)
 from predictor.distribution import LengthDistribution
 from predictor.error_tracker import ErrorStats, ErrorTracker
 from predictor.errors import (
@@ -20,15 +17,10 @@ from predictor.errors import (
     ArtifactMissing,
     InvalidCall,
     InvalidDistribution,
-    JobGraphInvalid,
-    LabelsInvalid,
-    NotEnoughData,
     PredictorError,
-    PromptsMissing,
     QuantileOutOfRange,
 )
 from predictor.history import HistoryPredictor, LengthProfile
-from predictor.labels import LabelRow, is_held_out, read_labels, write_labels
 from predictor.latency import DecodingCall, EngineState, Estimate, LatencyModel, QueuedCall
 from predictor.prompt_model import DEFAULT_ARTIFACT, PromptModel
 
@@ -39,7 +31,6 @@ __all__ = [
     "ArtifactMissing",
     "Assessment",
     "CallFeatures",
-    "CostNode",
     "DecodingCall",
     "EngineState",
     "ErrorStats",
@@ -49,25 +40,12 @@ __all__ = [
     "HistoryPredictor",
     "InvalidCall",
     "InvalidDistribution",
-    "JobCost",
-    "JobGraphInvalid",
-    "LabelRow",
-    "LabelsInvalid",
     "LatencyModel",
     "LengthDistribution",
     "LengthPredictor",
     "LengthProfile",
-    "NodeCost",
-    "NotEnoughData",
     "PredictorError",
     "PromptModel",
-    "PromptsMissing",
     "QuantileOutOfRange",
     "QueuedCall",
-    "TokenCounters",
-    "is_held_out",
-    "job_cost",
-    "kv_token_time",
-    "read_labels",
-    "write_labels",
 ]

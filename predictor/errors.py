@@ -1,4 +1,4 @@
-"""Predictor failures, named for the state that stops a prediction or a training run."""
+"""Predictor failures, named for the state that stops a prediction or a model's loading."""
 
 
 class PredictorError(Exception):
@@ -13,28 +13,12 @@ class InvalidDistribution(PredictorError, ValueError):
     """Length quantiles are negative or not in increasing order."""
 
 
-class JobGraphInvalid(PredictorError, ValueError):
-    """A job's nodes name an unknown parent or form a cycle."""
-
-
 class ArtifactMissing(PredictorError, FileNotFoundError):
     """The trained model file is absent: train it or pass another path."""
 
 
 class ArtifactInvalid(PredictorError):
     """The trained model file is corrupt or was written by an incompatible version."""
-
-
-class LabelsInvalid(PredictorError, ValueError):
-    """A labels file is malformed, empty, or names prompts its source does not hold."""
-
-
-class PromptsMissing(PredictorError, FileNotFoundError):
-    """A prompt source's data file is absent: pass --data pointing at the shared data folder."""
-
-
-class NotEnoughData(PredictorError, ValueError):
-    """Too few samples to fit a model (training rows, measured engine steps)."""
 
 
 class QuantileOutOfRange(PredictorError, ValueError):

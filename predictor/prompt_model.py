@@ -10,7 +10,7 @@ features is faster than numpy's per-call overhead. The artifact is one `.npz` (n
 whose metadata names the feature layout it was trained with. Invariant: a loaded model's
 feature layout equals the running code's, or loading fails.
 
-    python -m predictor.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
+    python -m bench.prediction.training train --labels predictor/artifacts/labels_alpaca_eval.jsonl
 """
 
 from __future__ import annotations
@@ -116,7 +116,9 @@ class PromptModel:
     @classmethod
     def load(cls, path: Path = DEFAULT_ARTIFACT) -> PromptModel:
         if not path.is_file():
-            raise ArtifactMissing(f"{path} not found: run `python -m predictor.training train`")
+            raise ArtifactMissing(
+                f"{path} not found: run `python -m bench.prediction.training train`"
+            )
         try:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))

@@ -12,11 +12,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 import anyio.lowlevel
 
-from tenants import keys
+from tenants import api_keys
 from tenants.errors import (
     AuthFailed,
     CallClosed,
@@ -39,6 +38,7 @@ from tenants.models import (
     check_tenant_id,
     check_ttl,
 )
+from tenants.store import ClosesOnExit
 
 
 @dataclass(slots=True)
@@ -47,24 +47,13 @@ class _KeyRecord:
     key_hash: str
 
 
-class MemoryQuotaStore:
+class MemoryQuotaStore(ClosesOnExit):
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._tenants: dict[str, Tenant] = {}
         self._ledgers: dict[str, TenantLedger] = {}
         self._keys: dict[str, _KeyRecord] = {}
         self._closed = False
-
-    async def __aenter__(self) -> MemoryQuotaStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -117,9 +106,9 @@ class MemoryQuotaStore:
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
         await self._enter()
         self._tenant(tenant_id)
-        key_id, plaintext = keys.new_key()
+        key_id, plaintext = api_keys.new_key()
         info = ApiKey(key_id, tenant_id, self._clock())
-        self._keys[key_id] = _KeyRecord(info, keys.hash_key(plaintext))
+        self._keys[key_id] = _KeyRecord(info, api_keys.hash_key(plaintext))
         return key_id, plaintext
 
     async def list_keys(self, tenant_id: str) -> list[ApiKey]:
@@ -134,8 +123,8 @@ class MemoryQuotaStore:
 
     async def authenticate(self, plaintext: str) -> str:
         await self._enter()
-        record = self._keys.get(keys.key_id_of(plaintext))
-        if record is None or not keys.key_matches(plaintext, record.key_hash):
+        record = self._keys.get(api_keys.key_id_of(plaintext))
+        if record is None or not api_keys.key_matches(plaintext, record.key_hash):
             raise AuthFailed("unknown or revoked API key")
         return record.info.tenant_id
 

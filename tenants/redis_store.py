@@ -21,7 +21,6 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from importlib import resources
-from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -29,7 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from tenants import keys
+from tenants import api_keys
 from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
 from tenants.models import (
     CLOSED_CALL_MEMORY_S,
@@ -53,6 +52,7 @@ from tenants.redis_replies import (
     usage_from,
     verdict_of_admission,
 )
+from tenants.store import ClosesOnExit
 
 _log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
@@ -96,7 +96,7 @@ def _fails_closed(
     return translated
 
 
-class RedisQuotaStore:
+class RedisQuotaStore(ClosesOnExit):
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -122,17 +122,6 @@ class RedisQuotaStore:
         }
         self._tenant_keys = functools.lru_cache(maxsize=4096)(self._keys_of)
         self._closed = False
-
-    async def __aenter__(self) -> RedisQuotaStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         self._closed = True
@@ -204,10 +193,10 @@ class RedisQuotaStore:
     @_fails_closed
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
         self._check_open()
-        key_id, plaintext = keys.new_key()
+        key_id, plaintext = api_keys.new_key()
         stored = await self._scripts["issue_key"](
             keys=[self._tenant_key(tenant_id), self._key_set(tenant_id), self._key_record(key_id)],
-            args=[tenant_id, key_id, keys.hash_key(plaintext)],
+            args=[tenant_id, key_id, api_keys.hash_key(plaintext)],
         )
         if not stored:
             raise TenantNotFound(f"no tenant {tenant_id!r}")
@@ -242,11 +231,11 @@ class RedisQuotaStore:
     @_fails_closed
     async def authenticate(self, plaintext: str) -> str:
         self._check_open()
-        record = self._key_record(keys.key_id_of(plaintext))
+        record = self._key_record(api_keys.key_id_of(plaintext))
         tenant_id, key_hash = await self._redis.hmget(record, ["tenant_id", "key_hash"])
         if tenant_id is None or key_hash is None:
             raise AuthFailed("unknown or revoked API key")
-        if not keys.key_matches(plaintext, decoded(key_hash)):
+        if not api_keys.key_matches(plaintext, decoded(key_hash)):
             raise AuthFailed("unknown or revoked API key")
         return decoded(tenant_id)
 

@@ -31,9 +31,22 @@ nothing about the store's address or errors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, Self
 
 from tenants.models import ApiKey, Reservation, Tenant, TenantQuota, Usage
+
+
+class ClosesOnExit:
+    """The async context manager every store is: `async with` closes it on the way out."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
 
 
 class QuotaStore(Protocol):

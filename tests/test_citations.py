@@ -1,7 +1,8 @@
 """The repo explains itself: no citation points outside it, and every cited section exists.
 
 Product code and docs may name `../shared` only as the default data directory, on the lines
-listed in `ALLOWED` (a new line that names it fails, so it is a choice, not an accident); they
+listed in `ALLOWED` (its one home, `bench/paths.py`, and docs/DATA.md, which explains it; a new
+line that names it fails, so it is a choice, not an accident); they
 never cite `DESIGN.md`, which lives outside the repo. Every `docs/ARCHITECTURE.md §N` they cite,
 and every `§N` inside docs/ARCHITECTURE.md itself, names one of its section headings.
 """
@@ -21,51 +22,15 @@ OUTSIDE = ("DESIGN.md", "../shared")
 # The data directory default, line by line: (file, stripped line), once per occurrence
 ALLOWED = Counter(
     [
-        ("predictor/sources.py", 'DEFAULT_DATA_DIR = Path("../shared/data")'),
         (
-            "bench/workloads/__init__.py",
-            '"""Workloads built from the real data in ../shared/data."""',
+            "bench/paths.py",
+            'DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data"'
+            "  # ../shared/data from the repository root",
         ),
         (
-            "bench/workloads/agents.py",
-            'raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")',
-        ),
-        (
-            "bench/workloads/task_parallel.py",
-            'raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")',
-        ),
-        (
-            "bench/workloads/task_parallel.py",
-            'raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")',
-        ),
-        (
-            "bench/workloads/build.py",
-            'DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"'
-            "  # ../shared/data",
-        ),
-        (
-            "README.md",
-            "| `bench/` | benchmarks on the real data in `../shared/data`: engine vs peers, "
-            "admission modes, scheduling study, predictor, gateway overhead |",
-        ),
-        (
-            "docs/BENCHMARKS.md",
-            "`../shared/data` (see its README); nothing is copied into the project.",
-        ),
-        (
-            "docs/BENCHMARKS.md",
-            "Options: `--data DIR` (default `../shared/data`), `--model DIR` (default: fairgate's "
-            "default model,",
-        ),
-        (
-            "docs/BENCHMARKS.md",
-            "Options: `--data DIR` (default `../shared/data`), `--out DIR` (default "
-            "`bench/out/sched/`:",
-        ),
-        (
-            "docs/WORKLOADS.md",
-            "`bench/workloads/` builds them from the real data in `../shared/data/` (seeded, "
-            "deterministic),",
+            "docs/DATA.md",
+            "repository's root (`../shared/data` seen from the root, whatever the working "
+            "directory). A file",
         ),
     ]
 )

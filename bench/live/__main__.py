@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.live.check import LiveConfig, run_check
-from bench.sched import DEFAULT_DATA, ROOT
+from bench.paths import OUT_DIR, add_data_flag
 from tenants.policies import POLICY_NAMES
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.live", description=__doc__)
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sched-live")
+    add_data_flag(p)
+    p.add_argument("--out", type=Path, default=OUT_DIR / "sched-live")
     p.add_argument("--json", type=Path, help="default: OUT/live.json")
     p.add_argument("--jobs", type=int, help="jobs built, before dropping deep ones (40)")
     p.add_argument("--seed", type=int)

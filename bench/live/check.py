@@ -1,4 +1,4 @@
-"""The live check (issue 5, point 7): do the real gateway and engine rank the policies as the
+"""The live check: do the real gateway and engine rank the policies as the
 simulation does, on the same workload?
 
 Workload: the study's generator (`--jobs`, `--seed`), with think delays removed (a JobSpec cannot
@@ -42,10 +42,9 @@ from bench.workloads.format import Job, Node
 from bench.workloads.replay import to_job_spec
 from gateway.engine_setup import engine_config
 from gateway.settings import Settings
-from tenants.policies import POLICY_NAMES, make_policy
+from tenants.policies import POLICY_NAMES, SERVING_POLICY_NAMES, make_policy
 
 GATEWAY_MAX_DEPTH = 32  # gateway.jobs.validation.JobLimits.max_depth
-NO_LIVE_RUN = ("sjf-oracle",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +144,7 @@ def run_check(config: LiveConfig, log: Any = print) -> dict[str, Any]:
     jobs, dropped = live_workload(config)
     model = tiny_model(config.out / "model")
     ceiling = output_ceiling(jobs, config.scale)
-    live_policies = [p for p in config.policies if p not in NO_LIVE_RUN]
+    live_policies = [p for p in config.policies if p in SERVING_POLICY_NAMES]
     runs: dict[str, list[LiveRun]] = {p: [] for p in live_policies}
     for round_ in range(config.repeats):
         shift = round_ % len(live_policies)

@@ -26,7 +26,7 @@ from fairgate import AdminClient, Client
 from fairgate.results import FinishReason, JobFinished, JobState
 from fairgate.results import Job as JobResult
 from gateway.engine_setup import engine_config
-from gateway.jobs.convert import job_spec_to_proto
+from gateway.gateway_protos import job_spec_to_proto
 from gateway.server import running_gateway
 from gateway.settings import Settings
 

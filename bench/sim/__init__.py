@@ -1,10 +1,11 @@
 """The fair-scheduling study's simulator: the gateway's dispatch loop over the real engine core.
 
-See `simulator.py` for the event loop, `study.py` for the plan of runs and `bench/sched.py` for
-the command.
+See `simulator.py` for the event loop, `study.py` for the plan of runs, `gps.py` for the GPS
+reference that judges them (docs/GPS.md) and `bench/sched.py` for the command.
 """
 
 from bench.sim.errors import ProbeUnsaturated, SimulationStuck, StepModelInvalid
+from bench.sim.gps import GpsCall, GpsJob, gps_finish_times, water_fill
 from bench.sim.metrics import RunMetrics, jain_index, run_metrics
 from bench.sim.predictions import lying, noisy, oracle
 from bench.sim.reference import bound_slack, gps_finish, solo_call_seconds
@@ -18,6 +19,8 @@ from bench.sim.targets import check_targets
 
 __all__ = [
     "EngineSetup",
+    "GpsCall",
+    "GpsJob",
     "Prepared",
     "ProbeUnsaturated",
     "Regime",
@@ -35,6 +38,7 @@ __all__ = [
     "cpu_regime",
     "engine_setup",
     "gps_finish",
+    "gps_finish_times",
     "gpu_regime",
     "jain_index",
     "knee_calls",
@@ -46,4 +50,5 @@ __all__ = [
     "run_metrics",
     "solo_call_seconds",
     "summary_json",
+    "water_fill",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 
-from bench.sched import DEFAULT_DATA
+from bench.paths import add_data_flag
 from bench.sim.metrics import RunMetrics, run_metrics
 from bench.sim.predictions import oracle
 from bench.sim.reference import solo_call_seconds
@@ -29,7 +29,7 @@ from bench.workloads.build import DEFAULT_CONTEXT, DEFAULT_MAX_THINK_S, build_wo
 from bench.workloads.format import Job, Node
 from bench.workloads.load import at_load
 from tenants.policies import BookPolicy, ReadyCall
-from tenants.policies.book import JobState, OrderKey
+from tenants.policies.bookkeeping import ActiveJob, OrderKey
 from tenants.policies.dag import topological_order
 
 THINK_MODES = ("exact", "job-mean", "none")
@@ -78,18 +78,18 @@ class DeadlineOracle(BookPolicy):
         self._starts = starts
         self._by_call = by_call
 
-    def _deadline(self, job: JobState, call: ReadyCall) -> float:
+    def _deadline(self, job: ActiveJob, call: ReadyCall) -> float:
         return self._starts[job.info.job_id, call.node_id]
 
-    def _job_order(self, job: JobState, now: float) -> OrderKey:
+    def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         if not self._by_call:
             return (self._gps[job.info.job_id], job.info.job_id)
         return (min(self._deadline(job, c) for c in job.ready.values()), job.info.job_id)
 
-    def _first_call(self, job: JobState) -> ReadyCall:
+    def _first_call(self, job: ActiveJob) -> ReadyCall:
         return min(job.ready.values(), key=lambda c: self._deadline(job, c))
 
-    def _job_priority(self, job: JobState) -> float:
+    def _job_priority(self, job: ActiveJob) -> float:
         return self._gps[job.info.job_id]
 
 
@@ -105,7 +105,7 @@ def run_oracle(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sim.deadlines", description=__doc__)
-    p.add_argument("--data", default=DEFAULT_DATA)
+    add_data_flag(p)
     p.add_argument("--jobs", type=int, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--regime", choices=["cpu", "gpu"], default="gpu")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from bench.sim.gps import GpsCall, GpsJob, gps_finish_times
 from bench.workloads.format import Job, Node
 from engine import StepShape, StepTimeModel
-from tenants.policies import GpsCall, GpsJob, gps_finish_times
 
 
 def gps_finish(jobs: Sequence[Job], capacity: float, step_seconds: float) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Workloads built from the real data in ../shared/data."""
+"""Workloads built from the real data in the data directory (docs/DATA.md, `bench.paths`)."""
 
 from bench.workloads.engine_workload import EngineWorkload, build_engine_workload
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.errors import DataMissing
+from bench.paths import existing
 from bench.workloads.format import Node
 from bench.workloads.lengths import fit_to_context
 
@@ -127,9 +127,6 @@ def agent_tasks_from_rows(
 
 
 def load_agent_tasks(data_dir: Path, context: int, max_think_s: float) -> list[tuple[Node, ...]]:
-    path = data_dir / AGENT_TRACE
-    if not path.is_file():
-        raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")
-    with path.open(encoding="utf-8") as f:
+    with existing(data_dir / AGENT_TRACE).open(encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return agent_tasks_from_rows(rows, context, max_think_s)

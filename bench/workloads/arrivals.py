@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.errors import DataMissing
+from bench.paths import data_missing
 
 SERVEGEN_CLIENTS = Path("traces/servegen/data/language/m-small")
 
@@ -75,7 +76,7 @@ def load_clients(data_dir: Path, min_windows: int = 100) -> list[ServeGenClient]
     folder = data_dir / SERVEGEN_CLIENTS
     paths = sorted(folder.glob("chunk-*-trace.csv"))
     if not paths:
-        raise DataMissing(f"no ServeGen client traces in {folder}")
+        raise data_missing(f"no ServeGen client traces in {folder}")
     clients = [c for c in map(read_client, paths) if c and c.active_windows >= min_windows]
     if len(clients) < len(TENANT_PROFILES):
         raise DataMissing(f"{folder}: {len(clients)} busy clients, need {len(TENANT_PROFILES)}")

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.paths import add_data_flag
 from bench.workloads.agents import load_agent_tasks
 from bench.workloads.arrivals import TenantSpec, default_tenants, gamma_arrivals, load_clients
 from bench.workloads.format import Job, Node, write_workload
 from bench.workloads.task_parallel import TASK_KINDS, load_trace_lengths
 from tenants.policies import kv_token_time
 
-DEFAULT_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
 DEFAULT_CONTEXT = 8192  # SmolLM2-135M's context window
 DEFAULT_MAX_THINK_S = 60.0
 
@@ -68,7 +68,7 @@ def build_workload(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.workloads.build", description=__doc__)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    add_data_flag(parser)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)

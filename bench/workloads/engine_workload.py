@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bench.errors import DataMissing
+from bench.paths import existing
 
 ALPACA_OUTPUTS = Path("prompts/alpaca_eval/results/gpt4_1106_preview/model_outputs.json")
 AZURE_CONV_TRACE = Path("traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
@@ -49,7 +50,7 @@ class EngineWorkload:
 
 
 def load_instructions(data_dir: Path, n: int) -> list[str]:
-    path = _existing(data_dir / ALPACA_OUTPUTS)
+    path = existing(data_dir / ALPACA_OUTPUTS)
     rows = json.loads(path.read_text(encoding="utf-8"))
     return [str(row["instruction"]) for row in rows[:n]]
 
@@ -57,7 +58,7 @@ def load_instructions(data_dir: Path, n: int) -> list[str]:
 def sample_output_lens(
     data_dir: Path, n: int, seed: int = 0, lo: int = MIN_OUTPUT_LEN, hi: int = MAX_OUTPUT_LEN
 ) -> list[int]:
-    path = _existing(data_dir / AZURE_CONV_TRACE)
+    path = existing(data_dir / AZURE_CONV_TRACE)
     with path.open(newline="", encoding="utf-8") as f:
         generated = np.array([int(row["GeneratedTokens"]) for row in csv.DictReader(f)])
     draws = np.random.default_rng(seed).choice(generated, size=n, replace=True)
@@ -76,9 +77,3 @@ def build_engine_workload(
     if len(prompts) < n:
         raise DataMissing(f"{data_dir / ALPACA_OUTPUTS} holds {len(prompts)} prompts, need {n}")
     return EngineWorkload(prompts, sample_output_lens(data_dir, n, seed))
-
-
-def _existing(path: Path) -> Path:
-    if not path.is_file():
-        raise DataMissing(f"{path} not found: pass --data pointing at the shared data folder")
-    return path

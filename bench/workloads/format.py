@@ -94,11 +94,11 @@ def job_from_json(data: Mapping[str, Any]) -> Job:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise WorkloadInvalid(f"malformed job {data.get('job_id', '?')!r}: {exc!r}") from exc
-    validate_job(job)
+    validate_workload_job(job)
     return job
 
 
-def validate_job(job: Job) -> None:
+def validate_workload_job(job: Job) -> None:
     if not (math.isfinite(job.weight) and job.weight > 0 and math.isfinite(job.arrival)):
         raise WorkloadInvalid(f"job {job.job_id}: weight must be > 0 and arrival finite")
     if not job.nodes or len({n.node_id for n in job.nodes}) != len(job.nodes):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.errors import DataMissing
+from bench.paths import existing
 from bench.workloads.format import Node
 from bench.workloads.lengths import fit_to_context
 
@@ -50,18 +50,13 @@ class TraceLengths:
 
 
 def _csv_rows(path: Path) -> Rows:
-    if not path.is_file():
-        raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")
-    with path.open(newline="", encoding="utf-8") as f:
+    with existing(path).open(newline="", encoding="utf-8") as f:
         rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
     return np.asarray(rows, dtype=np.int64)
 
 
 def load_trace_lengths(data_dir: Path, context: int) -> TraceLengths:
-    path = data_dir / MOONCAKE
-    if not path.is_file():
-        raise DataMissing(f"{path} is missing (see ../shared/data/README.md)")
-    with path.open(encoding="utf-8") as f:
+    with existing(data_dir / MOONCAKE).open(encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     scale = context / MOONCAKE_CONTEXT
     mooncake = np.asarray(

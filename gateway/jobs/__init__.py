@@ -1,7 +1,8 @@
-"""Jobs: the DAG-of-calls model, its conversion from protos, graph analysis, templates and
-validation. Pure code: no I/O, no clock."""
+"""Jobs: the DAG-of-calls model (`JobSpec`, `NodeSpec`), its graph (`Dag`), templates that splice
+inputs and parents' outputs into prompts (`render`, `references`), and validation (`validate_job`,
+`JobLimits`, reporting every violation at once). Pure code: no I/O, no clock, no protos (the
+servicers convert, `gateway/gateway_protos.py`)."""
 
-from gateway.jobs.convert import job_spec_from_proto, job_spec_to_proto
 from gateway.jobs.dag import Dag
 from gateway.jobs.errors import (
     DagCyclic,
@@ -36,8 +37,6 @@ __all__ = [
     "SamplingSpec",
     "TemplateUnresolved",
     "input_sizes",
-    "job_spec_from_proto",
-    "job_spec_to_proto",
     "oversized_prompt",
     "references",
     "render",

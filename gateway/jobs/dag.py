@@ -1,21 +1,22 @@
 """Dependency graphs of jobs: parents, children, topological order, cycles, depth and fan-out.
 
-Edges point from a node to the nodes it depends on (its parents). Kahn's algorithm over parent
-counts gives the topological order, keeping declaration order among nodes that become ready
-together; when it cannot place every node, an iterative depth-first search along depends_on
-names the cycles (one per back edge). Depth is the longest chain, in nodes, found in
-topological order. Invariant: a built `Dag` is acyclic, every id it mentions is one of its
-nodes, and `order` lists each node once, after all of its parents.
+Edges point from a node to the nodes it depends on (its parents). The topological order is the
+one every DAG in fairgate uses (`tenants.policies.dag.parents_first`: Kahn's algorithm,
+declaration order among nodes that become ready together); when it cannot place every node, an
+iterative depth-first search along depends_on names the cycles (one per back edge). Depth is
+the longest chain, in nodes, found in topological order. Invariant: a built `Dag` is acyclic,
+every id it mentions is one of its nodes, and `order` lists each node once, after all of its
+parents.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gateway.jobs.errors import DagCyclic, DagUnknownNode
 from gateway.jobs.model import JobSpec
+from tenants.policies.dag import parents_first
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ class Dag:
                 if parent not in parents:
                     raise DagUnknownNode(node, parent)
         children = _children(parents)
-        order = _kahn_order(parents, children)
+        order = parents_first(parents)
         if len(order) < len(parents):
             raise DagCyclic(find_cycles(parents)[0])
         return cls(order=tuple(order), parents=parents, children=children)
@@ -76,22 +77,6 @@ def _children(parents: Mapping[str, Sequence[str]]) -> dict[str, tuple[str, ...]
             if parent in children:
                 children[parent].append(node)
     return {node: tuple(kids) for node, kids in children.items()}
-
-
-def _kahn_order(
-    parents: Mapping[str, Sequence[str]], children: Mapping[str, Sequence[str]]
-) -> list[str]:
-    waiting = {node: len(deps) for node, deps in parents.items()}
-    ready = deque(node for node, count in waiting.items() if count == 0)
-    order: list[str] = []
-    while ready:
-        node = ready.popleft()
-        order.append(node)
-        for child in children[node]:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                ready.append(child)
-    return order
 
 
 def ancestors(edges: Mapping[str, Iterable[str]], node_id: str) -> set[str]:

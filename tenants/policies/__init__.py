@@ -1,4 +1,12 @@
-"""Fair-share policies: whose ready call the gateway dispatches next (docs/ARCHITECTURE.md §4)."""
+"""Fair-share policies: whose ready call the gateway dispatches next (docs/ARCHITECTURE.md §4).
+
+A policy keeps the `Policy` protocol (`base.py`: `JobInfo` and `ReadyCall` in, "what next?" and
+"how urgent?" out, `now` always passed in); `BookPolicy` keeps the bookkeeping every policy shares.
+`make_policy` builds one by name (`POLICY_NAMES`: fcfs, vtc, justitia, sjf-oracle, las) and
+`make_serving_policy` only those a server can run (`SERVING_POLICY_NAMES`). Also here, because the
+policies and the gateway both need them: the cost unit `kv_token_time` and the one topological
+order of a job's DAG (`dag.py`).
+"""
 
 from tenants.policies.base import (
     EngineLoad,
@@ -8,7 +16,7 @@ from tenants.policies.base import (
     ReadyCall,
     kv_token_time,
 )
-from tenants.policies.book import BookPolicy
+from tenants.policies.bookkeeping import BookPolicy
 from tenants.policies.errors import (
     CallNotFound,
     CallNotReady,
@@ -20,11 +28,17 @@ from tenants.policies.errors import (
     InvalidProgress,
     JobNotFound,
     PolicyError,
+    PolicyNotServable,
     UnknownPolicy,
 )
-from tenants.policies.factory import POLICY_NAMES, make_policy
+from tenants.policies.factory import (
+    POLICY_NAMES,
+    SERVING_POLICY_NAMES,
+    check_servable,
+    make_policy,
+    make_serving_policy,
+)
 from tenants.policies.fcfs import FcfsPolicy
-from tenants.policies.gps import GpsCall, GpsJob, gps_finish_times, water_fill
 from tenants.policies.justitia import JustitiaPolicy
 from tenants.policies.las import LasPolicy
 from tenants.policies.sjf import SjfOraclePolicy
@@ -32,6 +46,7 @@ from tenants.policies.vtc import VtcPolicy
 
 __all__ = [
     "POLICY_NAMES",
+    "SERVING_POLICY_NAMES",
     "BookPolicy",
     "CallNotFound",
     "CallNotReady",
@@ -40,8 +55,6 @@ __all__ = [
     "DuplicateJob",
     "EngineLoad",
     "FcfsPolicy",
-    "GpsCall",
-    "GpsJob",
     "InvalidCall",
     "InvalidJob",
     "InvalidProgress",
@@ -52,12 +65,13 @@ __all__ = [
     "NodeCost",
     "Policy",
     "PolicyError",
+    "PolicyNotServable",
     "ReadyCall",
     "SjfOraclePolicy",
     "UnknownPolicy",
     "VtcPolicy",
-    "gps_finish_times",
+    "check_servable",
     "kv_token_time",
     "make_policy",
-    "water_fill",
+    "make_serving_policy",
 ]

@@ -9,6 +9,10 @@ class UnknownPolicy(PolicyError, ValueError):
     """No policy has this name."""
 
 
+class PolicyNotServable(PolicyError, ValueError):
+    """A study-only policy was asked of a server (it needs what only a simulation knows)."""
+
+
 class InvalidJob(PolicyError, ValueError):
     """A job the policy cannot order: bad numbers, unknown or cyclic parents, missing truth."""
 

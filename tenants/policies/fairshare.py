@@ -2,15 +2,15 @@
 
 Fluid model: the work the real system does (KV token-time) is shared among the GPS-active tenants
 in proportion to their weights, and a tenant's part equally among its GPS-active jobs (processor
-sharing); per-job rate caps are ignored here (the reference in `gps.py` has them). The system
-virtual time V advances by work / (sum of the GPS-active tenants' weights), so a tenant that stays
-active receives `weight * dV` whatever the others do. A job's tag is the V at which it would finish
-under this sharing if nothing more arrived: `F_j = V + S_j / w_T` with `S_j = sum_k min(g_k, g_j)`
-over its tenant's jobs k, g being the GPS-remaining costs. Tags are invariant while V advances;
-they change only when the tenant's own jobs change (arrival, re-keyed cost, weight). Invariants:
-a tenant's GPS-remaining costs g are >= 0 and refer to its `v_ref`; its `total` is their sum; a
-job that left the real system (a ghost) keeps its share until its g drains, as under GPS; every
-live job with g > 0 has the tag its tenant's state implies.
+sharing); per-job rate caps are ignored here (the reference, `bench/sim/gps.py`, has them). The
+system virtual time V advances by work / (sum of the GPS-active tenants' weights), so a tenant that
+stays active receives `weight * dV` whatever the others do. A job's tag is the V at which it would
+finish under this sharing if nothing more arrived: `F_j = V + S_j / w_T` with
+`S_j = sum_k min(g_k, g_j)` over its tenant's jobs k, g being the GPS-remaining costs. Tags are
+invariant while V advances; they change only when the tenant's own jobs change (arrival, re-keyed
+cost, weight). Invariants: a tenant's GPS-remaining costs g are >= 0 and refer to its `v_ref`; its
+`total` is their sum; a job that left the real system (a ghost) keeps its share until its g
+drains, as under GPS; every live job with g > 0 has the tag its tenant's state implies.
 """
 
 from __future__ import annotations

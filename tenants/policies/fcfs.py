@@ -7,15 +7,15 @@ job's calls first. Invariant: none beyond the book's; the order is a pure functi
 
 from __future__ import annotations
 
-from tenants.policies.book import BookPolicy, JobState, OrderKey
+from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey
 
 
 class FcfsPolicy(BookPolicy):
     name = "fcfs"
 
-    def _job_order(self, job: JobState, now: float) -> OrderKey:
+    def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         first = next(iter(job.ready))
         return (job.info.arrival, self._ready_seq[first], first)
 
-    def _job_priority(self, job: JobState) -> float:
+    def _job_priority(self, job: ActiveJob) -> float:
         return job.info.arrival

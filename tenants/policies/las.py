@@ -13,7 +13,7 @@ present, is the critical-path maximum of it.
 from __future__ import annotations
 
 from tenants.policies.base import ReadyCall, kv_token_time
-from tenants.policies.book import BookPolicy, JobState, OrderKey, RunningCall
+from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
 
 
 class LasPolicy(BookPolicy):
@@ -33,37 +33,37 @@ class LasPolicy(BookPolicy):
             attained = self._attained[job_id] = self._critical_path(self._job(job_id))
         return attained
 
-    def _job_order(self, job: JobState, now: float) -> OrderKey:
+    def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         waited_since = self._ready_at[next(iter(job.ready))]
         if self._starvation_wait is not None and now - waited_since > self._starvation_wait:
             return (0.0, waited_since, job.info.arrival, job.info.job_id)
         return (1.0, self.attained_service(job.info.job_id), job.info.arrival, job.info.job_id)
 
-    def _job_priority(self, job: JobState) -> float:
+    def _job_priority(self, job: ActiveJob) -> float:
         return self.attained_service(job.info.job_id)
 
-    def _job_added(self, job: JobState, now: float) -> None:
+    def _job_added(self, job: ActiveJob, now: float) -> None:
         self._served[job.info.job_id] = {}
         self._attained[job.info.job_id] = 0.0
 
-    def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
+    def _call_ready(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         self._served[call.job_id][call.node_id] = 0.0
 
-    def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
+    def _call_progressed(self, job: ActiveJob, run: RunningCall, previous: int, now: float) -> None:
         served = kv_token_time(run.call.prompt_tokens, run.output_tokens)
         self._served[run.call.job_id][run.call.node_id] = served
         self._attained.pop(run.call.job_id, None)
 
-    def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
+    def _call_finished(self, job: ActiveJob, run: RunningCall, prompt: int, now: float) -> None:
         served = kv_token_time(prompt, run.output_tokens)
         self._served[run.call.job_id][run.call.node_id] = served
         self._attained.pop(run.call.job_id, None)
 
-    def _job_removed(self, job: JobState, now: float) -> None:
+    def _job_removed(self, job: ActiveJob, now: float) -> None:
         del self._served[job.info.job_id]
         self._attained.pop(job.info.job_id, None)
 
-    def _critical_path(self, job: JobState) -> float:
+    def _critical_path(self, job: ActiveJob) -> float:
         return job.longest_path(self._served[job.info.job_id])
 
     def _check_order(self) -> None:

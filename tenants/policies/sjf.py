@@ -11,7 +11,7 @@ large one. Invariant: `_left[job][node]` is the node's true cost not yet served,
 from __future__ import annotations
 
 from tenants.policies.base import ReadyCall, kv_token_time
-from tenants.policies.book import BookPolicy, JobState, OrderKey, RunningCall
+from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
 from tenants.policies.errors import InvalidJob
 
 
@@ -26,13 +26,13 @@ class SjfOraclePolicy(BookPolicy):
     def remaining_cost(self, job_id: str) -> float:
         return self._remaining[job_id]
 
-    def _job_order(self, job: JobState, now: float) -> OrderKey:
+    def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         return (self._remaining[job.info.job_id], job.info.arrival, job.info.job_id)
 
-    def _job_priority(self, job: JobState) -> float:
+    def _job_priority(self, job: ActiveJob) -> float:
         return self._remaining[job.info.job_id]
 
-    def _job_added(self, job: JobState, now: float) -> None:
+    def _job_added(self, job: ActiveJob, now: float) -> None:
         left: dict[str, float] = {}
         for node in job.info.nodes:
             if node.true_output is None:
@@ -41,28 +41,28 @@ class SjfOraclePolicy(BookPolicy):
         self._left[job.info.job_id] = left
         self._remaining[job.info.job_id] = sum(left.values())
 
-    def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
+    def _call_ready(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         self._set_left(job, call.node_id, self._true_cost(job, call.node_id, call.prompt_tokens))
 
-    def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
+    def _call_progressed(self, job: ActiveJob, run: RunningCall, previous: int, now: float) -> None:
         call = run.call
         whole = self._true_cost(job, call.node_id, call.prompt_tokens)
         served = kv_token_time(call.prompt_tokens, run.output_tokens)
         self._set_left(job, call.node_id, max(0.0, whole - served))
 
-    def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
+    def _call_finished(self, job: ActiveJob, run: RunningCall, prompt: int, now: float) -> None:
         self._set_left(job, run.call.node_id, 0.0)
 
-    def _job_removed(self, job: JobState, now: float) -> None:
+    def _job_removed(self, job: ActiveJob, now: float) -> None:
         del self._left[job.info.job_id], self._remaining[job.info.job_id]
 
     @staticmethod
-    def _true_cost(job: JobState, node_id: str, prompt_tokens: int) -> float:
+    def _true_cost(job: ActiveJob, node_id: str, prompt_tokens: int) -> float:
         true_output = job.nodes[node_id].true_output
         assert true_output is not None
         return kv_token_time(prompt_tokens, true_output)
 
-    def _set_left(self, job: JobState, node_id: str, cost: float) -> None:
+    def _set_left(self, job: ActiveJob, node_id: str, cost: float) -> None:
         left = self._left[job.info.job_id]
         self._remaining[job.info.job_id] += cost - left[node_id]
         left[node_id] = cost

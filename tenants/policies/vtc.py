@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tenants.policies.base import ReadyCall
-from tenants.policies.book import BookPolicy, JobState, OrderKey, RunningCall
+from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
 
 
 class VtcPolicy(BookPolicy):
@@ -35,19 +35,19 @@ class VtcPolicy(BookPolicy):
         """The tenant's virtual token counter (0 for a tenant never seen)."""
         return self._counter.get(tenant_id, 0.0)
 
-    def _job_order(self, job: JobState, now: float) -> OrderKey:
+    def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         tenant = job.info.tenant_id
         first = next(iter(job.ready))
         return (self._counter[tenant], tenant, job.info.arrival, self._ready_seq[first], first)
 
-    def _job_priority(self, job: JobState) -> float:
+    def _job_priority(self, job: ActiveJob) -> float:
         return self._counter[job.info.tenant_id]
 
-    def _job_added(self, job: JobState, now: float) -> None:
+    def _job_added(self, job: ActiveJob, now: float) -> None:
         self._weight[job.info.tenant_id] = job.info.weight
         self._counter.setdefault(job.info.tenant_id, 0.0)
 
-    def _call_ready(self, job: JobState, call: ReadyCall, now: float) -> None:
+    def _call_ready(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         tenant = call.tenant_id
         if tenant not in self._backlog:
             backlogged = [self._counter[t] for t in self._backlog]
@@ -56,17 +56,17 @@ class VtcPolicy(BookPolicy):
                 self._counter[tenant] = max(self._counter[tenant], floor)
         self._backlog[tenant] += 1
 
-    def _call_dispatched(self, job: JobState, run: RunningCall, now: float) -> None:
+    def _call_dispatched(self, job: ActiveJob, run: RunningCall, now: float) -> None:
         self._charge(run.call.tenant_id, self._w_p * run.call.prompt_tokens)
 
-    def _call_progressed(self, job: JobState, run: RunningCall, previous: int, now: float) -> None:
+    def _call_progressed(self, job: ActiveJob, run: RunningCall, previous: int, now: float) -> None:
         self._charge(run.call.tenant_id, self._w_q * (run.output_tokens - previous))
 
-    def _call_finished(self, job: JobState, run: RunningCall, prompt: int, now: float) -> None:
+    def _call_finished(self, job: ActiveJob, run: RunningCall, prompt: int, now: float) -> None:
         self._charge(run.call.tenant_id, self._w_p * (prompt - run.call.prompt_tokens))
         self._leave(run.call.tenant_id, 1)
 
-    def _job_removed(self, job: JobState, now: float) -> None:
+    def _job_removed(self, job: ActiveJob, now: float) -> None:
         calls = len(job.ready) + len(job.running)
         if calls:
             self._leave(job.info.tenant_id, calls)

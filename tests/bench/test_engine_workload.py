@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from bench.errors import DataMissing
+from bench.paths import data_dir
 from bench.workloads.engine_workload import (
     ALPACA_OUTPUTS,
     AZURE_CONV_TRACE,
@@ -15,7 +16,7 @@ from bench.workloads.engine_workload import (
     build_engine_workload,
 )
 
-REAL_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+REAL_DATA = data_dir()
 TRACE_LENGTHS = [1, 5, 15, 16, 17, 100, 129, 300, 511, 512, 513, 900, 4000]
 
 
@@ -78,7 +79,7 @@ def test_missing_or_short_data_is_named(tmp_path: Path) -> None:
         build_engine_workload(make_data(tmp_path / "short", num_prompts=10), CharTokenizer())
 
 
-@pytest.mark.skipif(not REAL_DATA.is_dir(), reason="../shared/data is absent")
+@pytest.mark.skipif(not REAL_DATA.is_dir(), reason="the data directory is absent (docs/DATA.md)")
 def test_real_data_workload() -> None:
     workload = build_engine_workload(REAL_DATA, CharTokenizer())
     assert len(workload.prompt_token_ids) == NUM_REQUESTS

@@ -16,14 +16,14 @@ from bench.workloads.format import (
     job_from_json,
     job_to_json,
     read_workload,
-    validate_job,
+    validate_workload_job,
     write_workload,
 )
 from bench.workloads.lengths import fit_to_context
 from bench.workloads.load import OfferedLoad, at_load
 from bench.workloads.replay import filler, to_job_spec
 from bench.workloads.task_parallel import TASK_KINDS, load_trace_lengths
-from gateway.jobs.validation import validate_job as validate_job_spec
+from gateway.jobs.validation import validate_job
 from predictor.anomaly import AnomalyGuard
 from tests.bench.fixture_data import write_data
 
@@ -93,7 +93,7 @@ def test_workload_is_deterministic_and_well_formed(data: Path, tmp_path: Path) -
         assert sum(j.tenant == tenant.name for j in jobs) == round(tenant.share * 40)
     assert [j.arrival for j in jobs] == sorted(j.arrival for j in jobs)
     for job in jobs:
-        validate_job(job)
+        validate_workload_job(job)
     path = tmp_path / "w.jsonl"
     write_workload(path, jobs)
     assert read_workload(path) == jobs
@@ -104,7 +104,7 @@ def test_task_parallel_jobs_join_their_branches(data: Path, kind: str) -> None:
     lengths = load_trace_lengths(data, 8192)
     nodes = TASK_KINDS[kind](np.random.default_rng(5), lengths)
     job = Job("j", "t", 1.0, 0.0, kind, nodes)
-    validate_job(job)
+    validate_workload_job(job)
     leaves = {n.node_id for n in nodes} - {p for n in nodes for p in n.parents}
     assert len(leaves) == 1  # one call ends the job
     if len(nodes) > 1:
@@ -195,7 +195,7 @@ def test_missing_data_is_named(tmp_path: Path) -> None:
 def test_jobs_become_valid_gateway_specs(data: Path) -> None:
     for job in build(data)[:10]:
         spec = to_job_spec(job, scale=0.1)
-        validate_job_spec(spec)
+        validate_job(spec)
         assert [n.depends_on for n in spec.nodes] == [n.parents for n in job.nodes]
         for node, spec_node in zip(job.nodes, spec.nodes, strict=True):
             assert spec_node.sampling.max_tokens == max(1, -(-node.output_tokens // 10))

@@ -15,7 +15,8 @@ from fairgate import (
     map_reduce,
     parallel_sample,
 )
-from gateway.jobs import job_spec_from_proto, references, validate_job
+from gateway.gateway_protos import job_spec_from_proto
+from gateway.jobs import references, validate_job
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

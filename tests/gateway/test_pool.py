@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
-from tests.gateway.engine_servers import engine_servers, server_metric
+from tests.gateway.engine_servers import backend_of, engine_servers, server_metric
 from tests.reliability.harness import Reliable, node, reliable_gateway
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +41,7 @@ async def running_on(h: Reliable, job_id: str, tenant: str) -> tuple[str, str]:
 async def test_jobs_of_two_tenants_run_on_both_servers(tmp_path: Path) -> None:
     async with (
         engine_servers(tmp_path, 2, step_s=0.002) as servers,
-        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+        reliable_gateway(backends=[backend_of(s, tmp_path) for s in servers]) as h,
     ):
         for tenant in ("a", "b"):
             await h.tenant(tenant)
@@ -59,16 +59,17 @@ async def test_jobs_of_two_tenants_run_on_both_servers(tmp_path: Path) -> None:
 async def test_a_cancel_reaches_the_server_and_releases_the_quota(tmp_path: Path) -> None:
     async with (
         engine_servers(tmp_path, 2, step_s=0.01) as servers,
-        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+        reliable_gateway(backends=[backend_of(s, tmp_path) for s in servers]) as h,
     ):
         await h.tenant("a")
         job = await h.submit("a", map_reduce(4, 500))  # each call would take 5 s
         _, backend = await running_on(h, job.job_id, "a")
         server = next(s for s in servers if s.name == backend)
-        assert await server.running_requests() > 0
+        running = "vllm:num_requests_running"
+        assert await server_metric(server.url, running) > 0
         await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("a"))
         with anyio.fail_after(10):
-            while any([await s.running_requests() for s in servers]):
+            while any([await server_metric(s.url, running) for s in servers]):
                 await anyio.sleep(0.05)
         assert (await h.finished("a", job.job_id)).state == pb.JOB_STATE_CANCELLED
         await h.unharmed()
@@ -79,7 +80,7 @@ async def test_a_server_killed_mid_job_has_its_calls_run_again_on_the_other(
 ) -> None:
     async with (
         engine_servers(tmp_path, 2, step_s=0.01) as servers,
-        reliable_gateway(backends=[s.backend() for s in servers]) as h,
+        reliable_gateway(backends=[backend_of(s, tmp_path) for s in servers]) as h,
     ):
         await h.tenant("a")
         job = await h.submit("a", map_reduce(4, 150))

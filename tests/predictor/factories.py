@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from predictor.training import Example
+from bench.prediction.training import Example
 
 TOPICS = (
     "river", "castle", "robot", "garden", "violin", "glacier", "market", "comet", "forest",

@@ -4,11 +4,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.prediction.training import main, train
 from predictor.base import CallFeatures
 from predictor.errors import ArtifactInvalid, ArtifactMissing
 from predictor.features import DENSE_NAMES, HASH_DIM
 from predictor.prompt_model import PromptModel
-from predictor.training import main, train
 from tests.predictor.factories import synthetic_examples
 
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
-from gateway.jobs import job_spec_from_proto
 from tenants import MemoryQuotaStore, Reservation
 from tests.fake_clock import FakeClock
 from tests.gateway.conftest import sim_core

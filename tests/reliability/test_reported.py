@@ -26,7 +26,9 @@ async def test_one_concurrent_call_and_three_roots_run_one_at_a_time() -> None:
         starts = sorted(
             (n.start_time.ToNanoseconds(), n.finish_time.ToNanoseconds()) for n in job.nodes
         )
-        assert all(finish <= start for (_, finish), (start, _) in itertools.pairwise(starts))
+        assert all(
+            finish <= start for (_, finish), (start, _) in itertools.pairwise(starts)
+        )
         await h.unharmed()
 
 

@@ -3,16 +3,8 @@ import random
 
 import pytest
 
-from tenants.policies import (
-    EngineLoad,
-    GpsCall,
-    GpsJob,
-    JobInfo,
-    JustitiaPolicy,
-    NodeCost,
-    gps_finish_times,
-    kv_token_time,
-)
+from bench.sim.gps import GpsCall, GpsJob, gps_finish_times
+from tenants.policies import EngineLoad, JobInfo, JustitiaPolicy, NodeCost, kv_token_time
 from tests.tenants.policies.factories import (
     NO_KNEE,
     dispatch_all,
