@@ -83,6 +83,7 @@ class CallPlanner:
         prompt_text: str,
         prompt_tokens: int,
         quota: TenantQuota,
+        model: str = "",
     ) -> CallPlan:
         """Raises CallRefused when the prompt is over the tenant's or the model's limit."""
         max_tokens = min(self.max_tokens(spec, quota), self.defaults.max_model_len - prompt_tokens)
@@ -90,7 +91,7 @@ class CallPlanner:
         if (limit and prompt_tokens > limit) or max_tokens < 1:
             shown = limit if limit and prompt_tokens > limit else self.defaults.max_model_len
             raise CallRefused(f"prompt of {prompt_tokens} tokens exceeds the limit of {shown}")
-        features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text)
+        features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text, model)
         predicted = self.predictor.predict(features)
         policy_output, reserve, cap_reason = predicted.mean, min(predicted.p90, max_tokens), ""
         conservative = self.tracker is not None and self.tracker.conservative(_kind(features))
@@ -152,5 +153,5 @@ class CallPlanner:
 
 
 def _kind(features: CallFeatures) -> str:
-    """The error tracker's key: a tenant's kind of call (its node name)."""
-    return f"{features.tenant_id}\x00{features.node_name}"
+    """The error tracker's key: a tenant's kind of call (its node name) on one model."""
+    return f"{features.tenant_id}\x00{features.model}\x00{features.node_name}"

@@ -37,27 +37,28 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 
 from engine import FinishReason, TokenDelta
-from gateway.backends import Backend, BackendCall, BackendCapacity, BackendLost, CallStream
+from gateway.backends import BackendCall, BackendCapacity, BackendLost, CallStream
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
 from gateway.job_run import ENDED, JobRun, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
+from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
 from gateway.owned import OwnsTasks
+from gateway.prompts import PromptEncoder
 from gateway.spans import annotate_call, start_job_span
-from gateway.tickets import Blank, Ticket, Tickets
+from gateway.tickets import Blank, Ticket, job_info, part_of
 from tenants import (
     CallClosed,
     QuotaExceeded,
@@ -67,7 +68,7 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import JobInfo, Policy
+from tenants.policies import JobInfo
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal error"
@@ -87,7 +88,6 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
-    model_name: str
     reservation_ttl_s: float = 60.0  # lease of a reservation or an admitted job, renewed
     knee_calls: int | None = None
     reserve_deadline_s: float = 30.0  # how long a reserve retries an unreachable store
@@ -98,10 +98,8 @@ class DispatchConfig:
 class Dispatcher(OwnsTasks):
     def __init__(
         self,
-        backends: list[Backend],
-        policy: Policy,
+        lanes: Sequence[Lane],
         store: QuotaStore,
-        tokenizer: Any,
         planner: CallPlanner,
         config: DispatchConfig,
         clock: Callable[[], float] = time.time,
@@ -111,15 +109,16 @@ class Dispatcher(OwnsTasks):
         metrics: GatewayMetrics | None = None,
     ) -> None:
         super().__init__()
-        if not backends or len({b.name for b in backends}) != len(backends):
-            raise ValueError("a pool needs at least one backend, each with its own name")
+        names = [name for lane in lanes for name in lane.backends]
+        if not lanes or len(set(names)) != len(names) or len({x.model for x in lanes}) < len(lanes):
+            raise ValueError("one lane per model, backend names unique across them")
         self.metrics = metrics
-        self.backends = {b.name: b for b in backends}
-        self.core: DispatchCore[Ticket] = DispatchCore(policy, config.knee_calls)
+        self.lanes = {lane.model: lane for lane in lanes}  # the default model's first
+        self.default_model = lanes[0].model
+        self.models = frozenset(self.lanes)
+        self.backends = {n: b for lane in lanes for n, b in lane.backends.items()}
         self.store = store
-        self.tokenizer = tokenizer
         self.planner = planner
-        self._tickets = Tickets(tokenizer, planner, config.model_name)
         self.config = config
         self.clock = clock
         self.on_job_end = on_job_end
@@ -136,6 +135,30 @@ class Dispatcher(OwnsTasks):
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
         self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
 
+    @property
+    def core(self) -> DispatchCore[Ticket]:
+        """The default model's dispatch core."""
+        return self.lanes[self.default_model].core
+
+    def encoder(self, model: str = "") -> PromptEncoder:
+        """The prompt encoder of a model's pool (the default model's for "")."""
+        return self.lanes[model or self.default_model].tickets.encode
+
+    def ready_calls(self) -> int:
+        return sum(len(lane.core.ready) for lane in self.lanes.values())
+
+    def lane_of(self, run: JobRun, node_id: str) -> Lane:
+        """The pool a node runs in: the model it names, else the default."""
+        return self.lanes[run.nodes[node_id].spec.model or self.default_model]
+
+    def _lane(self, ticket: Ticket) -> Lane:
+        return self.lanes[ticket.model_name]
+
+    def _lanes_of(self, run: JobRun) -> list[Lane]:
+        """The pools the job's nodes run in, each once."""
+        models = {run.nodes[n].spec.model or self.default_model for n in run.nodes}
+        return [self.lanes[model] for model in sorted(models)]
+
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         await stack.enter_async_context(self.outbox)
         await stack.enter_async_context(self.leases)
@@ -145,15 +168,17 @@ class Dispatcher(OwnsTasks):
         tg.start_soon(self._deadlines.run)
 
     def capacities(self) -> dict[str, BackendCapacity]:
+        """Every backend's room, across the pools."""
         return {name: backend.capacity() for name, backend in self.backends.items()}
 
     async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the pool would take at once has its call reserved in the same script."""
         blanks = await anyio.to_thread.run_sync(
-            self._tickets.encode_blanks, run, limiter=self._limiter(run.tenant_id)
+            self._encode_blanks, run, limiter=self._limiter(run.tenant_id)
         )
-        info = self._tickets.job_info(run, quota, self.clock(), blanks)
+        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
+        info = job_info(run, quota, self.clock(), blanks, self.planner, models)
         ticket = self._ticket_to_hold(run, quota, blanks)
         try:
             await self._admit_in_store(run, ticket)
@@ -180,6 +205,14 @@ class Dispatcher(OwnsTasks):
         )
         ticket.held = held is not None
 
+    def _encode_blanks(self, run: JobRun) -> dict[str, Blank]:
+        """Every node's blank prompt, encoded for the model it runs on."""
+        blanks: dict[str, Blank] = {}
+        for lane in self._lanes_of(run):
+            mine = [n for n in run.dag.order if self.lane_of(run, n) is lane]
+            blanks |= lane.tickets.encode_blanks(run, mine)
+        return blanks
+
     def _limiter(self, tenant_id: str) -> anyio.CapacityLimiter:
         limiter = self._tokenizing.get(tenant_id)
         if limiter is None:
@@ -189,7 +222,7 @@ class Dispatcher(OwnsTasks):
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
-        self.core.add_job(admitted.info, now)  # validates: nothing is kept if it refuses
+        self._add_job(run, admitted.info, now)  # validates: nothing is kept if it refuses
         self._quotas[run.tenant_id] = quota
         self.runs[run.job_id] = run
         self.leases.hold_job(run.tenant_id, run.job_id)
@@ -207,6 +240,19 @@ class Dispatcher(OwnsTasks):
                 self._plan_ready(run, node_id, admitted.blanks[node_id])
         self._wake.set()
 
+    def _add_job(self, run: JobRun, info: JobInfo, now: float) -> None:
+        """The job joins the policy of each pool it runs in, with its nodes there."""
+        added: list[Lane] = []
+        try:
+            for lane in self._lanes_of(run):
+                mine = {n for n in run.nodes if self.lane_of(run, n) is lane}
+                lane.core.add_job(part_of(info, mine), now)
+                added.append(lane)
+        except Exception:
+            for lane in added:
+                lane.core.remove_job(run.job_id, now)
+            raise
+
     def running_jobs(self) -> list[JobRun]:
         """Jobs that have not ended."""
         return [r for r in self.runs.values() if not r.ended]
@@ -218,14 +264,16 @@ class Dispatcher(OwnsTasks):
             return
         now = self.clock()
         for node_id in run.cancel(now, reason, failed=failed):
-            self._abort(f"{run.job_id}/{node_id}")
+            self._abort(run, node_id)
         if run.ended:
             self._forget(run, now)
         else:  # a finished call is being settled: the job ends with it
-            self._release_held(self.core.withdraw_ready(run.job_id, now))
+            for lane in self._lanes_of(run):
+                self._release_held(lane.core.withdraw_ready(run.job_id, now))
 
-    def _abort(self, call_id: str) -> None:
-        entry = self.core.running.get(call_id)
+    def _abort(self, run: JobRun, node_id: str) -> None:
+        call_id = f"{run.job_id}/{node_id}"
+        entry = self.lane_of(run, node_id).core.running.get(call_id)
         if entry is not None:
             self.backends[entry.backend].abort(call_id)
 
@@ -245,23 +293,26 @@ class Dispatcher(OwnsTasks):
         if len(run.nodes) != 1:
             return None
         (node_id,) = run.nodes
+        lane = self.lane_of(run, node_id)
         try:
-            ticket = self._tickets.make(run, node_id, quota, blanks[node_id])
+            ticket = lane.tickets.make(run, node_id, quota, blanks[node_id])
         except CallRefused:
             return None  # refused again once submitted, where its node fails
-        reserve = ticket.plan.reserve_output
-        return ticket if self.core.starts_at_once(ticket.call, reserve, self.capacities()) else None
+        reserve, rooms = ticket.plan.reserve_output, lane.capacities()
+        return ticket if lane.core.starts_at_once(ticket.call, reserve, rooms) else None
 
     def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
+        tickets = self.lane_of(run, node_id).tickets
         try:
-            ticket = self._tickets.make(run, node_id, self._quotas[run.tenant_id], encoded)
+            ticket = tickets.make(run, node_id, self._quotas[run.tenant_id], encoded)
         except CallRefused as exc:
             self._finish_node(run, node_id, NodeState.FAILED, str(exc))
             return
         self._add_ready(ticket, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
-        self.core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held)
+        core = self._lane(ticket).core
+        core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held)
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:
         """Render and encode a node whose parents are done (off the event loop), then make it
@@ -274,7 +325,10 @@ class Dispatcher(OwnsTasks):
                 self._finish_node(run, node_id, NodeState.FAILED, f"the prompt {problem}")
                 return
             encoded = await anyio.to_thread.run_sync(
-                self._tickets.encode_node, run, node_id, limiter=self._limiter(run.tenant_id)
+                self.lane_of(run, node_id).tickets.encode_node,
+                run,
+                node_id,
+                limiter=self._limiter(run.tenant_id),
             )
             if run.nodes[node_id].state is NodeState.READY:  # not cancelled meanwhile
                 self._plan_ready(run, node_id, encoded)
@@ -290,12 +344,13 @@ class Dispatcher(OwnsTasks):
                 log.exception("dispatch pass failed")
 
     def _dispatch_ready(self) -> None:
-        while (dispatch := self.core.next(self.clock(), self.capacities())) is not None:
-            entry = dispatch.entry
-            if dispatch.needs_reserve:
-                self.tasks.start_soon(self._reserve_and_launch, entry)
-            else:
-                self._start(entry)
+        for lane in self.lanes.values():
+            while (dispatch := lane.core.next(self.clock(), lane.capacities())) is not None:
+                entry = dispatch.entry
+                if dispatch.needs_reserve:
+                    self.tasks.start_soon(self._reserve_and_launch, entry)
+                else:
+                    self._start(entry)
 
     async def _reserve_and_launch(self, entry: Entry) -> None:
         ticket = entry.payload
@@ -327,7 +382,7 @@ class Dispatcher(OwnsTasks):
                 return
             finally:
                 self._wake.set()  # its promised room is free again, or it runs now
-            if self.core.launched(call.call_id, self.clock()) is None:  # its job ended
+            if self._lane(ticket).core.launched(call.call_id, self.clock()) is None:  # ended
                 await self._send(Close("release", call.tenant_id, ticket.quota_id))
                 return
             self.leases.hold_call(call.tenant_id, ticket.quota_id)
@@ -335,16 +390,16 @@ class Dispatcher(OwnsTasks):
 
     def _refused(self, entry: Entry, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""
-        call = entry.call
+        call, core = entry.call, self._lane(entry.payload).core
         if self.metrics is not None:
             self.metrics.refused(call.tenant_id, exc.reason)
-        if call.call_id not in self.core.taking:
+        if call.call_id not in core.taking:
             return  # its job ended meanwhile
         if exc.retry_after_s is None or exc.limit is QuotaLimit.DAILY_BUDGET:
             self._drop_ready(entry, str(exc))
             return
         delay = max(exc.retry_after_s, 0.01)
-        self.core.retry_later(call.call_id, self.clock() + delay)
+        core.retry_later(call.call_id, self.clock() + delay)
         self.tasks.start_soon(self._wake_after, delay)
 
     async def _wake_after(self, delay: float) -> None:
@@ -354,14 +409,15 @@ class Dispatcher(OwnsTasks):
     def _drop_ready(self, entry: Entry, reason: str) -> None:
         """Fail a call that never reached a backend: the policy sees it end unserved."""
         ticket = entry.payload
-        self.core.drop(entry.call.call_id, self.clock())
+        self._lane(ticket).core.drop(entry.call.call_id, self.clock())
         self._finish_node(ticket.run, entry.call.node_id, NodeState.FAILED, reason)
         self._call_ended(ticket, 0)
 
     def _call_ended(self, ticket: Ticket, produced: int) -> None:
         if self.metrics is not None:
             node = ticket.run.nodes[ticket.call.node_id]
-            self.metrics.call_ended(ticket.call.tenant_id, node, produced, ticket.plan.conservative)
+            tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative
+            self.metrics.call_ended(tenant, node, produced, conservative, ticket.model_name)
 
     def _start(self, entry: Entry) -> None:
         """Send a dispatched call to its backend; a call the backend refuses fails alone."""
@@ -393,9 +449,8 @@ class Dispatcher(OwnsTasks):
         with anyio.CancelScope(shield=True), self._failing_node(ticket.run, call.node_id):
             self.leases.drop_call(ticket.quota_id)
             await self._send(Close("release", call.tenant_id, ticket.quota_id))
-            self._reprioritize(
-                self.core.finished(call.call_id, call.prompt_tokens, 0, self.clock())
-            )
+            core = self._lane(ticket).core
+            self._reprioritize(core.finished(call.call_id, call.prompt_tokens, 0, self.clock()))
             self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
             self._call_ended(ticket, 0)
 
@@ -407,7 +462,7 @@ class Dispatcher(OwnsTasks):
         produced = 0
         failure = ""  # why following the call failed, if it did
         lost = False
-        with self._call_span(run) as span:
+        with self._call_span(ticket) as span:
             try:
                 async for delta in stream:
                     produced += len(delta.token_ids)
@@ -443,7 +498,7 @@ class Dispatcher(OwnsTasks):
         call, run = ticket.call, ticket.run
         if run.nodes[call.node_id].state is not NodeState.RUNNING:
             return False
-        if self.core.lost(call.call_id, self.clock()) is None:
+        if self._lane(ticket).core.lost(call.call_id, self.clock()) is None:
             return False
         self.streams.pop(call.call_id, None)
         self.leases.drop_call(ticket.quota_id)
@@ -459,7 +514,8 @@ class Dispatcher(OwnsTasks):
         ticket = entry.payload
         if delta.hidden is not None and ticket.plan.refinable and not ticket.run.ended:
             self._refine(entry, delta.hidden)
-        self._reprioritize(self.core.progress(ticket.call.call_id, produced, self.clock()))
+        core = self._lane(ticket).core
+        self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
 
     def _refine(self, entry: Entry, hidden: list[float]) -> None:
         """The call is prefilled: predict its output again from its hidden state; the backend
@@ -479,15 +535,16 @@ class Dispatcher(OwnsTasks):
             },
         )
         self.backends[entry.backend].set_prediction(call.call_id, ticket.plan.reserve_output)
-        now = self.clock()
-        self._reprioritize(self.core.refined(call.call_id, call, ticket.plan.reserve_output, now))
+        now, core = self.clock(), self._lane(ticket).core
+        self._reprioritize(core.refined(call.call_id, call, ticket.plan.reserve_output, now))
 
-    def _call_span(self, run: JobRun) -> contextlib.AbstractContextManager[trace.Span | None]:
+    def _call_span(self, ticket: Ticket) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""
         if self._tracer is None:
             return contextlib.nullcontext()
-        parent = trace.set_span_in_context(self._job_spans.get(run.job_id, trace.INVALID_SPAN))
-        name = f"chat {self.config.model_name}"
+        job_span = self._job_spans.get(ticket.run.job_id, trace.INVALID_SPAN)
+        parent = trace.set_span_in_context(job_span)
+        name = f"chat {ticket.model_name}"
         return self._tracer.start_as_current_span(name, context=parent)
 
     async def _close_call(
@@ -527,8 +584,8 @@ class Dispatcher(OwnsTasks):
             ends_job = False  # the outbox settles it; the job is finished as it ends
         if ends_job and not run.ended:
             self._finished_in_store.add(run.job_id)
-        now = self.clock()
-        self._reprioritize(self.core.finished(call.call_id, call.prompt_tokens, produced, now))
+        now, core = self.clock(), self._lane(ticket).core
+        self._reprioritize(core.finished(call.call_id, call.prompt_tokens, produced, now))
         if finished:
             assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
@@ -552,7 +609,7 @@ class Dispatcher(OwnsTasks):
         node = ticket.run.nodes[ticket.call.node_id]
         ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
         if ttft is not None and tpot is not None:
-            self.core.router.observe(entry.backend, ttft, tpot)
+            self._lane(ticket).core.router.observe(entry.backend, ttft, tpot)
 
     def _reprioritize(self, changes: list[Reprioritize[Ticket]]) -> None:
         """Tell the backends the new priority of the calls they hold, after a re-key."""
@@ -591,7 +648,8 @@ class Dispatcher(OwnsTasks):
     def _forget(self, run: JobRun, now: float) -> None:
         if self.runs.pop(run.job_id, None) is None:
             return
-        self._release_held(self.core.remove_job(run.job_id, now))
+        for lane in self._lanes_of(run):
+            self._release_held(lane.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)
         self.leases.drop_job(run.job_id)
         span = self._job_spans.pop(run.job_id, None)

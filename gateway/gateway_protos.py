@@ -56,6 +56,7 @@ def node_spec_from_proto(msg: pb.NodeSpec) -> NodeSpec:
         depends_on=tuple(msg.depends_on),
         sampling=sampling_from_proto(msg.sampling),
         name=msg.name,
+        model=msg.model,
     )
 
 
@@ -97,6 +98,7 @@ def node_spec_to_proto(node: NodeSpec) -> pb.NodeSpec:
         depends_on=node.depends_on,
         sampling=sampling_to_proto(node.sampling),
         name=node.name,
+        model=node.model,
     )
     if node.prompt_template is not None:
         msg.prompt_template = node.prompt_template

@@ -13,7 +13,6 @@ call's start in the engine to its end, as the gateway, the engine's client, sees
 from __future__ import annotations
 
 from opentelemetry.metrics import Histogram, Meter
-from opentelemetry.util.types import Attributes
 
 from gateway.job_run import NodeRun, NodeState
 from gateway.telemetry import PROVIDER_NAME
@@ -23,12 +22,7 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 
 
 class GenAiMetrics:
-    def __init__(self, meter: Meter, model: str) -> None:
-        self.base = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": PROVIDER_NAME,
-            "gen_ai.request.model": model,
-        }
+    def __init__(self, meter: Meter) -> None:
         self.tokens = meter.create_histogram(
             "gen_ai.client.token.usage",
             unit="{token}",
@@ -49,17 +43,22 @@ class GenAiMetrics:
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
 
-    def call_ended(self, node: NodeRun, produced: int) -> None:
+    def call_ended(self, node: NodeRun, produced: int, model: str) -> None:
         duration = node.run_time
         if duration is None:
-            return  # it never ran in the engine
-        attributes: Attributes = dict(self.base)
+            return  # it never ran on a backend
+        base: dict[str, str] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER_NAME,
+            "gen_ai.request.model": model,
+        }
+        attributes: dict[str, str] = dict(base)
         if node.state in (NodeState.FAILED, NodeState.CANCELLED):
-            attributes = {**self.base, "error.type": node.state.value}
+            attributes["error.type"] = node.state.value
         self.operation.record(duration, attributes)
         self.request.record(duration, attributes)
-        self.tokens.record(node.prompt_tokens, {**self.base, "gen_ai.token.type": "input"})
-        self.tokens.record(produced, {**self.base, "gen_ai.token.type": "output"})
+        self.tokens.record(node.prompt_tokens, {**base, "gen_ai.token.type": "input"})
+        self.tokens.record(produced, {**base, "gen_ai.token.type": "output"})
         for histogram, seconds in (
             (self.ttft, node.time_to_first_token),
             (self.tpot, node.time_per_output_token(produced)),

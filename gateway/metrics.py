@@ -92,10 +92,15 @@ class GatewayMetrics:
         return OTHER
 
     def call_ended(
-        self, tenant_id: str, node: NodeRun, produced: int, conservative: bool = False
+        self,
+        tenant_id: str,
+        node: NodeRun,
+        produced: int,
+        conservative: bool = False,
+        model: str = "",
     ) -> None:
         if self.genai is not None:
-            self.genai.call_ended(node, produced)
+            self.genai.call_ended(node, produced, model)
         tenant = self.tenant(tenant_id)
         self.calls.labels(tenant, node.state.value).inc()
         if conservative:
@@ -132,7 +137,7 @@ class DispatchCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         dispatcher = self.dispatcher
         yield GaugeMetricFamily(
-            "fairgate_ready_calls", "Calls ready for a backend", value=len(dispatcher.core.ready)
+            "fairgate_ready_calls", "Calls ready for a backend", value=dispatcher.ready_calls()
         )
         active = GaugeMetricFamily("fairgate_active_jobs", "Jobs not ended", labels=["tenant"])
         tenants = Tally(self.metrics.tenant(r.tenant_id) for r in dispatcher.runs.values())

@@ -1,18 +1,20 @@
-"""The pool of backends the settings describe, opened for the gateway's lifetime.
+"""The pools of backends the settings describe, opened for the gateway's lifetime.
 
-No `[[backends]]` tables: the in-process engine alone (`local`), as the engine settings describe
-it. Otherwise every table is a backend of the one pool: at most one `local` engine and any number
-of `openai` servers (each checked at start-up: its model and its tokenizer). The gateway encodes
-a prompt once for whichever backend runs it, so the pool serves one model through one tokenizer:
-the local engine's, or else the tokenizer folder the openai backends name (they must name the
-same folder and the same model id). A call's length limit is the smallest `max_model_len` of
-the pool.
+No `[[backends]]` tables: one pool, the in-process engine alone (`local`), as the engine settings
+describe it. Otherwise the tables are grouped by the model they serve: a pool per model, each
+with its own fair share (a dispatch core of its own) and its own tokenizer, since the gateway
+encodes a call's prompt once for whichever backend of its pool runs it. At most one `local`
+engine (it serves the engine settings' model under its served name) and any number of `openai`
+servers, each checked at start-up (its model and its tokenizer); the servers of one model name
+one tokenizer folder. The first pool is the default: calls that name no model run there. A
+call's length limit is its pool's smallest `max_model_len`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -24,65 +26,80 @@ from gateway.engine_setup import build_engine_core
 from gateway.settings import Settings
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pool:
-    backends: list[Backend]
-    engine: AsyncEngine | None  # the local engine, when the pool has one
+    model: str  # the served model's id: what calls name, spans and clients see
     tokenizer: Any  # encodes every prompt of the pool
-    model_name: str  # the served model's id: what spans and clients see
     max_model_len: int
-    hidden_size: int  # of the local engine's hidden states; 0: no backend hands them out
+    backends: list[Backend] = field(default_factory=list)
+    hidden_size: int = 0  # of the local engine's hidden states; 0: none hands them out
+
+
+@dataclass(frozen=True, slots=True)
+class Pools:
+    pools: list[Pool]  # the default first
+    engine: AsyncEngine | None  # the local engine, when a pool has it
+
+    @property
+    def max_model_len(self) -> int:
+        return min(p.max_model_len for p in self.pools)
+
+    @property
+    def hidden_size(self) -> int:
+        return max(p.hidden_size for p in self.pools)
 
 
 class PoolInvalid(ValueError):
-    """The backends settings describe no pool the gateway can serve."""
+    """The backends settings describe no pools the gateway can serve."""
 
 
-def check_backends(tables: list[BackendSettings]) -> None:
+def check_backends(tables: Sequence[BackendSettings]) -> None:
     """Refuse pools the gateway cannot serve, before anything is started."""
-    locals_ = [t for t in tables if t.kind == "local"]
-    remote = [t for t in tables if t.kind == "openai"]
-    if len(locals_) > 1:
+    if sum(t.kind == "local" for t in tables) > 1:
         raise PoolInvalid("at most one local backend: the process has one engine")
     names = [t.display_name for t in tables]
     if len(set(names)) != len(names):
         raise PoolInvalid(f"backend names must differ: {names}")
-    if len({t.model for t in remote}) > 1 or len({t.tokenizer for t in remote}) > 1:
-        raise PoolInvalid("the openai backends of a pool serve one model with one tokenizer")
+    folders: dict[str, set[Any]] = {}
+    for table in tables:
+        if table.kind == "openai":
+            folders.setdefault(table.model, set()).add(table.tokenizer)
+    for model, named in folders.items():
+        if len(named) > 1:
+            raise PoolInvalid(f"the backends of model {model!r} name different tokenizers")
 
 
-async def open_pool(
+async def open_pools(
     settings: Settings,
     stack: contextlib.AsyncExitStack,
     core: LLMEngine | None = None,
     instant: bool = False,
-) -> Pool:
-    """Start the pool's backends on `stack` (closed in reverse). `core` replaces the engine the
+) -> Pools:
+    """Start every backend on `stack` (closed in reverse). `core` replaces the engine the
     settings would build; `instant` steps it on the event loop (the simulated engine)."""
     from engine.loader import load_tokenizer, served_model_name  # transformers' model code
 
     tables = list(settings.backends) or [BackendSettings()]
     check_backends(tables)
-    backends: list[Backend] = []
+    pools: dict[str, Pool] = {}
     engine = None
-    tokenizer: Any = None
-    model_name = ""
-    limits = [settings.max_model_len]
     for table in tables:
         if table.kind == "local":
             if core is None:
                 core = await anyio.to_thread.run_sync(build_engine_core, settings)
             engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
-            model_name = served_model_name(settings.model)
-            backends.append(LocalBackend(engine, model_name, table.display_name))
-            tokenizer = core.tokenizer
+            model = served_model_name(settings.model)
+            pool = pools.setdefault(model, Pool(model, core.tokenizer, settings.max_model_len))
+            pool.tokenizer = core.tokenizer  # the engine's own, whatever else serves the model
+            pool.hidden_size = core.runner.hidden_size
+            pool.backends.append(LocalBackend(engine, model, table.display_name))
             continue
         remote = await stack.enter_async_context(OpenAIBackend(table))
         assert remote.server is not None and table.tokenizer is not None
-        limits.append(remote.server.max_model_len)
-        backends.append(remote)
-        if tokenizer is None:
+        if table.model not in pools:
             tokenizer = await anyio.to_thread.run_sync(load_tokenizer, table.tokenizer)
-            model_name = table.model
-    hidden = engine.core.runner.hidden_size if engine is not None else 0
-    return Pool(backends, engine, tokenizer, model_name, min(limits), hidden)
+            pools[table.model] = Pool(table.model, tokenizer, settings.max_model_len)
+        pool = pools[table.model]
+        pool.max_model_len = min(pool.max_model_len, remote.server.max_model_len)
+        pool.backends.append(remote)
+    return Pools(list(pools.values()), engine)

@@ -36,9 +36,10 @@ from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.genai_metrics import GenAiMetrics
+from gateway.lanes import make_lane
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
-from gateway.pool import Pool, open_pool
+from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
@@ -180,26 +181,34 @@ async def running_gateway(
     jobs = JobRegistry(settings.retained_jobs_per_tenant)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
-        pool = await open_pool(settings, stack, core, instant)
+        pools = await open_pools(settings, stack, core, instant)
         config = DispatchConfig(
-            model_name=pool.model_name,  # `chat <model>` spans name the real id
             reservation_ttl_s=settings.reservation_ttl_s,
             knee_calls=settings.knee_calls,
             reserve_deadline_s=settings.reserve_deadline_s,
             max_prompt_chars=settings.max_prompt_chars,
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,
         )
-        planner = _planner(settings, pool)
+        planner = _planner(settings, pools)
+        lanes = [
+            make_lane(
+                pool.model,
+                pool.backends,
+                pool.tokenizer,
+                make_serving_policy(settings.policy),
+                planner,
+                settings.knee_calls,
+            )
+            for pool in pools.pools
+        ]
         genai = None
         if meter_provider is not None:
-            genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME), config.model_name)
+            genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME))
         metrics = GatewayMetrics(genai=genai)
         dispatcher = await stack.enter_async_context(
             Dispatcher(
-                pool.backends,
-                make_serving_policy(settings.policy),
+                lanes,
                 store,
-                pool.tokenizer,
                 planner,
                 config,
                 on_job_end=jobs.ended,
@@ -226,14 +235,14 @@ async def running_gateway(
         await server.start()
         await _set_health(health_servicer, True)
         tg = await stack.enter_async_context(anyio.create_task_group())
-        if pool.engine is not None:
-            tg.start_soon(_report_health, pool.engine, health_servicer)
+        if pools.engine is not None:
+            tg.start_soon(_report_health, pools.engine, health_servicer)
         try:
             yield RunningGateway(
                 settings,
                 port,
                 store,
-                pool.engine,
+                pools.engine,
                 dispatcher,
                 jobs,
                 service,
@@ -267,7 +276,7 @@ async def _report_health(engine: AsyncEngine, servicer: health.aio.HealthService
             await _set_health(servicer, serving)
 
 
-def _planner(settings: Settings, pool: Pool) -> CallPlanner:
+def _planner(settings: Settings, pool: Pools) -> CallPlanner:
     """Prediction, the guard and limits; the hidden-state refiner when the pool's engine hands
     out hidden states of the size its artifact takes."""
     defaults = CallDefaults(

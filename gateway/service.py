@@ -13,6 +13,7 @@ UNAUTHENTICATED, and an admission under way when that happens is undone.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -49,11 +50,14 @@ Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
 
 
-def limits_for(quota: TenantQuota, max_prompt_chars: int) -> JobLimits:
+def limits_for(
+    quota: TenantQuota, max_prompt_chars: int, models: frozenset[str] = frozenset()
+) -> JobLimits:
     return JobLimits(
         max_nodes=quota.max_nodes_per_job or JobLimits().max_nodes,
         max_tokens_ceiling=quota.max_tokens_ceiling,
         max_prompt_chars=max_prompt_chars,
+        models=models,
     )
 
 
@@ -111,7 +115,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         key_id = current_key()
         epochs = (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"])
         quota = await self._quota(tenant_id)
-        limits = limits_for(quota, self.dispatcher.config.max_prompt_chars)
+        limits = limits_for(quota, self.dispatcher.config.max_prompt_chars, self.dispatcher.models)
         validate_job(spec, limits, now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
@@ -235,14 +239,14 @@ def _single_call(request: pb.GenerateRequest) -> JobSpec:
     """A one-node job for Generate; its text travels as inputs, so it stays literal (plain
     text, no templates, as the proto says)."""
     sampling = sampling_from_proto(request.sampling)
+    call = NodeSpec(id="generate", sampling=sampling, name=request.name, model=request.model)
     if request.WhichOneof("input") == "chat":
         given = chat_from_proto(request.chat)
         inputs = {f"m{i}": m.content for i, m in enumerate(given)}
         messages = tuple(ChatMessage(m.role, f"{{{{inputs.m{i}}}}}") for i, m in enumerate(given))
-        node = NodeSpec(id="generate", messages=messages, sampling=sampling, name=request.name)
+        node = dataclasses.replace(call, messages=messages)
         return JobSpec(nodes=(node,), inputs=inputs, name="generate")
-    template = "{{inputs.prompt}}"
-    node = NodeSpec(id="generate", prompt_template=template, sampling=sampling, name=request.name)
+    node = dataclasses.replace(call, prompt_template="{{inputs.prompt}}")
     return JobSpec(nodes=(node,), inputs={"prompt": request.prompt}, name="generate")
 
 

@@ -12,6 +12,8 @@ that changes while they run, so the dispatcher calls them in a worker thread.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,10 +63,10 @@ class Tickets:
         self.planner = planner
         self.model_name = model_name
 
-    def encode_blanks(self, run: JobRun) -> dict[str, Blank]:
-        """Every node's prompt with its ancestors' outputs empty, rendered and encoded."""
+    def encode_blanks(self, run: JobRun, node_ids: Iterable[str]) -> dict[str, Blank]:
+        """The nodes' prompts with their ancestors' outputs empty, rendered and encoded."""
         blanks = {}
-        for node_id in run.dag.order:
+        for node_id in node_ids:
             outputs = dict.fromkeys(run.dag.ancestors(node_id), "")
             prompt = render_node(run.nodes[node_id].spec, run.spec.inputs, outputs)
             blanks[node_id] = Blank(prompt, self.encode(prompt))
@@ -75,32 +77,13 @@ class Tickets:
         prompt = run.prompt(node_id)
         return Blank(prompt, self.encode(prompt))
 
-    def job_info(
-        self, run: JobRun, quota: TenantQuota, now: float, blanks: dict[str, Blank]
-    ) -> JobInfo:
-        """The job as the policy sees it on arrival."""
-        nodes = []
-        predicted: dict[str, float] = {}
-        for node_id in run.dag.order:
-            spec = run.nodes[node_id].spec
-            max_tokens = self.planner.max_tokens(spec, quota)
-            blank = blanks[node_id]
-            parents = run.dag.parents[node_id]
-            prompt = len(blank.ids) + int(sum(predicted[p] for p in parents))
-            features = CallFeatures(
-                run.tenant_id, spec.name, prompt, max_tokens, prompt_text(blank.prompt)
-            )
-            predicted[node_id] = self.planner.predictor.predict(features).mean
-            nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
-        weight = quota.weight
-        return JobInfo(run.job_id, run.tenant_id, weight, now, tuple(nodes), run.spec.priority)
-
     def make(self, run: JobRun, node_id: str, quota: TenantQuota, encoded: Blank) -> Ticket:
         """The node's call from its encoded prompt; raises CallRefused when it breaks the
         tenant's or the model's limits."""
         spec = run.nodes[node_id].spec
         prompt, prompt_ids = encoded.prompt, encoded.ids
-        plan = self.planner.plan(run.tenant_id, spec, prompt_text(prompt), len(prompt_ids), quota)
+        text, tokens = prompt_text(prompt), len(prompt_ids)
+        plan = self.planner.plan(run.tenant_id, spec, text, tokens, quota, self.model_name)
         call = ReadyCall(
             f"{run.job_id}/{node_id}",
             run.job_id,
@@ -111,3 +94,45 @@ class Tickets:
             plan.params.max_tokens,
         )
         return Ticket(call, run, prompt_ids, plan, self.model_name)
+
+
+def job_info(
+    run: JobRun,
+    quota: TenantQuota,
+    now: float,
+    blanks: Mapping[str, Blank],
+    planner: CallPlanner,
+    model_of: Mapping[str, str],
+) -> JobInfo:
+    """The whole job as the policies see it on arrival: each node's predicted cost (`model_of`
+    names the model each node runs on, whose history predicts it)."""
+    nodes = []
+    predicted: dict[str, float] = {}
+    for node_id in run.dag.order:
+        spec = run.nodes[node_id].spec
+        max_tokens = planner.max_tokens(spec, quota)
+        blank = blanks[node_id]
+        parents = run.dag.parents[node_id]
+        prompt = len(blank.ids) + int(sum(predicted[p] for p in parents))
+        features = CallFeatures(
+            run.tenant_id,
+            spec.name,
+            prompt,
+            max_tokens,
+            prompt_text(blank.prompt),
+            model_of[node_id],
+        )
+        predicted[node_id] = planner.predictor.predict(features).mean
+        nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
+    return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes), run.spec.priority)
+
+
+def part_of(info: JobInfo, node_ids: Set[str]) -> JobInfo:
+    """The job's nodes that run in one pool, as that pool's policy sees them: a parent in
+    another pool is left out (the job run releases the node when all its parents are done)."""
+    nodes = tuple(
+        dataclasses.replace(n, parents=tuple(p for p in n.parents if p in node_ids))
+        for n in info.nodes
+        if n.node_id in node_ids
+    )
+    return dataclasses.replace(info, nodes=nodes)

@@ -30,6 +30,7 @@ class CallFeatures:
     prompt_tokens: int
     max_tokens: int
     prompt_text: str = ""
+    model: str = ""  # the served model that will run it: lengths are the model's behaviour
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0:

@@ -140,7 +140,7 @@ class HistoryPredictor:
         if stats is None:
             stats = self._stats[key] = _KeyStats(self.window)
             if len(self._stats) > self.max_keys:
-                oldest = next(k for k in self._stats if k != _GLOBAL)
+                oldest = next(k for k in self._stats if k[0])  # never a global key
                 del self._stats[oldest]
         else:
             self._stats.move_to_end(key)
@@ -162,11 +162,14 @@ class HistoryPredictor:
 
 
 def _fallback_keys(call: CallFeatures) -> tuple[tuple[str, str], ...]:
-    """(tenant, node), (tenant, ""), global: a call without a node name uses its tenant's."""
-    tenant = (call.tenant_id, "")
+    """(tenant, node), (tenant, ""), global, each on the call's model (another model answers
+    the same prompt at another length): a call without a node name uses its tenant's."""
+    scope = f"{call.model}\x00" if call.model else ""
+    tenant = (call.tenant_id, scope)
+    everyone = ("", scope) if scope else _GLOBAL
     if call.node_name:
-        return ((call.tenant_id, call.node_name), tenant, _GLOBAL)
-    return (tenant, _GLOBAL)
+        return ((call.tenant_id, scope + call.node_name), tenant, everyone)
+    return (tenant, everyone)
 
 
 def _sorted_quantile(ordered: list[int], q: float) -> float:

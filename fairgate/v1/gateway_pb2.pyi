@@ -234,6 +234,7 @@ class NodeSpec(_message.Message):
     DEPENDS_ON_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """Unique in the job: letters, digits, '_' and '-', starting with a letter or '_'
     (at most 64 characters; "inputs" is reserved).
@@ -242,6 +243,11 @@ class NodeSpec(_message.Message):
     name: _builtins.str
     """The kind of call, e.g. "summarise_chunk": calls of one kind share length history for
     prediction. Optional.
+    """
+    model: _builtins.str
+    """The served model to run the call on, as the gateway's backends serve it; empty: the
+    gateway's default model. An unknown model is INVALID_ARGUMENT. Nodes of one job may run on
+    different models (a prompt then reaches each model through its own tokenizer).
     """
     @_builtins.property
     def chat(self) -> Global___ChatPrompt: ...
@@ -258,10 +264,11 @@ class NodeSpec(_message.Message):
         depends_on: _abc.Iterable[_builtins.str] | None = ...,
         sampling: Global___SamplingSpec | None = ...,
         name: _builtins.str = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "prompt", b"prompt", "prompt_template", b"prompt_template", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "depends_on", b"depends_on", "id", b"id", "name", b"name", "prompt", b"prompt", "prompt_template", b"prompt_template", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "depends_on", b"depends_on", "id", b"id", "model", b"model", "name", b"name", "prompt", b"prompt", "prompt_template", b"prompt_template", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_prompt: _TypeAlias = _typing.Literal["prompt_template", "chat"]  # noqa: Y015
     _WhichOneofArgType_prompt: _TypeAlias = _typing.Literal["prompt", b"prompt"]  # noqa: Y015
@@ -704,9 +711,12 @@ class GenerateRequest(_message.Message):
     CHAT_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     name: _builtins.str
     """The kind of call for length history, as in NodeSpec.name. Optional."""
+    model: _builtins.str
+    """The served model to run on, as in NodeSpec.model; empty: the default model."""
     @_builtins.property
     def chat(self) -> Global___ChatPrompt: ...
     @_builtins.property
@@ -718,10 +728,11 @@ class GenerateRequest(_message.Message):
         chat: Global___ChatPrompt | None = ...,
         sampling: Global___SamplingSpec | None = ...,
         name: _builtins.str = ...,
+        model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "input", b"input", "prompt", b"prompt", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "input", b"input", "name", b"name", "prompt", b"prompt", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat", b"chat", "input", b"input", "model", b"model", "name", b"name", "prompt", b"prompt", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_input: _TypeAlias = _typing.Literal["prompt", "chat"]  # noqa: Y015
     _WhichOneofArgType_input: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015

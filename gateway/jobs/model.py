@@ -43,6 +43,7 @@ class NodeSpec:
     depends_on: tuple[str, ...] = ()
     sampling: SamplingSpec = field(default_factory=SamplingSpec)
     name: str = ""  # the kind of call, for length history
+    model: str = ""  # the served model it runs on; empty: the gateway's default
 
     def templates(self) -> Iterator[tuple[str, str]]:
         """(field path relative to the node, template) for every template the node holds."""

@@ -59,6 +59,8 @@ class JobLimits:
     max_prompt_chars: int = 262_144  # per node, all its templates rendered with inputs filled in
     max_job_prompt_chars: int = 4_194_304  # all nodes together: what admission renders, encodes
     max_id_chars: int = 64  # node ids and input names
+    # the models a node may name (empty names the default); empty: any (nothing to check against)
+    models: frozenset[str] = frozenset()
     max_name_chars: int = 128  # job name, node name, idempotency key
     max_tokens_ceiling: int = 4096
     max_stop_sequences: int = 8
@@ -174,11 +176,19 @@ def _check_node(index: int, node: NodeSpec, job: _Job) -> Iterator[FieldViolatio
     at = f"nodes[{index}]"
     yield from _check_id(at, index, node.id, job)
     yield from _check_length(f"{at}.name", node.name, job.limits.max_name_chars)
+    yield from _check_model(f"{at}.model", node.model, job.limits)
     yield from _check_depends_on(at, node, job.edges)
     yield from _check_prompt(at, node, job.limits)
     yield from _check_references(at, node, job)
     yield from _check_rendered_size(at, index, job)
     yield from _check_sampling(f"{at}.sampling", node.sampling, job.limits)
+
+
+def _check_model(at: str, model: str, limits: JobLimits) -> Iterator[FieldViolation]:
+    yield from _check_length(at, model, limits.max_name_chars)
+    if model and limits.models and model not in limits.models:
+        served = ", ".join(sorted(limits.models))
+        yield FieldViolation(at, f"unknown model {_cut(model)!r}; served: {served}")
 
 
 def _check_id(at: str, index: int, node_id: str, job: _Job) -> Iterator[FieldViolation]:

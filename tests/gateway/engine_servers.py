@@ -33,9 +33,11 @@ def model_folder(path: Path) -> Path:
     return path
 
 
-def backend_of(server: EngineServer, folder: Path, **overrides: object) -> BackendSettings:
+def backend_of(
+    server: EngineServer, folder: Path, model: str = MODEL, **overrides: object
+) -> BackendSettings:
     """The `[[backends]]` table of a server started by `engine_servers`."""
-    table = {"kind": "openai", "name": server.name, "url": server.url, "model": MODEL}
+    table = {"kind": "openai", "name": server.name, "url": server.url, "model": model}
     table |= {"tokenizer": folder, "scrape_interval_s": 0.05, **overrides}
     return BackendSettings.model_validate(table)
 
@@ -57,9 +59,9 @@ async def server_metric(url: str, name: str) -> float:
 
 @contextlib.asynccontextmanager
 async def engine_servers(
-    folder: Path, count: int, step_s: float = 0.01
+    folder: Path, count: int, step_s: float = 0.01, model: str = MODEL
 ) -> AsyncIterator[list[EngineServer]]:
     model_folder(folder)
     flags = ["--simulated", "--simulated-step-s", str(step_s), "--model", str(folder)]
-    async with server_processes(count, [*flags, "--served-model-name", MODEL]) as servers:
+    async with server_processes(count, [*flags, "--served-model-name", model]) as servers:
         yield servers

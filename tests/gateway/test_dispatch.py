@@ -17,6 +17,7 @@ from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, SamplingSpec
+from gateway.lanes import make_lane
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
 from predictor.history import HistoryPredictor
@@ -142,14 +143,10 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             await store.create_tenant("acme", "Acme", QUOTA)
             history = HistoryPredictor(LENGTH_PRIOR)
             planner = CallPlanner(history, AnomalyGuard(), CallDefaults(), refiner)
-            dispatcher = Dispatcher(
-                [LocalBackend(engine, "sim")],
-                RecordingJustitia(),
-                store,
-                engine.core.tokenizer,
-                planner,
-                DispatchConfig("sim", knee_calls=knee_calls),
-            )
+            backends = [LocalBackend(engine, "sim")]
+            tokenizer, policy = engine.core.tokenizer, RecordingJustitia()
+            lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls)
+            dispatcher = Dispatcher([lane], store, planner, DispatchConfig(knee_calls=knee_calls))
             return Env(engine, await stack.enter_async_context(dispatcher))
 
         yield make

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import grpc
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
@@ -103,3 +104,29 @@ async def test_a_server_killed_mid_job_has_its_calls_run_again_on_the_other(
         for n in final.nodes:
             assert n.output_tokens == 150 and n.state == pb.NODE_STATE_SUCCEEDED
         await h.unharmed()  # usage: the lost attempts released, the reruns settled
+
+
+async def test_nodes_run_in_the_pool_of_the_model_they_name(tmp_path: Path) -> None:
+    async with (
+        engine_servers(tmp_path, 1, step_s=0.002, model="small") as small,
+        engine_servers(tmp_path, 1, step_s=0.002, model="large") as large,
+    ):
+        small[0].name, large[0].name = "small-0", "large-0"
+        tables = [backend_of(small[0], tmp_path, "small"), backend_of(large[0], tmp_path, "large")]
+        async with reliable_gateway(backends=tables) as h:
+            await h.tenant("a")
+            draft = node("draft", "write a draft", 12)
+            review = node("review", "review: {{draft.output}}", 20, "draft")
+            review.model = "large"  # the chain crosses pools: the draft on the default, small
+            done = await h.run("a", pb.JobSpec(nodes=[draft, review]))
+            assert done.state == pb.JOB_STATE_SUCCEEDED
+            generated = "vllm:generation_tokens_total"
+            assert await server_metric(small[0].url, generated) == 12
+            assert await server_metric(large[0].url, generated) == 20
+            bad = pb.JobSpec(nodes=[node("x", "hi", 4)])
+            bad.nodes[0].model = "huge"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await h.submit("a", bad)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "nodes[0].model: unknown model 'huge'" in (refused.value.details() or "")
+            await h.unharmed()

@@ -74,7 +74,7 @@ async def test_map_reduce_job_feeds_mapped_outputs_to_the_reduce_prompt(harness:
     spec = map_reduce(9).nodes[-1].prompt_template
     rendered = render(spec, {}, outputs)
     assert all(text in rendered for text in outputs.values())
-    tokenizer = harness.gateway.dispatcher.tokenizer
+    tokenizer = harness.gateway.dispatcher.encoder().tokenizer
     assert nodes["reduce"].prompt_tokens == len(encode_prompt(tokenizer, rendered))
     assert job.usage.output_tokens == 80
 
@@ -200,7 +200,7 @@ async def test_generate_streams_text_then_usage(harness: Harness) -> None:
     assert sum(len(r.token_ids) for r in responses) == 12
     assert responses[-1].finish_reason == pb.FINISH_REASON_LENGTH
     assert responses[-1].usage.output_tokens == 12
-    tokenizer = harness.gateway.dispatcher.tokenizer
+    tokenizer = harness.gateway.dispatcher.encoder().tokenizer
     prompt_ids = encode_prompt(tokenizer, (ChatMessage("user", "say {{hi}}"),))
     assert responses[-1].usage.prompt_tokens == len(prompt_ids)
 

@@ -120,3 +120,15 @@ def test_cold_model_answers_until_the_node_has_history_and_always_without_a_node
     assert h.predict(call(node="new")) == cold.answer  # not the tenant's average of 450
     assert h.predict(call(node="")) == cold.answer  # a bare call reads as its text says
     assert cold.asked == 2
+
+
+def test_each_model_keeps_its_own_history() -> None:
+    h = HistoryPredictor(PRIOR, min_count=2)
+    for n in (10, 20, 30):
+        h.observe(CallFeatures("t", "n", 50, 1000, model="small"), n)
+    for n in (400, 500, 600):
+        h.observe(CallFeatures("t", "n", 50, 1000, model="large"), n)
+    assert h.predict(CallFeatures("t", "n", 50, 1000, model="small")).p50 == 20
+    assert h.predict(CallFeatures("t", "n", 50, 1000, model="large")).p50 == 500
+    # another tenant on a model falls back to that model's calls, not the other's
+    assert h.predict(CallFeatures("u", "n", 50, 1000, model="large")).p50 == 500

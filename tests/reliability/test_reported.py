@@ -26,9 +26,7 @@ async def test_one_concurrent_call_and_three_roots_run_one_at_a_time() -> None:
         starts = sorted(
             (n.start_time.ToNanoseconds(), n.finish_time.ToNanoseconds()) for n in job.nodes
         )
-        assert all(
-            finish <= start for (_, finish), (start, _) in itertools.pairwise(starts)
-        )
+        assert all(finish <= start for (_, finish), (start, _) in itertools.pairwise(starts))
         await h.unharmed()
 
 
@@ -58,7 +56,7 @@ async def test_a_wide_job_cancelled_at_once() -> None:
 async def test_a_render_bomb_is_refused_before_rendering() -> None:
     async with reliable_gateway() as h:
         await h.tenant("bomber")
-        encoder = h.gateway.dispatcher._tickets.encode
+        encoder = h.gateway.dispatcher.encoder()
         cached = encoder.cache_bytes
         spec = pb.JobSpec(nodes=[node("bomb", "{{inputs.x}}" * 400)], inputs={"x": "y" * 125_000})
         with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -392,3 +392,15 @@ def test_a_job_whose_prompts_add_up_past_the_job_bound_is_refused() -> None:
         validate_job(spec, limits)
     assert [v.field for v in refused.value.violations] == ["nodes"]
     assert "2,000,000 characters in all" in refused.value.violations[0].description
+
+
+def test_a_node_names_a_model_the_gateway_serves_or_none() -> None:
+    limits = JobLimits(models=frozenset({"small", "large"}))
+    fine = make_job(dataclasses.replace(make_node("a"), model="large"), make_node("b"))
+    validate_job(fine, limits)
+    unknown = make_job(dataclasses.replace(make_node("a"), model="huge"))
+    assert violations(unknown, limits) == [
+        FieldViolation("nodes[0].model", "unknown model 'huge'; served: large, small")
+    ]
+    long_name = make_job(dataclasses.replace(make_node("a"), model="m" * 200))
+    assert [v.field for v in violations(long_name)] == ["nodes[0].model"]

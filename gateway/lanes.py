@@ -1,0 +1,47 @@
+"""A lane: one pool as the dispatcher drives it, its backends, its fair share and its encoder.
+
+Each pool serves one model, so each has its own dispatch core (a policy of its own: tenants
+share each pool's capacity fairly, and a pool with room never waits behind another's queue)
+and its own prompt encoder (the model's tokenizer and chat template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.backends import Backend, BackendCapacity
+from gateway.calls import CallPlanner
+from gateway.dispatch_core import DispatchCore
+from gateway.tickets import Ticket, Tickets
+from tenants.policies import Policy
+
+
+@dataclass(slots=True)
+class Lane:
+    model: str
+    backends: dict[str, Backend]
+    core: DispatchCore[Ticket]
+    tickets: Tickets
+
+    def capacities(self) -> dict[str, BackendCapacity]:
+        return {name: backend.capacity() for name, backend in self.backends.items()}
+
+
+def make_lane(
+    model: str,
+    backends: Sequence[Backend],
+    tokenizer: Any,
+    policy: Policy,
+    planner: CallPlanner,
+    knee_calls: int | None = None,
+) -> Lane:
+    if not backends or len({b.name for b in backends}) != len(backends):
+        raise ValueError(f"pool {model!r} needs at least one backend, each with its own name")
+    return Lane(
+        model,
+        {b.name: b for b in backends},
+        DispatchCore(policy, knee_calls),
+        Tickets(tokenizer, planner, model),
+    )
