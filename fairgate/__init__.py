@@ -1,11 +1,23 @@
 """fairgate: the gRPC contract (`fairgate.v1`, generated from protos/) and its async client SDK.
 
-`Client` talks to the Gateway (jobs, Generate), `AdminClient` to the Admin service; job specs
-come from `JobBuilder`, `map_reduce`, `parallel_sample` or `job_from_json`.
+`Client` talks to the Gateway (jobs, Generate), `AdminClient` to the Admin service (tenants,
+keys, quotas, usage, the live `GatewayStatus`); job specs come from `JobBuilder`, `map_reduce`,
+`parallel_sample` or `job_from_json`.
 """
 
 from fairgate.admin import AdminClient
-from fairgate.admin_results import ApiKey, IssuedKey, Quota, QuotaFields, Tenant, TenantPage, Usage
+from fairgate.admin_results import (
+    ApiKey,
+    BackendStatus,
+    GatewayStatus,
+    IssuedKey,
+    Quota,
+    QuotaFields,
+    Tenant,
+    TenantPage,
+    TenantStatus,
+    Usage,
+)
 from fairgate.builder import JobBuilder, job_from_json, job_to_json, map_reduce, parallel_sample
 from fairgate.client import Client
 from fairgate.errors import (
@@ -41,11 +53,13 @@ __all__ = [
     "AdminClient",
     "AlreadyExists",
     "ApiKey",
+    "BackendStatus",
     "Client",
     "ErrorInfo",
     "FairgateError",
     "FieldViolation",
     "FinishReason",
+    "GatewayStatus",
     "GenerateFinished",
     "InvalidArgument",
     "IssuedKey",
@@ -66,6 +80,7 @@ __all__ = [
     "QuotaViolation",
     "Tenant",
     "TenantPage",
+    "TenantStatus",
     "TextDelta",
     "TokenDelta",
     "TokenUsage",

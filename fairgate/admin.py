@@ -1,4 +1,4 @@
-"""The async client of the fairgate Admin service: tenants, keys, weights, quotas and usage.
+"""The async client of the fairgate Admin service: tenants, keys, weights, quotas, usage, status.
 
 Usage:
 
@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Unpack
 
 from fairgate.admin_results import (
+    GatewayStatus,
     IssuedKey,
     QuotaFields,
     Tenant,
@@ -25,6 +26,7 @@ from fairgate.admin_results import (
     Usage,
     key_from_proto,
     quota_to_proto,
+    status_from_proto,
     tenant_from_proto,
     usage_from_proto,
 )
@@ -103,3 +105,9 @@ class AdminClient(Connection):
     async def get_usage(self, tenant_id: str) -> Usage:
         request = pb.GetUsageRequest(tenant_id=tenant_id)
         return usage_from_proto(await self.unary(self._admin.GetUsage, request))
+
+    async def get_status(self, max_tenants: int = 0) -> GatewayStatus:
+        """The gateway now: the most active tenants (`max_tenants` 0: the server's default),
+        every backend's load and the overload level."""
+        request = pb.GetStatusRequest(max_tenants=max_tenants)
+        return status_from_proto(await self.unary(self._admin.GetStatus, request))

@@ -5,13 +5,16 @@ tenant keys; the check keeps the service safe if it is ever served without it). 
 pages by key: the page token is the last tenant id of the previous page (base64url), so a page
 never repeats or skips a tenant that existed throughout the listing, whatever is created or
 deleted between pages. Quota updates read the tenant's quota, apply the set fields and write
-the result; concurrent updates of one tenant's quota are last-writer-wins.
+the result; concurrent updates of one tenant's quota are last-writer-wins. GetStatus reports
+what the gateway's `status` source answers (`gateway.status.snapshot` over its dispatcher); a
+service without one (the tenant registry alone) runs nothing and reports an empty status.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,24 +26,31 @@ from gateway.admin_protos import (
     field,
     key_to_proto,
     quota_from_proto,
+    status_to_proto,
     tenant_to_proto,
     usage_to_proto,
 )
 from gateway.auth import ADMIN, CALLER
 from gateway.errors import FieldsInvalid, NotFound, PermissionDenied, grpc_edge
 from gateway.jobs.errors import FieldViolation
+from gateway.status import Status, clamp_limit
 from tenants import ApiKey, QuotaStore, Tenant, TenantInvalid, TenantNotFound, TenantQuota
 from tenants.models import check_display_name, check_tenant_id
 
 Context = grpc.aio.ServicerContext[Any, Any]
 TenantDeleted = Callable[[str], Awaitable[None]]
 KeyRevoked = Callable[[str, str], Awaitable[None]]
+StatusSource = Callable[[int], Status]  # the status now, at most that many tenants listed
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
 
 
 async def _nothing(*ids: str) -> None:
     return None
+
+
+def _idle(limit: int) -> Status:
+    return Status(time.time(), 0.0, (), 0, ())
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -50,13 +60,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         default_quota: TenantQuota | None = None,
         on_tenant_deleted: TenantDeleted = _nothing,
         on_key_revoked: KeyRevoked = _nothing,
+        status: StatusSource = _idle,
     ) -> None:
         """`on_tenant_deleted(tenant_id)` runs after a delete and `on_key_revoked(tenant_id,
-        key_id)` after a revocation, e.g. to cancel their jobs and close their streams."""
+        key_id)` after a revocation, e.g. to cancel their jobs and close their streams;
+        `status(limit)` answers GetStatus."""
         self.store = store
         self.default_quota = default_quota or TenantQuota()
         self.on_tenant_deleted = on_tenant_deleted
         self.on_key_revoked = on_key_revoked
+        self.status = status
 
     @grpc_edge
     async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.Tenant:
@@ -150,6 +163,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def GetUsage(self, request: pb.GetUsageRequest, context: Context) -> pb.Usage:
         _require_admin()
         return usage_to_proto(request.tenant_id, await self.store.usage(request.tenant_id))
+
+    @grpc_edge
+    async def GetStatus(self, request: pb.GetStatusRequest, context: Context) -> pb.Status:
+        _require_admin()
+        if request.max_tenants < 0:
+            raise FieldsInvalid([FieldViolation("max_tenants", "must be at least 0")])
+        return status_to_proto(self.status(clamp_limit(request.max_tenants)))
 
     async def _set_quota(self, tenant_id: str, change: pb.TenantQuota, path: str) -> pb.Tenant:
         current = await self.store.get_tenant(tenant_id)

@@ -1,4 +1,4 @@
-"""The `fairgate` command: serve, demo, submit, admin, engine and bench subcommands."""
+"""The `fairgate` command: serve, demo, submit, admin, top, engine and bench subcommands."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ BENCHES = {
     "sched": "bench.sched",
     "predictor": "bench.prediction.evaluate",
     "gateway": "bench.gateway_overhead",
+    "overload": "bench.overload",
 }
 
 

@@ -1,4 +1,4 @@
-"""The client side of the `fairgate` command: `submit` (here) and `admin ...` (cli_admin).
+"""The client side of the `fairgate` command: `submit` (here), `admin ...` (cli_admin), `top`.
 
 `register(subparsers)` adds the subcommands to the main parser; each sets `func` to an async
 handler taking the parsed arguments and returning the exit code: 0 when the request (and, for
@@ -18,6 +18,7 @@ from fairgate import Client, job_from_json
 from fairgate.results import JobEvent, JobFinished, JobState, NodeStateChanged, TokenDelta
 from gateway.cli_admin import register_admin
 from gateway.cli_common import add_target, credential, reporting_errors
+from gateway.cli_top import register_top
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     submit.set_defaults(func=submit_job)
     register_admin(subparsers)
+    register_top(subparsers)
 
 
 @reporting_errors

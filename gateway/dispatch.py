@@ -55,9 +55,11 @@ from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
+from gateway.overload import OverloadControl
 from gateway.owned import OwnsTasks
 from gateway.prompts import PromptEncoder
-from gateway.spans import annotate_call, start_job_span
+from gateway.slo import SloConfig
+from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
 from gateway.tickets import Blank, Ticket, job_info, part_of
 from tenants import (
     CallClosed,
@@ -107,6 +109,7 @@ class Dispatcher(OwnsTasks):
         tracer: trace.Tracer | None = None,
         outbox: Outbox | None = None,
         metrics: GatewayMetrics | None = None,
+        slo: SloConfig | None = None,
     ) -> None:
         super().__init__()
         names = [name for lane in lanes for name in lane.backends]
@@ -134,6 +137,12 @@ class Dispatcher(OwnsTasks):
         self._deadlines = Deadlines(clock, self._expire)
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
         self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
+        self.overload = None  # no SLO targets: no overload control
+        if slo is not None:
+            self.overload = OverloadControl(slo, lanes, clock, self._wake_loop, metrics)
+
+    def _wake_loop(self) -> None:
+        self._wake.set()
 
     @property
     def core(self) -> DispatchCore[Ticket]:
@@ -166,6 +175,8 @@ class Dispatcher(OwnsTasks):
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._loop)
         tg.start_soon(self._deadlines.run)
+        if self.overload is not None:
+            tg.start_soon(self.overload.run)
 
     def capacities(self) -> dict[str, BackendCapacity]:
         """Every backend's room, across the pools."""
@@ -229,7 +240,7 @@ class Dispatcher(OwnsTasks):
         if run.spec.deadline_unix_s is not None:
             self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
         if self._tracer is not None:
-            self._job_spans[run.job_id] = start_job_span(self._tracer, run)
+            self._job_spans[run.job_id] = start_job_span(self._tracer, run, admitted.info)
         ticket = admitted.ticket
         if ticket is not None and ticket.held:
             self.leases.hold_call(run.tenant_id, ticket.quota_id)
@@ -413,9 +424,17 @@ class Dispatcher(OwnsTasks):
         self._finish_node(ticket.run, entry.call.node_id, NodeState.FAILED, reason)
         self._call_ended(ticket, 0)
 
+    def _first_token(self, ticket: Ticket) -> None:
+        """The SLO monitor judges the call's wait, from ready to its first token."""
+        ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
+        if self.overload is not None and ready_at is not None:
+            self.overload.first_token(ticket, self.clock() - ready_at)
+
     def _call_ended(self, ticket: Ticket, produced: int) -> None:
+        node = ticket.run.nodes[ticket.call.node_id]
+        if self.overload is not None:
+            self.overload.ended(ticket, node.time_per_output_token(produced))
         if self.metrics is not None:
-            node = ticket.run.nodes[ticket.call.node_id]
             tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative
             self.metrics.call_ended(tenant, node, produced, conservative, ticket.model_name)
 
@@ -462,9 +481,11 @@ class Dispatcher(OwnsTasks):
         produced = 0
         failure = ""  # why following the call failed, if it did
         lost = False
-        with self._call_span(ticket) as span:
+        with self._call_span(entry) as span:
             try:
                 async for delta in stream:
+                    if not produced and delta.token_ids:
+                        self._first_token(ticket)
                     produced += len(delta.token_ids)
                     last_at = self.clock()
                     if not delta.finished:  # the last tokens join the job with the call's end
@@ -538,14 +559,13 @@ class Dispatcher(OwnsTasks):
         now, core = self.clock(), self._lane(ticket).core
         self._reprioritize(core.refined(call.call_id, call, ticket.plan.reserve_output, now))
 
-    def _call_span(self, ticket: Ticket) -> contextlib.AbstractContextManager[trace.Span | None]:
+    def _call_span(self, entry: Entry) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""
         if self._tracer is None:
             return contextlib.nullcontext()
-        job_span = self._job_spans.get(ticket.run.job_id, trace.INVALID_SPAN)
-        parent = trace.set_span_in_context(job_span)
-        name = f"chat {ticket.model_name}"
-        return self._tracer.start_as_current_span(name, context=parent)
+        job_span = self._job_spans.get(entry.payload.run.job_id)
+        backend = self.backends[entry.backend]
+        return call_span(self._tracer, job_span, entry.payload, backend, entry.priority)
 
     async def _close_call(
         self,
@@ -654,8 +674,7 @@ class Dispatcher(OwnsTasks):
         self.leases.drop_job(run.job_id)
         span = self._job_spans.pop(run.job_id, None)
         if span is not None:
-            span.set_attribute("fairgate.job.state", run.state.value)
-            span.end()
+            end_job_span(span, run)
         self.on_job_end(run)
         if self.metrics is not None:
             self.metrics.job_ended(run)

@@ -26,6 +26,8 @@ active, except running calls, which stay until they end (their job may have left
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -84,6 +86,9 @@ class DispatchCore(Generic[T]):
         self.running: dict[str, CoreCall[T]] = {}
         self._jobs: dict[str, dict[str, CoreCall[T]]] = {}  # active job -> its running calls
         self.blocked = False  # the last `next` left a ready call for want of room
+        # the share of each backend's batch slots that may be busy: below 1 under overload, so
+        # the calls admitted run faster (the SLO monitor sets it)
+        self.batch_fraction = 1.0
 
     # --- jobs and ready calls -------------------------------------------------------------
 
@@ -169,8 +174,11 @@ class DispatchCore(Generic[T]):
         return False
 
     def _rooms(self, capacities: Mapping[str, BackendCapacity]) -> dict[str, BackendCapacity]:
-        """Each backend's room less what the calls being taken there were promised."""
+        """Each backend's room less what the calls being taken there were promised, and its
+        slots cut to `batch_fraction` of them."""
         rooms = dict(capacities)
+        if self.batch_fraction < 1.0:
+            rooms = {name: _shrunk(room, self.batch_fraction) for name, room in rooms.items()}
         for entry in self.taking.values():
             room = rooms.get(entry.backend)
             if room is not None:
@@ -291,12 +299,14 @@ class DispatchCore(Generic[T]):
 
 
 def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
-    return BackendCapacity(
-        room.free_blocks - blocks,
-        room.block_size,
-        room.free_slots - 1,
-        room.running,
-        room.waiting,
-        room.healthy,
-        room.total_blocks,
+    return dataclasses.replace(
+        room, free_blocks=room.free_blocks - blocks, free_slots=room.free_slots - 1
     )
+
+
+def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:
+    """The room left when at most `fraction` of the backend's slots may be busy."""
+    busy = room.running + room.waiting
+    cap = max(1, math.floor((busy + room.free_slots) * fraction))
+    slots = min(room.free_slots, cap - busy)
+    return dataclasses.replace(room, free_slots=slots)

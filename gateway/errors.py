@@ -67,11 +67,16 @@ class Unauthenticated(Exception):
 
 
 class Overloaded(Exception):
-    """The gateway cannot take more work now; retry after `retry_after_s`."""
+    """The gateway cannot take more work now; retry after `retry_after_s`. `reason` is the
+    ErrorInfo reason: OVERLOADED (it holds all the jobs it may), SLO_SHED (its latency targets
+    are missed even with sheddable work held and the batch shrunk)."""
 
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self, message: str, retry_after_s: float = 1.0, reason: str = "OVERLOADED"
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason
 
 
 class AuthThrottled(Exception):
@@ -116,7 +121,7 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         message = "the quota store is unavailable: new work is refused until it returns"
         return _refusal(code_pb2.UNAVAILABLE, "STORE_UNAVAILABLE", message, STORE_RETRY_S)
     if isinstance(exc, Overloaded):
-        return _refusal(code_pb2.UNAVAILABLE, "OVERLOADED", str(exc), exc.retry_after_s)
+        return _refusal(code_pb2.UNAVAILABLE, exc.reason, str(exc), exc.retry_after_s)
     if isinstance(exc, EngineClosed):
         return _refusal(code_pb2.UNAVAILABLE, "SHUTTING_DOWN", str(exc), STORE_RETRY_S)
     if isinstance(exc, AuthThrottled):

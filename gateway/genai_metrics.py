@@ -1,5 +1,6 @@
-"""OpenTelemetry metrics of the GenAI semantic conventions (development, semantic-conventions
-v1.37): what each call used and how long it took, for OTLP backends.
+"""OpenTelemetry metrics of the GenAI semantic conventions (development, as released in
+semantic-conventions v1.41.0, like the spans): what each call used and how long it took, for
+OTLP backends.
 
 Recorded once per call that ran in the engine, when it ends: `gen_ai.client.token.usage`
 (input and output tokens, `gen_ai.token.type`), `gen_ai.client.operation.duration` (from the
@@ -7,7 +8,8 @@ call's start in the engine to its end, as the gateway, the engine's client, sees
 `gen_ai.server.request.duration` (the same span, the engine being in process),
 `gen_ai.server.time_to_first_token` and `gen_ai.server.time_per_output_token`. Each carries
 `gen_ai.operation.name` (chat), `gen_ai.provider.name` and `gen_ai.request.model`, and
-`error.type` when the call failed or was cancelled.
+`error.type` when the call failed or was cancelled (the same code as its span's:
+`gateway.spans.error_type`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from opentelemetry.metrics import Histogram, Meter
 
 from gateway.job_run import NodeRun, NodeState
+from gateway.spans import error_type
 from gateway.telemetry import PROVIDER_NAME
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -54,7 +57,7 @@ class GenAiMetrics:
         }
         attributes: dict[str, str] = dict(base)
         if node.state in (NodeState.FAILED, NodeState.CANCELLED):
-            attributes["error.type"] = node.state.value
+            attributes["error.type"] = error_type(node)
         self.operation.record(duration, attributes)
         self.request.record(duration, attributes)
         self.tokens.record(node.prompt_tokens, {**base, "gen_ai.token.type": "input"})

@@ -6,7 +6,8 @@ scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and 
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
 `max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
 cannot grow the registry without end. Settled tokens count the calls whose quota was settled
-(nodes SUCCEEDED or CAPPED), the same calls as the store's usage.
+(nodes SUCCEEDED or CAPPED), the same calls as the store's usage. Each ended call also joins
+`recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.genai_metrics import GenAiMetrics
 from gateway.job_run import JobRun, NodeRun, NodeState
+from gateway.recent import RecentCalls
 
 if TYPE_CHECKING:
     from gateway.dispatch import Dispatcher
@@ -34,6 +36,7 @@ TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 class GatewayMetrics:
     def __init__(self, max_tenants: int = MAX_TENANTS, genai: GenAiMetrics | None = None) -> None:
         self.genai = genai  # the OpenTelemetry GenAI metrics, when they are exported
+        self.recent = RecentCalls()  # each tenant's last minute of calls, for Admin.GetStatus
         self.registry = CollectorRegistry()
         self.max_tenants = max_tenants
         self._tenants: set[str] = set()
@@ -81,6 +84,19 @@ class GatewayMetrics:
             ["tenant"],
             registry=r,
         )
+        self.overload_level = Gauge(
+            "fairgate_overload_level",
+            "0 normal, 1 sheddable work held, 2 batch shrunk, 3 new jobs refused",
+            registry=r,
+        )
+        self.overload_changes = Counter(
+            "fairgate_overload_changes", "Overload level changes, by the level reached", ["level"],
+            registry=r,
+        )  # fmt: skip
+        self.shed_jobs = Counter(
+            "fairgate_shed_jobs", "New jobs refused under overload (SLO_SHED)", ["tenant"],
+            registry=r,
+        )  # fmt: skip
 
     def tenant(self, tenant_id: str) -> str:
         """The label value for a tenant (bounded)."""
@@ -101,6 +117,7 @@ class GatewayMetrics:
     ) -> None:
         if self.genai is not None:
             self.genai.call_ended(node, produced, model)
+        self.recent.call_ended(tenant_id, node, produced)
         tenant = self.tenant(tenant_id)
         self.calls.labels(tenant, node.state.value).inc()
         if conservative:
@@ -120,6 +137,13 @@ class GatewayMetrics:
 
     def job_ended(self, run: JobRun) -> None:
         self.jobs.labels(self.tenant(run.tenant_id), run.state.value).inc()
+
+    def overload(self, level: int) -> None:
+        self.overload_level.set(level)
+        self.overload_changes.labels(str(level)).inc()
+
+    def shed(self, tenant_id: str) -> None:
+        self.shed_jobs.labels(self.tenant(tenant_id)).inc()
 
     def refused(self, tenant_id: str, reason: str) -> None:
         self.refusals.labels(self.tenant(tenant_id), reason).inc()

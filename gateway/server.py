@@ -12,6 +12,7 @@ settings name a certificate.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import signal
@@ -43,6 +44,7 @@ from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
+from gateway.status import snapshot
 from gateway.streams import OpenStreams
 from gateway.telemetry import TRACER_NAME, setup_metrics, setup_tracing, tracer
 from predictor.anomaly import AnomalyGuard
@@ -215,6 +217,7 @@ async def running_gateway(
                 tracer=tracer(tracer_provider) if tracer_provider is not None else None,
                 outbox=Outbox(store, outbox_path(settings)),
                 metrics=metrics,
+                slo=settings.slo(),
             )
         )
         metrics.watch(dispatcher)
@@ -339,7 +342,12 @@ def _build_server(
             if run.key_id == key_id:
                 dispatcher.cancel(run, "API key revoked")
 
-    admin = AdminService(store, on_tenant_deleted=tenant_deleted, on_key_revoked=key_revoked)
+    admin = AdminService(
+        store,
+        on_tenant_deleted=tenant_deleted,
+        on_key_revoked=key_revoked,
+        status=functools.partial(snapshot, dispatcher),
+    )
     admin_pb2_grpc.add_AdminServicer_to_server(admin, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import grpc
 from cachetools import TTLCache
+from opentelemetry import trace
 
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
@@ -43,6 +44,7 @@ from gateway.gateway_protos import (
 from gateway.job_run import JobEnded, JobRun, TokensAdded
 from gateway.jobs import ChatMessage, JobLimits, JobSpec, NodeSpec, validate_job
 from gateway.registry import JobRegistry
+from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
 from tenants import QuotaStore, TenantQuota
 
@@ -119,6 +121,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         validate_job(spec, limits, now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
+        overload = self.dispatcher.overload
+        if overload is not None and overload.refusing:
+            if self.dispatcher.metrics is not None:
+                self.dispatcher.metrics.shed(tenant_id)
+            message = "the gateway misses its latency targets: new jobs are refused; retry later"
+            retry = overload.monitor.config.hold_s
+            add_shed_event(trace.get_current_span(), "SLO_SHED", retry_after_s=retry)
+            raise Overloaded(message, retry, reason="SLO_SHED")
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         admitted = await self.dispatcher.admit(run, quota)

@@ -19,6 +19,7 @@ from pydantic_settings import (
 )
 
 from gateway.backends.settings import BackendSettings
+from gateway.slo import SloConfig, SloTarget
 
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
 DEFAULT_ADMIN_KEY = "fg_admin_local_dev"
@@ -87,6 +88,17 @@ class Settings(BaseSettings):
     hidden_refine: bool = True
     default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
+    # overload control (gateway/slo.py, docs/OPERATIONS.md): latency targets per tenant id or
+    # "*" ({tenant, ttft_s, tpot_s}; ttft counted from ready); none: off. Past `slo_threshold`
+    # of calls missing them over `slo_window_s`, sheddable work is held, then the batch shrunk,
+    # then new jobs refused, a step up at most every `slo_rise_s`; undone as the misses fall,
+    # a step down at most every `slo_hold_s`
+    slo_targets: list[SloTarget] = []
+    slo_window_s: float = Field(default=10.0, gt=0.0)
+    slo_threshold: float = Field(default=0.1, gt=0.0, lt=1.0)
+    slo_min_calls: int = Field(default=20, ge=1)
+    slo_hold_s: float = Field(default=2.0, ge=0.0)
+    slo_rise_s: float = Field(default=0.25, ge=0.0)
     # benchmarks only: every call runs to its max_tokens (end-of-sequence ignored), so that runs
     # compared with each other generate the same tokens
     ignore_eos: bool = False
@@ -98,6 +110,19 @@ class Settings(BaseSettings):
     # where calls run: `[[backends]]` tables in the TOML (gateway/backends/settings.py); none:
     # the local engine the engine settings above describe
     backends: list[BackendSettings] = []
+
+    def slo(self) -> SloConfig | None:
+        """The overload control's settings; None without targets."""
+        if not self.slo_targets:
+            return None
+        return SloConfig(
+            tuple(self.slo_targets),
+            self.slo_window_s,
+            self.slo_threshold,
+            self.slo_min_calls,
+            self.slo_hold_s,
+            self.slo_rise_s,
+        )
 
     @classmethod
     def settings_customise_sources(

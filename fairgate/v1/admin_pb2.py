@@ -22,52 +22,61 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61irgate/v1/admin.proto\x12\x0b\x66\x61irgate.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x04\n\x0bTenantQuota\x12\x13\n\x06weight\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11tokens_per_minute\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12!\n\x14max_concurrent_calls\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fmax_queued_jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1e\n\x11max_nodes_per_job\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1e\n\x11max_prompt_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1f\n\x12max_tokens_ceiling\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x1f\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x08 \x01(\x05H\x07\x88\x01\x01\x12\x1f\n\x12\x64\x61ily_token_budget\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x18\n\x0bmax_streams\x18\n \x01(\x05H\t\x88\x01\x01\x42\t\n\x07_weightB\x14\n\x12_tokens_per_minuteB\x17\n\x15_max_concurrent_callsB\x12\n\x10_max_queued_jobsB\x14\n\x12_max_nodes_per_jobB\x14\n\x12_max_prompt_tokensB\x15\n\x13_max_tokens_ceilingB\x15\n\x13_default_max_tokensB\x15\n\x13_daily_token_budgetB\x0e\n\x0c_max_streams\"\xae\x01\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\x12!\n\x04keys\x18\x04 \x03(\x0b\x32\x13.fairgate.v1.ApiKey\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"{\n\x06\x41piKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12\x0e\n\x06prefix\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa6\x01\n\x05Usage\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x15\n\rsettled_calls\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_today\x18\x05 \x01(\x03\x12\x1b\n\x13\x61\x63tive_reservations\x18\x06 \x01(\x03\x12\x13\n\x0bqueued_jobs\x18\x07 \x01(\x03\"g\n\x13\x43reateTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\"%\n\x10GetTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\";\n\x12ListTenantsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"T\n\x13ListTenantsResponse\x12$\n\x07tenants\x18\x01 \x03(\x0b\x32\x13.fairgate.v1.Tenant\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x13UpdateTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x19\n\x0c\x64isplay_name\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuotaB\x0f\n\r_display_name\"(\n\x13\x44\x65leteTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteTenantResponse\"3\n\x0fIssueKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\"G\n\x10IssueKeyResponse\x12 \n\x03key\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.ApiKey\x12\x11\n\tplaintext\x18\x02 \x01(\t\"5\n\x10RevokeKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\"\x13\n\x11RevokeKeyResponse\"5\n\x10SetWeightRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"M\n\x0fSetQuotaRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\"$\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t2\xd0\x05\n\x05\x41\x64min\x12\x45\n\x0c\x43reateTenant\x12 .fairgate.v1.CreateTenantRequest\x1a\x13.fairgate.v1.Tenant\x12?\n\tGetTenant\x12\x1d.fairgate.v1.GetTenantRequest\x1a\x13.fairgate.v1.Tenant\x12P\n\x0bListTenants\x12\x1f.fairgate.v1.ListTenantsRequest\x1a .fairgate.v1.ListTenantsResponse\x12\x45\n\x0cUpdateTenant\x12 .fairgate.v1.UpdateTenantRequest\x1a\x13.fairgate.v1.Tenant\x12S\n\x0c\x44\x65leteTenant\x12 .fairgate.v1.DeleteTenantRequest\x1a!.fairgate.v1.DeleteTenantResponse\x12G\n\x08IssueKey\x12\x1c.fairgate.v1.IssueKeyRequest\x1a\x1d.fairgate.v1.IssueKeyResponse\x12J\n\tRevokeKey\x12\x1d.fairgate.v1.RevokeKeyRequest\x1a\x1e.fairgate.v1.RevokeKeyResponse\x12?\n\tSetWeight\x12\x1d.fairgate.v1.SetWeightRequest\x1a\x13.fairgate.v1.Tenant\x12=\n\x08SetQuota\x12\x1c.fairgate.v1.SetQuotaRequest\x1a\x13.fairgate.v1.Tenant\x12<\n\x08GetUsage\x12\x1c.fairgate.v1.GetUsageRequest\x1a\x12.fairgate.v1.Usageb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61irgate/v1/admin.proto\x12\x0b\x66\x61irgate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8f\x04\n\x0bTenantQuota\x12\x13\n\x06weight\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1e\n\x11tokens_per_minute\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12!\n\x14max_concurrent_calls\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fmax_queued_jobs\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x1e\n\x11max_nodes_per_job\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1e\n\x11max_prompt_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x1f\n\x12max_tokens_ceiling\x18\x07 \x01(\x05H\x06\x88\x01\x01\x12\x1f\n\x12\x64\x65\x66\x61ult_max_tokens\x18\x08 \x01(\x05H\x07\x88\x01\x01\x12\x1f\n\x12\x64\x61ily_token_budget\x18\t \x01(\x03H\x08\x88\x01\x01\x12\x18\n\x0bmax_streams\x18\n \x01(\x05H\t\x88\x01\x01\x42\t\n\x07_weightB\x14\n\x12_tokens_per_minuteB\x17\n\x15_max_concurrent_callsB\x12\n\x10_max_queued_jobsB\x14\n\x12_max_nodes_per_jobB\x14\n\x12_max_prompt_tokensB\x15\n\x13_max_tokens_ceilingB\x15\n\x13_default_max_tokensB\x15\n\x13_daily_token_budgetB\x0e\n\x0c_max_streams\"\xae\x01\n\x06Tenant\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\x12!\n\x04keys\x18\x04 \x03(\x0b\x32\x13.fairgate.v1.ApiKey\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"{\n\x06\x41piKey\x12\x0e\n\x06key_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12\x0e\n\x06prefix\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xa6\x01\n\x05Usage\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x02 \x01(\x03\x12\x15\n\routput_tokens\x18\x03 \x01(\x03\x12\x15\n\rsettled_calls\x18\x04 \x01(\x03\x12\x14\n\x0ctokens_today\x18\x05 \x01(\x03\x12\x1b\n\x13\x61\x63tive_reservations\x18\x06 \x01(\x03\x12\x13\n\x0bqueued_jobs\x18\x07 \x01(\x03\"g\n\x13\x43reateTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64isplay_name\x18\x02 \x01(\t\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\"%\n\x10GetTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\";\n\x12ListTenantsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"T\n\x13ListTenantsResponse\x12$\n\x07tenants\x18\x01 \x03(\x0b\x32\x13.fairgate.v1.Tenant\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"}\n\x13UpdateTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x19\n\x0c\x64isplay_name\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\'\n\x05quota\x18\x03 \x01(\x0b\x32\x18.fairgate.v1.TenantQuotaB\x0f\n\r_display_name\"(\n\x13\x44\x65leteTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\x16\n\x14\x44\x65leteTenantResponse\"3\n\x0fIssueKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05label\x18\x02 \x01(\t\"G\n\x10IssueKeyResponse\x12 \n\x03key\x18\x01 \x01(\x0b\x32\x13.fairgate.v1.ApiKey\x12\x11\n\tplaintext\x18\x02 \x01(\t\"5\n\x10RevokeKeyRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\"\x13\n\x11RevokeKeyResponse\"5\n\x10SetWeightRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"M\n\x0fSetQuotaRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\'\n\x05quota\x18\x02 \x01(\x0b\x32\x18.fairgate.v1.TenantQuota\"$\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\'\n\x10GetStatusRequest\x12\x13\n\x0bmax_tenants\x18\x01 \x01(\x05\"\x80\x02\n\x06Status\x12(\n\x04time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06window\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12*\n\x07tenants\x18\x03 \x03(\x0b\x32\x19.fairgate.v1.TenantStatus\x12\x16\n\x0e\x61\x63tive_tenants\x18\x04 \x01(\x05\x12,\n\x08\x62\x61\x63kends\x18\x05 \x03(\x0b\x32\x1a.fairgate.v1.BackendStatus\x12\x16\n\x0eoverload_level\x18\x06 \x01(\x05\x12\x17\n\x0foverload_reason\x18\x07 \x01(\t\"\xa7\x03\n\x0cTenantStatus\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x13\n\x0bqueued_jobs\x18\x03 \x01(\x05\x12\x14\n\x0crunning_jobs\x18\x04 \x01(\x05\x12\x13\n\x0bready_calls\x18\x05 \x01(\x05\x12\x15\n\rrunning_calls\x18\x06 \x01(\x05\x12\x1d\n\x15served_kv_token_steps\x18\x07 \x01(\x01\x12\x14\n\x0cserved_share\x18\x08 \x01(\x01\x12\x12\n\nfair_share\x18\t \x01(\x01\x12\x14\n\x0cwindow_calls\x18\n \x01(\x05\x12+\n\x08ttft_p50\x18\x0b \x01(\x0b\x32\x19.google.protobuf.Duration\x12+\n\x08ttft_p99\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0equeue_wait_p50\x18\r \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x31\n\x0equeue_wait_p99\x18\x0e \x01(\x0b\x32\x19.google.protobuf.Duration\"\x83\x01\n\rBackendStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0f\n\x07waiting\x18\x04 \x01(\x05\x12\x15\n\x08kv_usage\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07healthy\x18\x06 \x01(\x08\x42\x0b\n\t_kv_usage2\x91\x06\n\x05\x41\x64min\x12\x45\n\x0c\x43reateTenant\x12 .fairgate.v1.CreateTenantRequest\x1a\x13.fairgate.v1.Tenant\x12?\n\tGetTenant\x12\x1d.fairgate.v1.GetTenantRequest\x1a\x13.fairgate.v1.Tenant\x12P\n\x0bListTenants\x12\x1f.fairgate.v1.ListTenantsRequest\x1a .fairgate.v1.ListTenantsResponse\x12\x45\n\x0cUpdateTenant\x12 .fairgate.v1.UpdateTenantRequest\x1a\x13.fairgate.v1.Tenant\x12S\n\x0c\x44\x65leteTenant\x12 .fairgate.v1.DeleteTenantRequest\x1a!.fairgate.v1.DeleteTenantResponse\x12G\n\x08IssueKey\x12\x1c.fairgate.v1.IssueKeyRequest\x1a\x1d.fairgate.v1.IssueKeyResponse\x12J\n\tRevokeKey\x12\x1d.fairgate.v1.RevokeKeyRequest\x1a\x1e.fairgate.v1.RevokeKeyResponse\x12?\n\tSetWeight\x12\x1d.fairgate.v1.SetWeightRequest\x1a\x13.fairgate.v1.Tenant\x12=\n\x08SetQuota\x12\x1c.fairgate.v1.SetQuotaRequest\x1a\x13.fairgate.v1.Tenant\x12<\n\x08GetUsage\x12\x1c.fairgate.v1.GetUsageRequest\x1a\x12.fairgate.v1.Usage\x12?\n\tGetStatus\x12\x1d.fairgate.v1.GetStatusRequest\x1a\x13.fairgate.v1.Statusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fairgate.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENANTQUOTA']._serialized_start=74
-  _globals['_TENANTQUOTA']._serialized_end=601
-  _globals['_TENANT']._serialized_start=604
-  _globals['_TENANT']._serialized_end=778
-  _globals['_APIKEY']._serialized_start=780
-  _globals['_APIKEY']._serialized_end=903
-  _globals['_USAGE']._serialized_start=906
-  _globals['_USAGE']._serialized_end=1072
-  _globals['_CREATETENANTREQUEST']._serialized_start=1074
-  _globals['_CREATETENANTREQUEST']._serialized_end=1177
-  _globals['_GETTENANTREQUEST']._serialized_start=1179
-  _globals['_GETTENANTREQUEST']._serialized_end=1216
-  _globals['_LISTTENANTSREQUEST']._serialized_start=1218
-  _globals['_LISTTENANTSREQUEST']._serialized_end=1277
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=1279
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=1363
-  _globals['_UPDATETENANTREQUEST']._serialized_start=1365
-  _globals['_UPDATETENANTREQUEST']._serialized_end=1490
-  _globals['_DELETETENANTREQUEST']._serialized_start=1492
-  _globals['_DELETETENANTREQUEST']._serialized_end=1532
-  _globals['_DELETETENANTRESPONSE']._serialized_start=1534
-  _globals['_DELETETENANTRESPONSE']._serialized_end=1556
-  _globals['_ISSUEKEYREQUEST']._serialized_start=1558
-  _globals['_ISSUEKEYREQUEST']._serialized_end=1609
-  _globals['_ISSUEKEYRESPONSE']._serialized_start=1611
-  _globals['_ISSUEKEYRESPONSE']._serialized_end=1682
-  _globals['_REVOKEKEYREQUEST']._serialized_start=1684
-  _globals['_REVOKEKEYREQUEST']._serialized_end=1737
-  _globals['_REVOKEKEYRESPONSE']._serialized_start=1739
-  _globals['_REVOKEKEYRESPONSE']._serialized_end=1758
-  _globals['_SETWEIGHTREQUEST']._serialized_start=1760
-  _globals['_SETWEIGHTREQUEST']._serialized_end=1813
-  _globals['_SETQUOTAREQUEST']._serialized_start=1815
-  _globals['_SETQUOTAREQUEST']._serialized_end=1892
-  _globals['_GETUSAGEREQUEST']._serialized_start=1894
-  _globals['_GETUSAGEREQUEST']._serialized_end=1930
-  _globals['_ADMIN']._serialized_start=1933
-  _globals['_ADMIN']._serialized_end=2653
+  _globals['_TENANTQUOTA']._serialized_start=106
+  _globals['_TENANTQUOTA']._serialized_end=633
+  _globals['_TENANT']._serialized_start=636
+  _globals['_TENANT']._serialized_end=810
+  _globals['_APIKEY']._serialized_start=812
+  _globals['_APIKEY']._serialized_end=935
+  _globals['_USAGE']._serialized_start=938
+  _globals['_USAGE']._serialized_end=1104
+  _globals['_CREATETENANTREQUEST']._serialized_start=1106
+  _globals['_CREATETENANTREQUEST']._serialized_end=1209
+  _globals['_GETTENANTREQUEST']._serialized_start=1211
+  _globals['_GETTENANTREQUEST']._serialized_end=1248
+  _globals['_LISTTENANTSREQUEST']._serialized_start=1250
+  _globals['_LISTTENANTSREQUEST']._serialized_end=1309
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=1311
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=1395
+  _globals['_UPDATETENANTREQUEST']._serialized_start=1397
+  _globals['_UPDATETENANTREQUEST']._serialized_end=1522
+  _globals['_DELETETENANTREQUEST']._serialized_start=1524
+  _globals['_DELETETENANTREQUEST']._serialized_end=1564
+  _globals['_DELETETENANTRESPONSE']._serialized_start=1566
+  _globals['_DELETETENANTRESPONSE']._serialized_end=1588
+  _globals['_ISSUEKEYREQUEST']._serialized_start=1590
+  _globals['_ISSUEKEYREQUEST']._serialized_end=1641
+  _globals['_ISSUEKEYRESPONSE']._serialized_start=1643
+  _globals['_ISSUEKEYRESPONSE']._serialized_end=1714
+  _globals['_REVOKEKEYREQUEST']._serialized_start=1716
+  _globals['_REVOKEKEYREQUEST']._serialized_end=1769
+  _globals['_REVOKEKEYRESPONSE']._serialized_start=1771
+  _globals['_REVOKEKEYRESPONSE']._serialized_end=1790
+  _globals['_SETWEIGHTREQUEST']._serialized_start=1792
+  _globals['_SETWEIGHTREQUEST']._serialized_end=1845
+  _globals['_SETQUOTAREQUEST']._serialized_start=1847
+  _globals['_SETQUOTAREQUEST']._serialized_end=1924
+  _globals['_GETUSAGEREQUEST']._serialized_start=1926
+  _globals['_GETUSAGEREQUEST']._serialized_end=1962
+  _globals['_GETSTATUSREQUEST']._serialized_start=1964
+  _globals['_GETSTATUSREQUEST']._serialized_end=2003
+  _globals['_STATUS']._serialized_start=2006
+  _globals['_STATUS']._serialized_end=2262
+  _globals['_TENANTSTATUS']._serialized_start=2265
+  _globals['_TENANTSTATUS']._serialized_end=2688
+  _globals['_BACKENDSTATUS']._serialized_start=2691
+  _globals['_BACKENDSTATUS']._serialized_end=2822
+  _globals['_ADMIN']._serialized_start=2825
+  _globals['_ADMIN']._serialized_end=3610
 # @@protoc_insertion_point(module_scope)

@@ -7,6 +7,7 @@ Every call needs the admin key as `authorization: Bearer <admin key>` metadata.
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -536,3 +537,192 @@ class GetUsageRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetUsageRequest: _TypeAlias = GetUsageRequest  # noqa: Y015
+
+@_typing.final
+class GetStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TENANTS_FIELD_NUMBER: _builtins.int
+    max_tenants: _builtins.int
+    """At most this many tenants, the most active first; 0 means the server's default (20). The
+    server caps it at 200.
+    """
+    def __init__(
+        self,
+        *,
+        max_tenants: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_tenants", b"max_tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetStatusRequest: _TypeAlias = GetStatusRequest  # noqa: Y015
+
+@_typing.final
+class Status(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TIME_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    ACTIVE_TENANTS_FIELD_NUMBER: _builtins.int
+    BACKENDS_FIELD_NUMBER: _builtins.int
+    OVERLOAD_LEVEL_FIELD_NUMBER: _builtins.int
+    OVERLOAD_REASON_FIELD_NUMBER: _builtins.int
+    active_tenants: _builtins.int
+    """Tenants with jobs now or service in the window, listed or not."""
+    overload_level: _builtins.int
+    """0: normal; higher: the SLO monitor's degradation step (holding back sheddable work,
+    smaller batches, refusing new jobs).
+    """
+    overload_reason: _builtins.str
+    """Why the level is what it is; empty at 0."""
+    @_builtins.property
+    def time(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def window(self) -> _duration_pb2.Duration:
+        """Shares of service and latencies are over the calls that ended in this last window (plus,
+        for shares, what the running calls have used so far).
+        """
+
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantStatus]:
+        """The most active tenants first: calls ready or running, then jobs, then service received."""
+
+    @_builtins.property
+    def backends(self) -> _containers.RepeatedCompositeFieldContainer[Global___BackendStatus]: ...
+    def __init__(
+        self,
+        *,
+        time: _timestamp_pb2.Timestamp | None = ...,
+        window: _duration_pb2.Duration | None = ...,
+        tenants: _abc.Iterable[Global___TenantStatus] | None = ...,
+        active_tenants: _builtins.int = ...,
+        backends: _abc.Iterable[Global___BackendStatus] | None = ...,
+        overload_level: _builtins.int = ...,
+        overload_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["time", b"time", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_tenants", b"active_tenants", "backends", b"backends", "overload_level", b"overload_level", "overload_reason", b"overload_reason", "tenants", b"tenants", "time", b"time", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Status: _TypeAlias = Status  # noqa: Y015
+
+@_typing.final
+class TenantStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    QUEUED_JOBS_FIELD_NUMBER: _builtins.int
+    RUNNING_JOBS_FIELD_NUMBER: _builtins.int
+    READY_CALLS_FIELD_NUMBER: _builtins.int
+    RUNNING_CALLS_FIELD_NUMBER: _builtins.int
+    SERVED_KV_TOKEN_STEPS_FIELD_NUMBER: _builtins.int
+    SERVED_SHARE_FIELD_NUMBER: _builtins.int
+    FAIR_SHARE_FIELD_NUMBER: _builtins.int
+    WINDOW_CALLS_FIELD_NUMBER: _builtins.int
+    TTFT_P50_FIELD_NUMBER: _builtins.int
+    TTFT_P99_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P50_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P99_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    weight: _builtins.float
+    """The fair-share weight its jobs were admitted with."""
+    queued_jobs: _builtins.int
+    """Active jobs with no call running, and with at least one."""
+    running_jobs: _builtins.int
+    ready_calls: _builtins.int
+    """Calls waiting for a backend (or for their quota reservation), and calls on a backend."""
+    running_calls: _builtins.int
+    served_kv_token_steps: _builtins.float
+    """KV token-time (token-steps, p*d + d*(d+1)/2 per call) served to the tenant in the window."""
+    served_share: _builtins.float
+    """Its part of all the KV token-time served in the window (0..1)."""
+    fair_share: _builtins.float
+    """Its weight over the weights of the active tenants (0..1): its share if all were served by
+    weight.
+    """
+    window_calls: _builtins.int
+    """Calls of the tenant that ended in the window."""
+    @_builtins.property
+    def ttft_p50(self) -> _duration_pb2.Duration:
+        """Time to first token (from running to the first token) over the window's calls; unset
+        without any.
+        """
+
+    @_builtins.property
+    def ttft_p99(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def queue_wait_p50(self) -> _duration_pb2.Duration:
+        """Time from ready to running (the gateway's fair queue) over the window's calls."""
+
+    @_builtins.property
+    def queue_wait_p99(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        weight: _builtins.float = ...,
+        queued_jobs: _builtins.int = ...,
+        running_jobs: _builtins.int = ...,
+        ready_calls: _builtins.int = ...,
+        running_calls: _builtins.int = ...,
+        served_kv_token_steps: _builtins.float = ...,
+        served_share: _builtins.float = ...,
+        fair_share: _builtins.float = ...,
+        window_calls: _builtins.int = ...,
+        ttft_p50: _duration_pb2.Duration | None = ...,
+        ttft_p99: _duration_pb2.Duration | None = ...,
+        queue_wait_p50: _duration_pb2.Duration | None = ...,
+        queue_wait_p99: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queue_wait_p50", b"queue_wait_p50", "queue_wait_p99", b"queue_wait_p99", "ttft_p50", b"ttft_p50", "ttft_p99", b"ttft_p99"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fair_share", b"fair_share", "queue_wait_p50", b"queue_wait_p50", "queue_wait_p99", b"queue_wait_p99", "queued_jobs", b"queued_jobs", "ready_calls", b"ready_calls", "running_calls", b"running_calls", "running_jobs", b"running_jobs", "served_kv_token_steps", b"served_kv_token_steps", "served_share", b"served_share", "tenant_id", b"tenant_id", "ttft_p50", b"ttft_p50", "ttft_p99", b"ttft_p99", "weight", b"weight", "window_calls", b"window_calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantStatus: _TypeAlias = TenantStatus  # noqa: Y015
+
+@_typing.final
+class BackendStatus(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    KV_USAGE_FIELD_NUMBER: _builtins.int
+    HEALTHY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    model: _builtins.str
+    """The model it serves."""
+    running: _builtins.int
+    waiting: _builtins.int
+    kv_usage: _builtins.float
+    """KV blocks in use (0..1); unset when the backend does not say."""
+    healthy: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        model: _builtins.str = ...,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        kv_usage: _builtins.float | None = ...,
+        healthy: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_usage", b"_kv_usage", "kv_usage", b"kv_usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_usage", b"_kv_usage", "healthy", b"healthy", "kv_usage", b"kv_usage", "model", b"model", "name", b"name", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__kv_usage: _TypeAlias = _typing.Literal["kv_usage"]  # noqa: Y015
+    _WhichOneofArgType__kv_usage: _TypeAlias = _typing.Literal["_kv_usage", b"_kv_usage"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_usage) -> _WhichOneofReturnType__kv_usage | None: ...
+
+Global___BackendStatus: _TypeAlias = BackendStatus  # noqa: Y015

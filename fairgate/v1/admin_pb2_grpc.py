@@ -84,6 +84,11 @@ class AdminStub:
                 request_serializer=fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=fairgate_dot_v1_dot_admin__pb2.Usage.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/fairgate.v1.Admin/GetStatus',
+                request_serializer=fairgate_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=fairgate_dot_v1_dot_admin__pb2.Status.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -152,6 +157,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """The gateway now: each active tenant's work, share of service and latency, each backend's
+        load, and the overload level. What `fairgate top` shows.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +217,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.FromString,
                     response_serializer=fairgate_dot_v1_dot_admin__pb2.Usage.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=fairgate_dot_v1_dot_admin__pb2.GetStatusRequest.FromString,
+                    response_serializer=fairgate_dot_v1_dot_admin__pb2.Status.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -476,6 +494,33 @@ class Admin:
             '/fairgate.v1.Admin/GetUsage',
             fairgate_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
             fairgate_dot_v1_dot_admin__pb2.Usage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fairgate.v1.Admin/GetStatus',
+            fairgate_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
+            fairgate_dot_v1_dot_admin__pb2.Status.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,10 @@ class AdminStub:
     SetQuota: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetQuotaRequest, _admin_pb2.Tenant]
     """Changes the quota fields that are set in the request; the others keep their values."""
     GetUsage: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetUsageRequest, _admin_pb2.Usage]
+    GetStatus: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetStatusRequest, _admin_pb2.Status]
+    """The gateway now: each active tenant's work, share of service and latency, each backend's
+    load, and the overload level. What `fairgate top` shows.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -103,5 +107,15 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetUsageRequest,
         context: _aio.ServicerContext[_admin_pb2.GetUsageRequest, _abc.Awaitable[_admin_pb2.Usage]],
     ) -> _abc.Awaitable[_admin_pb2.Usage]: ...
+
+    @_abc_1.abstractmethod
+    def GetStatus(
+        self,
+        request: _admin_pb2.GetStatusRequest,
+        context: _aio.ServicerContext[_admin_pb2.GetStatusRequest, _abc.Awaitable[_admin_pb2.Status]],
+    ) -> _abc.Awaitable[_admin_pb2.Status]:
+        """The gateway now: each active tenant's work, share of service and latency, each backend's
+        load, and the overload level. What `fairgate top` shows.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _aio.Server) -> None: ...

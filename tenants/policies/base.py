@@ -74,7 +74,8 @@ class Policy(Protocol):
     `peek` is pure (repeated calls return the same answer until something changes); the caller
     dispatches the answer with `mark_dispatched`. `remove_job` forgets the job's ready and running
     calls: the caller aborts its running calls in the engine and reports nothing more for them.
-    `requeue` puts a running call whose backend was lost back among the ready calls.
+    `requeue` puts a running call whose backend was lost back among the ready calls. While
+    `set_shedding(True)` holds, the ready calls of sheddable jobs (negative priority) are not shown.
     A held call (`hold`: its quota is being reserved) and the ready calls of a held tenant
     (`hold_tenant`: a quota refused it until `until`) stay ready but are not shown by `peek`.
     """
@@ -96,6 +97,8 @@ class Policy(Protocol):
     def hold_tenant(self, tenant_id: str, until: float) -> None: ...
 
     def unhold_tenant(self, tenant_id: str) -> None: ...
+
+    def set_shedding(self, on: bool) -> None: ...
 
     def on_progress(self, call_id: str, output_tokens: int, now: float) -> None: ...
 

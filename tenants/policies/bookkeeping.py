@@ -106,6 +106,7 @@ class BookPolicy:
         self._held: set[str] = set()  # ready calls not to show
         self._held_tenants: dict[str, float] = {}  # tenant -> held until (same clock as now)
         self._prioritized = 0  # active jobs with a non-zero priority
+        self._shedding = False  # sheddable jobs (negative priority) are held
 
     # --- the Policy interface ---------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class BookPolicy:
     def peek(self, now: float, load: EngineLoad) -> ReadyCall | None:
         best: ActiveJob | None = None
         best_key: OrderKey | None = None
-        holding = bool(self._held or self._held_tenants)
+        holding = bool(self._held or self._held_tenants or self._shedding)
         by_tenant: dict[str, tuple[tuple[int, OrderKey], ActiveJob]] = {}
         for job in self._eligible_jobs(now, load):
             if holding and self._first_shown(job, now) is None:
@@ -166,6 +167,13 @@ class BookPolicy:
 
     def unhold_tenant(self, tenant_id: str) -> None:
         self._held_tenants.pop(tenant_id, None)
+
+    def set_shedding(self, on: bool) -> None:
+        self._shedding = on
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
 
     def mark_dispatched(self, call_id: str, now: float) -> None:
         job = self._jobs.get(self._call_job.get(call_id, ""))
@@ -272,6 +280,8 @@ class BookPolicy:
 
     def _first_shown(self, job: ActiveJob, now: float) -> ReadyCall | None:
         """The job's first ready call that is not held, or None."""
+        if self._shedding and job.info.priority < 0:
+            return None
         until = self._held_tenants.get(job.info.tenant_id)
         if until is not None:
             if until > now:

@@ -160,6 +160,7 @@ async def test_not_found_and_already_exists(server: Server) -> None:
         (lambda a: a.list_tenants_page(page_size=-1), "page_size"),
         (lambda a: a.list_tenants_page(page_token="%%not a token%%"), "page_token"),
         (lambda a: a.list_tenants_page(page_token="bm90IGFuIGlkIQ=="), "page_token"),
+        (lambda a: a.get_status(max_tenants=-1), "max_tenants"),
     ],
 )
 async def test_invalid_argument_names_the_field(
@@ -184,6 +185,8 @@ async def test_tenant_key_is_refused_on_admin(server: Server) -> None:
             await tenant.get_tenant("acme")
         with pytest.raises(PermissionDenied):
             await tenant.create_tenant("mine")
+        with pytest.raises(PermissionDenied):
+            await tenant.get_status()
 
 
 async def test_unauthenticated_without_a_valid_key(server: Server) -> None:
@@ -196,3 +199,12 @@ async def test_unauthenticated_without_a_valid_key(server: Server) -> None:
         async with server.admin(key) as stranger:
             with pytest.raises(Unauthenticated):
                 await stranger.list_tenants_page()
+
+
+async def test_a_registry_alone_reports_an_empty_status(server: Server) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        status = await admin.get_status()
+    assert (status.tenants, status.active_tenants, status.backends) == ((), 0, ())
+    assert (status.overload_level, status.window_s) == (0, 0.0)
+    assert status.time is not None

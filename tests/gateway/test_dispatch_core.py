@@ -235,3 +235,14 @@ def test_blast_every_call_ends_exactly_once_and_no_room_is_promised_twice(policy
         ready, taking, running = set(core.ready), set(core.taking), set(core.running)
         assert not (ready & taking or ready & running or taking & running)
     assert len(ended) == len(set(ended)) and len(ended) > 100
+
+
+def test_a_shrunk_batch_leaves_only_its_share_of_slots_busy() -> None:
+    core = make_core()
+    add_job(core, "a", nodes=4)
+    core.batch_fraction = 0.5
+    snapshot = {"x": room(free_slots=6, running=2)}  # 8 slots, 2 busy: 2 more may start
+    assert core.next(0.0, snapshot) is not None and core.next(0.0, snapshot) is not None
+    assert core.next(0.0, snapshot) is None and core.blocked
+    core.batch_fraction = 1.0
+    assert core.next(0.0, snapshot) is not None

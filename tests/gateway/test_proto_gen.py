@@ -118,4 +118,5 @@ def test_generated_services_carry_the_contract() -> None:
         "SetWeight",
         "SetQuota",
         "GetUsage",
+        "GetStatus",
     }

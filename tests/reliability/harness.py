@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry.sdk.trace import TracerProvider
 
 from engine import LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2_grpc
@@ -149,7 +150,10 @@ class Reliable:
 
 @contextlib.asynccontextmanager
 async def reliable_gateway(
-    core: LLMEngine | None = None, store: QuotaStore | None = None, **settings: Any
+    core: LLMEngine | None = None,
+    store: QuotaStore | None = None,
+    tracer_provider: TracerProvider | None = None,
+    **settings: Any,
 ) -> AsyncIterator[Reliable]:
     config = Settings(
         port=0, admin_key=ADMIN_KEY, policy="justitia", max_model_len=4096, **settings
@@ -159,6 +163,7 @@ async def reliable_gateway(
             config,
             core=core if core is not None else sim_core(),
             store=store if store is not None else MemoryQuotaStore(),
+            tracer_provider=tracer_provider,
         ) as gateway,
         grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
     ):

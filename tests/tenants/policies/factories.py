@@ -29,8 +29,9 @@ def make_job(
     *,
     weight: float = 1.0,
     arrival: float = 0.0,
+    priority: int = 0,
 ) -> JobInfo:
-    return JobInfo(job_id, tenant, weight, arrival, tuple(nodes or (make_node(),)))
+    return JobInfo(job_id, tenant, weight, arrival, tuple(nodes or (make_node(),)), priority)
 
 
 def make_ready(job: JobInfo, node_id: str | None = None, *, prompt: int | None = None) -> ReadyCall:

@@ -217,3 +217,20 @@ def test_a_requeued_call_is_ready_again_and_runs_once_more(name: str) -> None:
     policy.check_invariants()  # type: ignore[attr-defined]
     with pytest.raises(CallNotRunning):
         policy.requeue(call.call_id, 6.0)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_shedding_hides_sheddable_jobs_until_it_stops(name: str) -> None:
+    policy = make_policy(name)
+    shed = make_job("shed", "t1", nodes=[make_node("a", predicted=1.0)], priority=-1)
+    kept = make_job("kept", "t2", nodes=[make_node("a", predicted=500.0)], arrival=1.0)
+    for job in (shed, kept):
+        policy.add_job(job, job.arrival)
+        policy.add_ready(make_ready(job, "a"), job.arrival)
+    policy.set_shedding(True)
+    assert policy.peek(2.0, NO_KNEE) == make_ready(kept, "a")
+    policy.mark_dispatched("kept/a", 2.0)
+    assert policy.peek(2.0, NO_KNEE) is None  # only sheddable work is left: it waits
+    policy.set_shedding(False)
+    assert policy.peek(3.0, NO_KNEE) == make_ready(shed, "a")
+    policy.check_invariants()  # type: ignore[attr-defined]

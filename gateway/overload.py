@@ -1,0 +1,122 @@
+"""Overload control: the SLO monitor's level, applied to the dispatcher's pools.
+
+The dispatcher reports each call's first token (its wait from ready) and its end (its time per
+output token); the monitor (`gateway/slo.py`) answers with a level, which this applies at once:
+level 1 and up hold sheddable jobs in every pool's policy, level 2 and up let 3/4 of each
+backend's batch slots be busy while tokens are what comes slow, level 3 makes the service refuse
+new jobs while protected calls wait for room (`refusing`). A task
+ticks the monitor while nothing ends, so a level also falls when calls stop finishing. Each
+change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets the dispatch
+loop use the room a lower level gives back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import anyio
+
+from gateway.lanes import Lane
+from gateway.metrics import GatewayMetrics
+from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor
+from gateway.tickets import Ticket
+
+log = logging.getLogger(__name__)
+SHRUNK_BATCH = 0.75  # the share of batch slots level 2 leaves busy
+REFUSE_LEVEL = 3
+TICK_S = 0.1  # how often waiting calls are judged and the level reconsidered
+
+
+class OverloadControl:
+    def __init__(
+        self,
+        config: SloConfig,
+        lanes: Iterable[Lane],
+        clock: Callable[[], float],
+        on_change: Callable[[], None],
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
+        self.monitor = SloMonitor(config, clock())
+        self._lanes = list(lanes)
+        self._clock = clock
+        self._on_change = on_change
+        self._metrics = metrics
+        self._applied = 0  # the level the pools run at
+        self._changed = anyio.Event()
+
+    @property
+    def level(self) -> int:
+        """The level the pools run at."""
+        return self._applied
+
+    @property
+    def refusing(self) -> bool:
+        """New jobs are refused: the protected classes miss their targets even so, and some of
+        their calls wait for room. Refusing only while they wait admits what the backends
+        drain, neither the flood that refilled the queue nor less than keeps them busy."""
+        return self.level >= REFUSE_LEVEL and any(self._protected_waiting())
+
+    def first_token(self, ticket: Ticket, ttft_s: float) -> None:
+        tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
+        now = self._clock()
+        self._apply(self.monitor.first_token(ticket.quota_id, tenant, sheddable, ttft_s, now))
+
+    def ended(self, ticket: Ticket, tpot_s: float | None) -> None:
+        tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
+        now = self._clock()
+        self._apply(self.monitor.ended(ticket.quota_id, tenant, sheddable, tpot_s, now))
+
+    async def until(self, done: Callable[[int], bool]) -> None:
+        """Return once the level satisfies `done` (now or after a change)."""
+        while not done(self._applied):
+            await self._changed.wait()
+
+    async def run(self) -> None:
+        """Tick the monitor: calls still waiting past their target count as misses, and a
+        level falls when calls stop coming back."""
+        while True:
+            await anyio.sleep(TICK_S)
+            now = self._clock()
+            for ticket in self._waiting():
+                ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
+                if ready_at is not None:
+                    call, sheddable = ticket.call, _sheddable(ticket)
+                    waited = now - ready_at
+                    self.monitor.overdue(ticket.quota_id, call.tenant_id, sheddable, waited, now)
+            self._apply(self.monitor.update(now))
+
+    def _protected_waiting(self) -> Iterator[Ticket]:
+        for lane in self._lanes:
+            for entry in lane.core.ready.values():
+                if not _sheddable(entry.payload):
+                    yield entry.payload
+
+    def _waiting(self) -> Iterator[Ticket]:
+        """The calls without a token yet: ready, being taken, or sent and not streaming."""
+        for lane in self._lanes:
+            core = lane.core
+            for entries in (core.ready, core.taking, core.running):
+                for entry in entries.values():
+                    node = entry.payload.run.nodes[entry.call.node_id]
+                    if node.first_token_at is None:
+                        yield entry.payload
+
+    def _apply(self, level: int) -> None:
+        if level == self._applied:
+            return
+        shrink = level >= 2 and self.monitor.tokens_slow(self._clock())
+        for lane in self._lanes:
+            lane.core.policy.set_shedding(level >= 1)
+            lane.core.batch_fraction = SHRUNK_BATCH if shrink else 1.0
+        self._applied = level
+        log.warning("overload level %d: %s", level, LEVEL_NAMES[level])
+        if self._metrics is not None:
+            self._metrics.overload(level)
+        self._on_change()
+        self._changed.set()
+        self._changed = anyio.Event()
+
+
+def _sheddable(ticket: Ticket) -> bool:
+    return ticket.run.spec.priority < 0

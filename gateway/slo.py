@@ -1,0 +1,148 @@
+"""The SLO monitor: latency targets, a violation rate over a window, and a degradation level.
+
+Every call that starts streaming reports its time to first token, counted from when it became
+ready (the wait in the gateway's queue is what overload adds), and, when it ends, its time per
+output token. A call still waiting past its target is judged a miss at once (`overdue`), not
+only when its first token comes: under overload that may be many seconds late, and the monitor
+must see the queue grow while it grows. A call is judged against the target of its tenant (or
+the `*` target); calls of sheddable jobs (negative priority) are not judged: they give way.
+The monitor keeps the verdicts of the last `window_s` seconds and, once `min_calls` of them are
+in, compares the share that missed with `threshold`:
+
+    level 0  normal
+    level 1  hold sheddable work (negative-priority jobs wait while protected work runs)
+    level 2  also shrink the batch target (3/4 of the backends' slots) while most misses are
+             per-token ones, so admitted calls stream faster (it would only lengthen the queue
+             that slow first tokens come from)
+    level 3  also refuse new jobs (UNAVAILABLE, ErrorInfo SLO_SHED, RetryInfo) while protected
+             calls wait for room: admission held to what the backends drain
+
+Over the threshold it escalates one level, at most once per `rise_s` (quickly: a queue that
+grows past the targets grows fast); under half the threshold, or with too few verdicts to tell
+(little is running), it steps back one level, at most once per `hold_s` (slowly: hysteresis, a
+level is held long enough for its effect to show in the window before the load is let back).
+Pure: `now` is passed in; the dispatcher applies the levels and ticks it while nothing ends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+MAX_LEVEL = 3
+LEVEL_NAMES = ("normal", "holding sheddable work", "shrinking the batch", "refusing new jobs")
+
+
+@dataclass(frozen=True, slots=True)
+class SloTarget:
+    tenant: str  # a tenant id, or "*" for every tenant without a target of its own
+    ttft_s: float  # from ready to the first token
+    tpot_s: float | None = None  # per output token after the first; None: not judged
+
+
+@dataclass(frozen=True, slots=True)
+class SloConfig:
+    targets: tuple[SloTarget, ...]
+    window_s: float = 10.0
+    threshold: float = 0.1  # share of judged calls that may miss before the level rises
+    min_calls: int = 20  # verdicts needed in the window before any change
+    hold_s: float = 2.0  # the least time at a level before it steps down
+    rise_s: float = 0.25  # the least time at a level before it steps up
+
+    def __post_init__(self) -> None:
+        if not (0 < self.threshold < 1) or self.window_s <= 0 or min(self.hold_s, self.rise_s) < 0:
+            raise ValueError("need 0 < threshold < 1, window_s > 0, hold_s and rise_s >= 0")
+        if self.min_calls < 1:
+            raise ValueError("min_calls must be >= 1")
+        for target in self.targets:
+            positive = target.ttft_s > 0 and (target.tpot_s is None or target.tpot_s > 0)
+            if not (positive and math.isfinite(target.ttft_s)):
+                raise ValueError(f"SLO target of {target.tenant!r}: times must be > 0")
+
+
+class SloMonitor:
+    def __init__(self, config: SloConfig, now: float = 0.0) -> None:
+        self.config = config
+        self._targets = {t.tenant: t for t in config.targets}
+        self._verdicts: deque[tuple[float, bool, bool]] = deque()  # (time, missed, per token)
+        self._missed = 0
+        self._slow_tokens = 0  # misses of per-token targets
+        self._overdue: set[str] = set()  # calls judged before their first token
+        self.level = 0
+        self._changed_at = now - max(config.hold_s, config.rise_s)
+
+    def first_token(
+        self, call_id: str, tenant: str, sheddable: bool, ttft_s: float, now: float
+    ) -> int:
+        """A call's first token came `ttft_s` after it was ready; returns the level."""
+        target = self._target(tenant, sheddable)
+        if target is not None and call_id not in self._overdue:
+            self._judge(ttft_s > target.ttft_s, now, per_token=False)
+        self._overdue.discard(call_id)
+        return self.update(now)
+
+    def overdue(
+        self, call_id: str, tenant: str, sheddable: bool, waited_s: float, now: float
+    ) -> None:
+        """A call has waited `waited_s` since it was ready, no token yet: past its target, it
+        is a miss now (once; its first token is then not judged again)."""
+        target = self._target(tenant, sheddable)
+        if target is not None and waited_s > target.ttft_s and call_id not in self._overdue:
+            self._overdue.add(call_id)
+            self._judge(True, now, per_token=False)
+
+    def ended(
+        self, call_id: str, tenant: str, sheddable: bool, tpot_s: float | None, now: float
+    ) -> int:
+        """A call ended streaming one token per `tpot_s`; returns the level."""
+        self._overdue.discard(call_id)
+        target = self._target(tenant, sheddable)
+        if target is not None and target.tpot_s is not None and tpot_s is not None:
+            self._judge(tpot_s > target.tpot_s, now, per_token=True)
+        return self.update(now)
+
+    def violation_rate(self, now: float) -> float | None:
+        """The share of the window's verdicts that missed; None with too few of them."""
+        self._expire(now)
+        if len(self._verdicts) < self.config.min_calls:
+            return None
+        return self._missed / len(self._verdicts)
+
+    def update(self, now: float) -> int:
+        """Move the level one step when the window says so and the last change has held."""
+        rate, since = self.violation_rate(now), now - self._changed_at
+        config = self.config
+        over = rate is not None and rate > config.threshold
+        under = rate is None or rate < config.threshold / 2
+        if over and self.level < MAX_LEVEL and since >= config.rise_s:
+            self._set(self.level + 1, now)
+        elif under and self.level > 0 and since >= config.hold_s:
+            self._set(self.level - 1, now)
+        return self.level
+
+    def _set(self, level: int, now: float) -> None:
+        self.level, self._changed_at = level, now
+
+    def _target(self, tenant: str, sheddable: bool) -> SloTarget | None:
+        if sheddable:
+            return None
+        return self._targets.get(tenant) or self._targets.get("*")
+
+    def tokens_slow(self, now: float) -> bool:
+        """Whether most of the window's misses are per-token ones (a fuller batch's cost,
+        which a smaller batch cures; a long wait for the first token it does not)."""
+        self._expire(now)
+        return self._slow_tokens * 2 > self._missed
+
+    def _judge(self, missed: bool, now: float, per_token: bool) -> None:
+        self._verdicts.append((now, missed, per_token))
+        self._missed += missed
+        self._slow_tokens += missed and per_token
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.config.window_s
+        while self._verdicts and self._verdicts[0][0] < horizon:
+            _, missed, per_token = self._verdicts.popleft()
+            self._missed -= missed
+            self._slow_tokens -= missed and per_token

@@ -1,0 +1,44 @@
+"""Overload control through a real gateway: the level climbs while the latency targets are
+missed, new jobs are then refused with SLO_SHED and a retry time, and everything is undone once
+calls stop missing."""
+
+from __future__ import annotations
+
+import anyio
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+
+from fairgate.v1 import gateway_pb2 as pb
+from tests.gateway.conftest import sim_core
+from tests.gateway.test_server import status_of
+from tests.reliability.harness import reliable_gateway, roots
+
+pytestmark = pytest.mark.anyio
+MISSED_BY_ALL = [{"tenant": "*", "ttft_s": 1e-6}]  # every call misses it
+MORE_THAN_SLOTS = 160  # the engine runs 128 calls at once: the rest wait for room
+
+
+async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load() -> None:
+    slo = {"slo_min_calls": 1, "slo_hold_s": 0.0, "slo_rise_s": 0.0, "slo_window_s": 0.3}
+    async with reliable_gateway(core=sim_core(0.002), slo_targets=MISSED_BY_ALL, **slo) as h:
+        await h.tenant("acme")
+        overload = h.gateway.dispatcher.overload
+        assert overload is not None and overload.level == 0
+        running = await h.submit("acme", roots(MORE_THAN_SLOTS, 150))
+        with anyio.fail_after(10):
+            await overload.until(lambda level: level == 3)  # one step per first token
+        lanes = h.gateway.dispatcher.lanes.values()
+        assert all(lane.core.policy.shedding for lane in lanes)  # type: ignore[attr-defined]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit("acme", roots(1))
+        code, details = status_of(refused.value)
+        assert code == grpc.StatusCode.UNAVAILABLE.value[0]
+        reasons = [d.reason for d in details if isinstance(d, error_details_pb2.ErrorInfo)]
+        retry = [d for d in details if isinstance(d, error_details_pb2.RetryInfo)]
+        assert reasons == ["SLO_SHED"] and len(retry) == 1
+        assert (await h.finished("acme", running.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        with anyio.fail_after(10):
+            await overload.until(lambda level: level == 0)  # the window empties
+        assert not any(lane.core.policy.shedding for lane in lanes)  # type: ignore[attr-defined]
+        await h.unharmed()  # new jobs are taken again
