@@ -1,13 +1,22 @@
 """The fair-scheduling study's simulator: the gateway's dispatch loop over the real engine core.
 
 See `simulator.py` for the event loop, `study.py` for the plan of runs, `gps.py` for the GPS
-reference that judges them (docs/GPS.md) and `bench/sched.py` for the command.
+reference that judges them (docs/GPS.md) and `bench/sched.py` for the command; `conservative.py`
+runs the gateway's conservative mode against a tenant whose outputs drift
+(`python -m bench.sim.conservative`).
 """
 
 from bench.sim.errors import ProbeUnsaturated, SimulationStuck, StepModelInvalid
 from bench.sim.gps import GpsCall, GpsJob, gps_finish_times, water_fill
 from bench.sim.metrics import RunMetrics, jain_index, run_metrics
-from bench.sim.predictions import lying, noisy, oracle
+from bench.sim.predictions import (
+    CallEstimate,
+    CallPredictor,
+    FixedPredictions,
+    lying,
+    noisy,
+    oracle,
+)
 from bench.sim.reference import bound_slack, gps_finish, solo_call_seconds
 from bench.sim.regime import Regime, cpu_regime, gpu_regime, knee_calls, load_step_model
 from bench.sim.runner import TraceRunner
@@ -18,7 +27,10 @@ from bench.sim.summary import summary_json
 from bench.sim.targets import check_targets
 
 __all__ = [
+    "CallEstimate",
+    "CallPredictor",
     "EngineSetup",
+    "FixedPredictions",
     "GpsCall",
     "GpsJob",
     "Prepared",

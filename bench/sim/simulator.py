@@ -8,7 +8,10 @@ room; the engine's capacity counts the output that calls still waiting in it wil
 one engine step whose tokens go to the core as progress and finishes; after a re-key the engine
 gets the new priority of the job's calls it holds, as the gateway tells its backends; an idle
 engine jumps the clock to the next event. There is no quota store, so every call is dispatched
-at once. The real scheduler and block manager decide batching, KV and preemption. Invariant:
+at once. The real scheduler and block manager decide batching, KV and preemption. A
+`CallPredictor` (`predictions.py`; a fixed mapping for the study) predicts each node when its job
+arrives and each call again when it becomes ready (what the policy orders it by, what the engine
+reserves), and hears each call's true length when it finishes. Invariant:
 every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
 the policy when its last call finishes.
 """
@@ -22,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.sim.errors import SimulationStuck
+from bench.sim.predictions import CallPredictor, FixedPredictions
 from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
@@ -72,7 +76,7 @@ class Simulation:
         jobs: Sequence[Job],
         policy: Policy,
         setup: EngineSetup,
-        predictions: Predictions,
+        predictions: Predictions | CallPredictor,
         record_s: float | None = None,
         stop_after_work: float | None = None,
     ) -> None:
@@ -80,7 +84,9 @@ class Simulation:
         self.engine = LLMEngine(setup.config, runner=self.runner)
         self.policy = policy
         self.core: DispatchCore[None] = DispatchCore(policy, setup.knee_calls)
-        self.predictions = predictions
+        self.predictor: CallPredictor = (
+            FixedPredictions(predictions) if isinstance(predictions, Mapping) else predictions
+        )
         self.record_s = record_s
         self.stop_after_work = stop_after_work  # a capacity probe stops once this much is done
         self.arrivals = sorted(jobs, key=lambda j: (j.arrival, j.job_id), reverse=True)
@@ -142,7 +148,7 @@ class Simulation:
                 n.node_id,
                 n.parents,
                 n.prompt_tokens,
-                self.predictions[job.job_id, n.node_id],
+                self.predictor.estimate(job, n),
                 n.max_tokens,
                 n.output_tokens,
             )
@@ -163,18 +169,17 @@ class Simulation:
 
     def _make_ready(self, state: _JobState, node_id: str, now: float) -> None:
         job, node = state.job, state.nodes[node_id]
-        predicted = self.predictions[job.job_id, node_id]
+        estimate = self.predictor.plan(job, node, now)
         call = ReadyCall(
             f"{job.job_id}/{node_id}",
             job.job_id,
             job.tenant,
             node_id,
             node.prompt_tokens,
-            predicted,
+            estimate.policy_output,
             node.max_tokens,
         )
-        reserve = math.ceil(min(predicted, node.max_tokens))
-        self.core.add_ready(call, reserve, None, now, reserved=True)
+        self.core.add_ready(call, estimate.reserve_output, None, now, reserved=True)
 
     def _capacities(self) -> dict[str, BackendCapacity]:
         cap = self.engine.scheduler.capacity()
@@ -217,6 +222,7 @@ class Simulation:
                 del self.produced[call_id]
                 self.result.work += kv_token_time(prompt, produced)
                 self._reprioritize(self.core.finished(call_id, prompt, produced, now))
+                self.predictor.observe(state.job, state.nodes[node_id], produced, now)
                 self._node_done(state, node_id, now)
             else:
                 self.produced[call_id] = produced
