@@ -22,6 +22,7 @@ BENCHES = {
     "predictor": "bench.prediction.evaluate",
     "gateway": "bench.gateway_overhead",
     "overload": "bench.overload",
+    "backends": "bench.backends.cli",
 }
 
 
