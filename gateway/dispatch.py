@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ from tenants.policies import JobInfo
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
+BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 Entry = CoreCall[Ticket]
 
 
@@ -347,7 +349,11 @@ class Dispatcher(OwnsTasks):
 
     async def _loop(self) -> None:
         while True:
-            await self._wake.wait()
+            # A remote backend's room shows up with its next scrape, which wakes nobody: while
+            # a call waits for room the loop looks again each BLOCKED_RETRY_S as well
+            blocked = any(lane.core.blocked for lane in self.lanes.values())
+            with anyio.move_on_after(BLOCKED_RETRY_S if blocked else math.inf):
+                await self._wake.wait()
             self._wake = anyio.Event()
             try:
                 self._dispatch_ready()

@@ -130,3 +130,32 @@ async def test_nodes_run_in_the_pool_of_the_model_they_name(tmp_path: Path) -> N
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "nodes[0].model: unknown model 'huge'" in (refused.value.details() or "")
             await h.unharmed()
+
+
+async def test_a_call_waiting_for_room_runs_once_a_scrape_shows_it(tmp_path: Path) -> None:
+    """Room freed on a remote backend shows only in its next scrape, which wakes no one: the
+    call waited for another event, forever when none came."""
+    from functools import partial
+
+    import httpx
+
+    from bench.engine_servers import engine_servers as server_processes
+    from tests.gateway.engine_servers import MODEL, model_folder
+
+    config = tmp_path / "one-slot.toml"
+    config.write_text("max_num_seqs = 1\n")
+    flags = ["--simulated", "--simulated-step-s", "0.01", "--model", str(model_folder(tmp_path))]
+    flags += ["--served-model-name", MODEL, "--config", str(config)]
+    async with server_processes(1, flags) as (server,):
+        table = backend_of(server, tmp_path, max_num_seqs=1)
+        async with reliable_gateway(backends=[table]) as h, httpx.AsyncClient() as http:
+            await h.tenant("a")
+            body = {"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 60}
+            async with anyio.create_task_group() as tg:  # the server's one slot, taken directly
+                tg.start_soon(partial(http.post, f"{server.url}/v1/completions", json=body))
+                backend = h.gateway.dispatcher.backends[server.name]
+                with anyio.fail_after(20):
+                    while backend.capacity().free_slots > 0:  # the gateway has seen it taken
+                        await backend.next_scrape()  # type: ignore[attr-defined]
+                    done = await h.run("a", pb.JobSpec(nodes=[node("n", "hello", 4)]))
+            assert done.state == pb.JOB_STATE_SUCCEEDED
