@@ -155,6 +155,10 @@ class Dispatcher(OwnsTasks):
         """The prompt encoder of a model's pool (the default model's for "")."""
         return self.lanes[model or self.default_model].tickets.encode
 
+    def quota(self, tenant_id: str) -> TenantQuota | None:
+        """The quota the tenant's latest job was admitted with (its weight is the policy's)."""
+        return self._quotas.get(tenant_id)
+
     def ready_calls(self) -> int:
         return sum(len(lane.core.ready) for lane in self.lanes.values())
 

@@ -60,12 +60,12 @@ class OverloadControl:
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
         tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
         now = self._clock()
-        self._apply(self.monitor.first_token(ticket.quota_id, tenant, sheddable, ttft_s, now))
+        self._apply(self.monitor.first_token(ticket.call.call_id, tenant, sheddable, ttft_s, now))
 
     def ended(self, ticket: Ticket, tpot_s: float | None) -> None:
         tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
         now = self._clock()
-        self._apply(self.monitor.ended(ticket.quota_id, tenant, sheddable, tpot_s, now))
+        self._apply(self.monitor.ended(ticket.call.call_id, tenant, sheddable, tpot_s, now))
 
     async def until(self, done: Callable[[int], bool]) -> None:
         """Return once the level satisfies `done` (now or after a change)."""
@@ -83,7 +83,7 @@ class OverloadControl:
                 if ready_at is not None:
                     call, sheddable = ticket.call, _sheddable(ticket)
                     waited = now - ready_at
-                    self.monitor.overdue(ticket.quota_id, call.tenant_id, sheddable, waited, now)
+                    self.monitor.overdue(call.call_id, call.tenant_id, sheddable, waited, now)
             self._apply(self.monitor.update(now))
 
     def _protected_waiting(self) -> Iterator[Ticket]:

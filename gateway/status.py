@@ -143,10 +143,9 @@ def observe(dispatcher: Dispatcher, tenants: Iterable[str] = ()) -> Observed:
             running_kv_token_steps=held[tenant],
         )
     # the quota each tenant's latest job was admitted with: the weight its policy uses
-    quotas: Mapping[str, TenantQuota] = dispatcher._quotas
     weights = {}
     for tenant in loads.keys() | set(tenants):
-        quota = quotas.get(tenant)
+        quota = dispatcher.quota(tenant)
         weights[tenant] = quota.weight if quota is not None else DEFAULT_WEIGHT
     return Observed(loads, weights, tuple(backends))
 
