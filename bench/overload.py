@@ -12,7 +12,8 @@ each sending one-call jobs (`RunJob`) in a Poisson stream, a third of the load e
 3. The same ramp, 0.5 -> 2 x capacity over `--ramp-s`, run twice on the same arrivals: without
    the monitor, and with it (targets: the protected classes' own; `batch` has none).
 Reported per run: each protected class's TTFT p99 over the ramp, output tokens/s over the ramp
-(tokens delivered while it lasts), jobs refused with SLO_SHED; and a PNG of the TTFT p99 of the
+(tokens delivered while it lasts, less those of attempts that yielded their slot), jobs
+refused with SLO_SHED, sheddable calls that yielded; and a PNG of the TTFT p99 of the
 protected classes over rolling windows, with the offered load, for both runs.
 
     fairgate bench overload --json overload.json [--ramp-s 60] [--out DIR]
@@ -44,6 +45,7 @@ from gateway.settings import Settings
 from gateway.slo import SloTarget
 from tenants import MemoryQuotaStore, TenantQuota
 
+READY = pb.NODE_STATE_READY
 PROTECTED = ("gold", "silver")
 SHEDDABLE = "batch"
 STEP = StepTimeModel(overhead_s=0.010, per_token_s=0.0008)  # ~60 ms at a batch of 64
@@ -66,6 +68,7 @@ class Outcome:
     ttft_s: float | None = None  # None: refused or never streamed
     tokens: list[float] = field(default_factory=list)  # when each token came, from the start
     refused: str = ""  # the ErrorInfo reason of a refusal
+    yields: int = 0  # times its call gave its slot to a protected call and ran again
 
 
 def build_core() -> LLMEngine:
@@ -138,11 +141,15 @@ async def _one(
     sent = time.monotonic()
     try:
         async for event in stub.RunJob(pb.SubmitJobRequest(job=spec), metadata=metadata):
-            if event.WhichOneof("event") == "token_delta":
+            kind = event.WhichOneof("event")
+            if kind == "token_delta":
                 now = time.monotonic()
                 if outcome.ttft_s is None:
                     outcome.ttft_s = now - sent
                 outcome.tokens.extend([now - start] * event.token_delta.token_count)
+            elif kind == "node_state_changed" and event.node_state_changed.node.state == READY:
+                outcome.tokens.clear()  # it yielded its slot: what it streamed is thrown away
+                outcome.yields += 1
     except grpc.aio.AioRpcError as exc:
         outcome.refused = (
             "SLO_SHED" if "SLO_SHED" in str(exc.trailing_metadata()) else str(exc.code())
@@ -172,6 +179,7 @@ def summary(outcomes: Sequence[Outcome], seconds: float) -> dict[str, Any]:
         "tokens_per_s": tokens / seconds,
         "refused": sum(1 for o in outcomes if o.refused),
         "shed": sum(1 for o in outcomes if o.refused == "SLO_SHED"),
+        "yields": sum(o.yields for o in outcomes),
     }
 
 

@@ -16,9 +16,12 @@ call is marked dispatched and started; a follower task streams its tokens into t
 it ends, settles (or releases) the reservation exactly once through the outbox, tells the
 core what it really cost, and releases dependents. A call lost with its backend (`BackendLost`)
 is released and runs again once from its prompt, its node back to READY with its output
-cleared (the lost-call rule); lost twice, it fails. Reservations and admitted jobs are leases
-that `Leases` renews while they run. A call planned for refinement is predicted again from its
-prompt's hidden state once prefilled (its engine reservation and its job's key follow). A
+cleared (the lost-call rule); lost twice, it fails. A sheddable call the core chooses to yield
+its room to a waiting call of another job is aborted and goes the same way, as often as it
+yields (its aborted attempt is released: the tenant is not charged for work thrown away).
+Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
+for refinement is predicted again from its prompt's hidden state once prefilled (its engine
+reservation and its job's key follow). A
 one-call job that the engine would take at once reserves its call in the same script as its
 admission, and a job's last call finishes the job in the same script as its settle.
 
@@ -76,6 +79,7 @@ from tenants.policies import JobInfo
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
+YIELDED = "yielded its slot to a call of a protected job"
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 Entry = CoreCall[Ticket]
 
@@ -329,7 +333,8 @@ class Dispatcher(OwnsTasks):
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
         core = self._lane(ticket).core
-        core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held)
+        sheddable = ticket.run.spec.priority < 0
+        core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held, sheddable)
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:
         """Render and encode a node whose parents are done (off the event loop), then make it
@@ -372,6 +377,10 @@ class Dispatcher(OwnsTasks):
                     self.tasks.start_soon(self._reserve_and_launch, entry)
                 else:
                     self._start(entry)
+            if (victim := lane.core.to_yield(lane.capacities())) is not None:
+                self.backends[victim.backend].abort(victim.call.call_id)
+                if self.metrics is not None:
+                    self.metrics.yielded(victim.call.tenant_id)
 
     async def _reserve_and_launch(self, entry: Entry) -> None:
         ticket = entry.payload
@@ -513,23 +522,29 @@ class Dispatcher(OwnsTasks):
             finally:
                 with anyio.CancelScope(shield=True):
                     await stream.aclose()  # aborts the call if it has not finished
+                    ended = last is not None and last.finished
+                    again = YIELDED if entry.yielding and not ended else ""
+                    again = again or (BACKEND_LOST if lost else "")
                     with self._failing_node(run, call.node_id):
-                        if not (lost and self._retry_lost(entry)):
+                        if not (again and self._run_again(entry, again)):
                             if stream.usage is not None:  # the backend's count is the truth
                                 produced = stream.usage.completion_tokens
                             await self._close_call(entry, last, last_at, produced, failure)
                     if span is not None:
                         annotate_call(span, ticket, last, produced)
 
-    def _retry_lost(self, entry: Entry) -> bool:
-        """The lost-call rule: the attempt's reservation is released and the call runs again
-        from its prompt, once, under a fresh quota id (a late release of the first attempt
-        cannot touch the second's); False when it cannot (it fails, or was cancelled)."""
+    def _run_again(self, entry: Entry, why: str) -> bool:
+        """The lost-call rule (`why` BACKEND_LOST) or a yield (YIELDED): the attempt's
+        reservation is released and the call runs again from its prompt under a fresh quota id
+        (a late release of an attempt cannot touch the next's); False when it cannot (lost
+        twice, or cancelled): it ends as it is."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
         if run.nodes[call.node_id].state is not NodeState.RUNNING:
             return False
-        if self._lane(ticket).core.lost(call.call_id, self.clock()) is None:
+        core, now = self._lane(ticket).core, self.clock()
+        again = core.lost if why == BACKEND_LOST else core.yielded
+        if again(call.call_id, now) is None:
             return False
         self.streams.pop(call.call_id, None)
         self.leases.drop_call(ticket.quota_id)
@@ -537,7 +552,7 @@ class Dispatcher(OwnsTasks):
         ticket.held = False
         ticket.attempt += 1
         run.finishing.discard(call.node_id)
-        run.retry_node(call.node_id, self.clock(), f"{BACKEND_LOST}: running again")
+        run.retry_node(call.node_id, now, f"{why}: running again")
         self._wake.set()
         return True
 

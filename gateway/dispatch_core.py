@@ -15,6 +15,22 @@ counts it. Any other call is *taken*: held in the policy, its room promised, whi
 reserves its quota; then it is `launched`, sent back to wait (`retry_later`, its tenant held
 until a time) or `drop`ped unserved.
 
+A call of a sheddable job (negative priority) gives way to the calls of other jobs. Once a
+protected call has waited for room, sheddable calls are hidden from the policy until no
+protected call is left to show (or always, while `hold_sheddable`: the SLO monitor's first
+level); and the newest sheddable call running on a serving backend is chosen to yield its room
+(`to_yield`), one at a time and one for each waiting call (a backend may show the room an
+abort frees only a while later): the caller aborts it and hands it back (`yielded`), and it waits
+among the ready calls to run again from its prompt. The newest loses the least work; the
+waiting call's wait is what the SLO targets judge. With `share_slots`, a fair share of the
+backends is kept as well as a fair order: when the waiting call's tenant runs fewer calls than
+its weighted share of the serving slots (shared among the tenants with calls running or ready)
+and another tenant runs more than its share even after giving one up, that tenant's newest call
+yields, and is held back until the waiting call has been dispatched (or has gone), so the room
+goes to the call it was given up for. Without it a tenant whose calls took every slot while
+others had none keeps them for as long as its calls run: the order decides who waits, not who
+holds the engine.
+
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`). A call
 lost with its backend goes back to the ready calls once (`lost`), to run on another backend of
@@ -28,7 +44,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -52,6 +69,10 @@ class CoreCall(Generic[T]):
     priority: float = 0.0  # what its backend was last told
     attempts: int = 0  # dispatches so far
     lost_on: str = ""  # the backend its last attempt was lost with: the next runs elsewhere
+    sheddable: bool = False  # its job gives way to others (negative priority)
+    yields: int = 0  # attempts it gave up for a waiting call (not counted as lost)
+    yielding: bool = False  # chosen to yield: being aborted
+    yields_to: str = ""  # the call it yields its share to: it waits until that one is sent
 
     @property
     def kv_tokens(self) -> int:
@@ -76,7 +97,11 @@ class Reprioritize(Generic[T]):
 
 class DispatchCore(Generic[T]):
     def __init__(
-        self, policy: Policy, knee_calls: int | None = None, router: Router | None = None
+        self,
+        policy: Policy,
+        knee_calls: int | None = None,
+        router: Router | None = None,
+        share_slots: bool = False,
     ) -> None:
         self.policy = policy
         self.knee_calls = knee_calls  # per backend
@@ -85,7 +110,16 @@ class DispatchCore(Generic[T]):
         self.taking: dict[str, CoreCall[T]] = {}
         self.running: dict[str, CoreCall[T]] = {}
         self._jobs: dict[str, dict[str, CoreCall[T]]] = {}  # active job -> its running calls
-        self.blocked = False  # the last `next` left a ready call for want of room
+        self.waiting: CoreCall[T] | None = None  # the ready call the last `next` left for room
+        self._yielding: set[str] = set()
+        # waiting calls a running call has yielded to: one each, as a backend may show the
+        # room an abort frees only a while after the aborted call's stream has ended
+        self._yielded_to: set[str] = set()
+        self._starved = False  # a protected call waited for room: sheddable calls are hidden
+        self.hold_sheddable = False  # hide sheddable calls even with room (set under overload)
+        self.share_slots = share_slots  # over-share tenants yield to under-share ones
+        self._weights: dict[str, float] = {}  # tenant -> its weight, as its last job said
+        self._held_for: dict[str, str] = {}  # a call that yielded its share -> the call it was for
         # the share of each backend's batch slots that may be busy: below 1 under overload, so
         # the calls admitted run faster (the SLO monitor sets it)
         self.batch_fraction = 1.0
@@ -95,14 +129,21 @@ class DispatchCore(Generic[T]):
     def add_job(self, info: JobInfo, now: float) -> None:
         self.policy.add_job(info, now)  # validates: nothing is kept if it refuses
         self._jobs[info.job_id] = {}
+        self._weights[info.tenant_id] = info.weight
 
     def has_job(self, job_id: str) -> bool:
         return job_id in self._jobs
 
     def add_ready(
-        self, call: ReadyCall, reserve_output: int, payload: T, now: float, reserved: bool = False
+        self,
+        call: ReadyCall,
+        reserve_output: int,
+        payload: T,
+        now: float,
+        reserved: bool = False,
+        sheddable: bool = False,
     ) -> CoreCall[T]:
-        entry = CoreCall(call, reserve_output, payload, reserved)
+        entry = CoreCall(call, reserve_output, payload, reserved, sheddable=sheddable)
         self.policy.add_ready(call, now)
         self.ready[call.call_id] = entry
         return entry
@@ -134,9 +175,21 @@ class DispatchCore(Generic[T]):
         knee = None if self.knee_calls is None else self.knee_calls * max(serving, 1)
         return EngineLoad(busy, 0, knee)
 
+    @property
+    def blocked(self) -> bool:
+        """The last `next` left a ready call for want of room."""
+        return self.waiting is not None
+
     def next(self, now: float, capacities: Mapping[str, BackendCapacity]) -> Dispatch[T] | None:
-        self.blocked = False
-        call = self.policy.peek(now, self.load(capacities))
+        self.waiting = None
+        self._release_held_for()
+        load = self.load(capacities)
+        self.policy.set_shedding(self.hold_sheddable or self._starved)
+        call = self.policy.peek(now, load)
+        if call is None and self._starved and not self.hold_sheddable:
+            self._starved = False  # no protected call left to show: sheddable ones may run
+            self.policy.set_shedding(False)
+            call = self.policy.peek(now, load)
         if call is None:
             return None
         entry = self.ready[call.call_id]
@@ -145,7 +198,8 @@ class DispatchCore(Generic[T]):
             rooms.pop(entry.lost_on, None)
         backend = self.router.route(entry.call, entry.kv_tokens, rooms)
         if backend is None:
-            self.blocked = True
+            self.waiting = entry
+            self._starved = not entry.sheddable
             return None
         entry.backend = backend
         del self.ready[call.call_id]
@@ -172,6 +226,60 @@ class DispatchCore(Generic[T]):
                 if free >= 0:
                     return True
         return False
+
+    def to_yield(self, capacities: Mapping[str, BackendCapacity]) -> CoreCall[T] | None:
+        """The running call that gives its room to the call the last `next` left waiting: the
+        newest sheddable call on a serving backend, when the waiting call is not sheddable
+        itself; None while another is still yielding (its room is not seen free yet)."""
+        waiting = self.waiting
+        if waiting is None or self._yielding or waiting.call.call_id in self._yielded_to:
+            return None
+        victim = None
+        if not waiting.sheddable:
+            victim = self._newest(capacities, lambda entry: entry.sheddable)
+        if victim is None and self.share_slots:
+            over = self._over_share(waiting.call.tenant_id, capacities)
+            if over is not None:
+                victim = self._newest(capacities, lambda entry: entry.call.tenant_id == over)
+                if victim is not None:
+                    victim.yields_to = waiting.call.call_id
+        if victim is not None:
+            victim.yielding = True
+            self._yielding.add(victim.call.call_id)
+            self._yielded_to.add(waiting.call.call_id)
+        return victim
+
+    def _newest(
+        self, capacities: Mapping[str, BackendCapacity], which: Callable[[CoreCall[T]], bool]
+    ) -> CoreCall[T] | None:
+        """The newest running call that `which` picks, on a backend that serves."""
+        for entry in reversed(self.running.values()):
+            room = capacities.get(entry.backend)
+            if which(entry) and room is not None and room.healthy:
+                return entry
+        return None
+
+    def _over_share(self, tenant: str, capacities: Mapping[str, BackendCapacity]) -> str | None:
+        """The tenant that should give a slot to `tenant`: `tenant` runs fewer calls than its
+        weighted share of the serving slots, and the one furthest over its own share would
+        still hold at least that share after giving one up; None when there is none."""
+        serving = {name for name, room in capacities.items() if room.healthy}
+        slots = sum(
+            room.running + room.waiting + room.free_slots
+            for name, room in capacities.items()
+            if name in serving
+        )
+        running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
+        backlogged = {*running, *(entry.call.tenant_id for entry in self.ready.values())}
+        weights = {t: self._weights.get(t, 1.0) for t in backlogged}
+        total = sum(weights.values())
+        if not running or total <= 0:
+            return None
+        share = {t: slots * w / total for t, w in weights.items()}
+        if running[tenant] + 1 > share.get(tenant, 0.0):
+            return None
+        over = max(running, key=lambda t: running[t] - share[t])
+        return over if running[over] - 1 >= share[over] else None
 
     def _rooms(self, capacities: Mapping[str, BackendCapacity]) -> dict[str, BackendCapacity]:
         """Each backend's room less what the calls being taken there were promised, and its
@@ -241,6 +349,7 @@ class DispatchCore(Generic[T]):
     ) -> list[Reprioritize[T]]:
         """The call ended (done, failed or aborted): the policy learns what it cost."""
         entry = self.running.pop(call_id)
+        self._yielding.discard(call_id)
         job_id = entry.call.job_id
         self.policy.unhold_tenant(entry.call.tenant_id)  # a concurrency slot is free again
         calls = self._jobs.get(job_id)
@@ -254,13 +363,46 @@ class DispatchCore(Generic[T]):
         """The backend failed while it held the call: ready again for another attempt (its
         quota to be reserved again), or None when it has had its attempts or its job ended."""
         entry = self.running[call_id]
+        if entry.attempts - entry.yields >= MAX_ATTEMPTS:
+            return None
+        lost_on = entry.backend
+        if self._requeue(entry, now) is None:
+            return None
+        entry.lost_on = lost_on
+        return entry
+
+    def yielded(self, call_id: str, now: float) -> CoreCall[T] | None:
+        """A call chosen by `to_yield` was aborted: ready again, its quota to be reserved
+        again; None when its job ended meanwhile."""
+        entry = self._requeue(self.running[call_id], now)
+        if entry is not None:
+            entry.yields += 1
+            if entry.yields_to in self.ready:  # its room is for that call: it waits till then
+                self.policy.hold(call_id)
+                self._held_for[call_id] = entry.yields_to
+            entry.yields_to = ""
+        return entry
+
+    def _release_held_for(self) -> None:
+        """Calls that yielded their share wait only until the call they yielded to is gone
+        from the ready calls (sent, or ended unserved)."""
+        self._yielded_to.intersection_update(self.ready)
+        for call_id, other in list(self._held_for.items()):
+            if other not in self.ready:
+                del self._held_for[call_id]
+                if call_id in self.ready:
+                    self.policy.unhold(call_id)
+
+    def _requeue(self, entry: CoreCall[T], now: float) -> CoreCall[T] | None:
+        call_id = entry.call.call_id
         calls = self._jobs.get(entry.call.job_id)
-        if calls is None or entry.attempts >= MAX_ATTEMPTS:
+        if calls is None:
             return None
         del self.running[call_id], calls[call_id]
+        self._yielding.discard(call_id)
         self.policy.requeue(call_id, now)
         self.policy.unhold_tenant(entry.call.tenant_id)
-        entry.reserved, entry.lost_on, entry.backend = False, entry.backend, ""
+        entry.reserved, entry.backend, entry.yielding = False, "", False
         self.ready[call_id] = entry
         return entry
 

@@ -210,8 +210,9 @@ class JobRun:
         return released
 
     def retry_node(self, node_id: str, now: float, reason: str) -> None:
-        """A running node whose backend was lost runs again from its prompt: it is READY once
-        more and its partial output is cleared (watchers see the state change first)."""
+        """A running node whose call was lost or yielded its room runs again from its prompt:
+        it is READY once more and its partial output is cleared (watchers see the state change
+        first)."""
         node = self.nodes[node_id]
         assert node.state is NodeState.RUNNING
         node.output, node.output_tokens = "", 0

@@ -36,12 +36,13 @@ def make_lane(
     policy: Policy,
     planner: CallPlanner,
     knee_calls: int | None = None,
+    share_slots: bool = False,
 ) -> Lane:
     if not backends or len({b.name for b in backends}) != len(backends):
         raise ValueError(f"pool {model!r} needs at least one backend, each with its own name")
     return Lane(
         model,
         {b.name: b for b in backends},
-        DispatchCore(policy, knee_calls),
+        DispatchCore(policy, knee_calls, share_slots=share_slots),
         Tickets(tokenizer, planner, model),
     )

@@ -98,6 +98,14 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+        self.yields = Counter(
+            "fairgate_calls_yielded",
+            "Running calls aborted to give their slot to another job's waiting call (they run"
+            " again): sheddable calls, and with share_slots those of a tenant over its share",
+            ["tenant"],
+            registry=r,
+        )
+
     def tenant(self, tenant_id: str) -> str:
         """The label value for a tenant (bounded)."""
         if tenant_id in self._tenants:
@@ -144,6 +152,9 @@ class GatewayMetrics:
 
     def shed(self, tenant_id: str) -> None:
         self.shed_jobs.labels(self.tenant(tenant_id)).inc()
+
+    def yielded(self, tenant_id: str) -> None:
+        self.yields.labels(self.tenant(tenant_id)).inc()
 
     def refused(self, tenant_id: str, reason: str) -> None:
         self.refusals.labels(self.tenant(tenant_id), reason).inc()

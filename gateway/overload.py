@@ -2,10 +2,12 @@
 
 The dispatcher reports each call's first token (its wait from ready) and its end (its time per
 output token); the monitor (`gateway/slo.py`) answers with a level, which this applies at once:
-level 1 and up hold sheddable jobs in every pool's policy, level 2 and up let 3/4 of each
-backend's batch slots be busy while tokens are what comes slow, level 3 makes the service refuse
-new jobs while protected calls wait for room (`refusing`). A task
-ticks the monitor while nothing ends, so a level also falls when calls stop finishing. Each
+level 1 and up hold sheddable jobs in every pool (`hold_sheddable`; at any level their running
+calls give their room to waiting protected calls, `gateway/dispatch_core.py`), level 2 and up
+let 3/4 of each backend's batch slots be busy while tokens are what comes slow, level 3 makes
+the service refuse new jobs while protected calls wait for room (`refusing`). A task ticks the
+monitor every TICK_S with each waiting call's expected wait, so a level rises while a queue
+forms and falls when calls stop finishing. Each
 change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets the dispatch
 loop use the room a lower level gives back.
 """
@@ -19,7 +21,7 @@ import anyio
 
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
-from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor
+from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
 from gateway.tickets import Ticket
 
 log = logging.getLogger(__name__)
@@ -73,18 +75,38 @@ class OverloadControl:
             await self._changed.wait()
 
     async def run(self) -> None:
-        """Tick the monitor: calls still waiting past their target count as misses, and a
-        level falls when calls stop coming back."""
+        """Tick the monitor every TICK_S."""
         while True:
             await anyio.sleep(TICK_S)
-            now = self._clock()
-            for ticket in self._waiting():
-                ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
-                if ready_at is not None:
-                    call, sheddable = ticket.call, _sheddable(ticket)
-                    waited = now - ready_at
-                    self.monitor.overdue(call.call_id, call.tenant_id, sheddable, waited, now)
-            self._apply(self.monitor.update(now))
+            self.tick()
+
+    def tick(self) -> None:
+        """Calls expected to wait past their target count as misses, and a level falls when
+        calls stop coming back."""
+        now = self._clock()
+        for ticket, wait in self._expected_waits(now):
+            call = ticket.call
+            self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
+        self._apply(self.monitor.update(now))
+
+    def _expected_waits(self, now: float) -> Iterator[tuple[Ticket, float]]:
+        """Each call without a token yet, with the wait it can expect in all: a call sent to
+        its backend what it has waited; a protected call waiting for room that, plus a slot's
+        turn (at the rate calls end) for itself and each protected call that became ready
+        before it."""
+        queue = []
+        for ticket, for_room in self._waiting():
+            ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
+            if ready_at is None:
+                continue
+            if for_room and not _sheddable(ticket):
+                queue.append((ready_at, ticket))
+            else:
+                yield ticket, now - ready_at
+        queue.sort(key=lambda item: item[0])
+        ready_ats = [ready_at for ready_at, _ in queue]
+        waits = expected_waits(ready_ats, now, self.monitor.ends_per_s(now))
+        yield from zip((ticket for _, ticket in queue), waits, strict=True)
 
     def _protected_waiting(self) -> Iterator[Ticket]:
         for lane in self._lanes:
@@ -92,22 +114,23 @@ class OverloadControl:
                 if not _sheddable(entry.payload):
                     yield entry.payload
 
-    def _waiting(self) -> Iterator[Ticket]:
-        """The calls without a token yet: ready, being taken, or sent and not streaming."""
+    def _waiting(self) -> Iterator[tuple[Ticket, bool]]:
+        """The calls without a token yet (ready, being taken, or sent and not streaming), each
+        with whether it still waits for room (ready)."""
         for lane in self._lanes:
             core = lane.core
             for entries in (core.ready, core.taking, core.running):
                 for entry in entries.values():
                     node = entry.payload.run.nodes[entry.call.node_id]
                     if node.first_token_at is None:
-                        yield entry.payload
+                        yield entry.payload, entries is core.ready
 
     def _apply(self, level: int) -> None:
         if level == self._applied:
             return
         shrink = level >= 2 and self.monitor.tokens_slow(self._clock())
         for lane in self._lanes:
-            lane.core.policy.set_shedding(level >= 1)
+            lane.core.hold_sheddable = level >= 1
             lane.core.batch_fraction = SHRUNK_BATCH if shrink else 1.0
         self._applied = level
         log.warning("overload level %d: %s", level, LEVEL_NAMES[level])

@@ -200,6 +200,7 @@ async def running_gateway(
                 make_serving_policy(settings.policy),
                 planner,
                 settings.knee_calls,
+                settings.share_slots,
             )
             for pool in pools.pools
         ]

@@ -73,6 +73,10 @@ class Settings(BaseSettings):
     # calls in the engine past which justitia lets only its most urgent jobs add more (the batch
     # size where a step's cost per token stops falling; see docs/BENCHMARKS.md, fair scheduling)
     knee_calls: int | None = Field(default=None, ge=1)
+    # keep each tenant's weighted share of the backends' slots, not only a fair order: a call of
+    # a tenant under its share that waits for room takes the slot of the newest call of a tenant
+    # over its share, which runs again from its prompt (gateway/dispatch_core.py)
+    share_slots: bool = False
     simulated_engine: bool = False  # instant synthetic tokens (gateway benchmarks)
     # the simulated engine's steps take this long on the wall clock (0: instant), so calls last
     # as long as a real engine's would

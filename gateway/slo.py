@@ -4,8 +4,12 @@ Every call that starts streaming reports its time to first token, counted from w
 ready (the wait in the gateway's queue is what overload adds), and, when it ends, its time per
 output token. A call still waiting past its target is judged a miss at once (`overdue`), not
 only when its first token comes: under overload that may be many seconds late, and the monitor
-must see the queue grow while it grows. A call is judged against the target of its tenant (or
-the `*` target); calls of sheddable jobs (negative priority) are not judged: they give way.
+must see the queue grow while it grows. Better still, a call waiting for room is judged by the
+wait it can expect: what it has waited plus one slot's turn for each protected call ahead of it
+and itself, at the rate calls ended over the window (`ends_per_s`); so the level rises while
+the queue that will miss is still forming, not a target's length after. A call is judged
+against the target of its tenant (or the `*` target); calls of sheddable jobs (negative
+priority) are not judged: they give way.
 The monitor keeps the verdicts of the last `window_s` seconds and, once `min_calls` of them are
 in, compares the share that missed with `threshold`:
 
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_LEVEL = 3
@@ -69,6 +74,7 @@ class SloMonitor:
         self._missed = 0
         self._slow_tokens = 0  # misses of per-token targets
         self._overdue: set[str] = set()  # calls judged before their first token
+        self._ends: deque[float] = deque()  # when calls ended, over the window
         self.level = 0
         self._changed_at = now - max(config.hold_s, config.rise_s)
 
@@ -97,10 +103,16 @@ class SloMonitor:
     ) -> int:
         """A call ended streaming one token per `tpot_s`; returns the level."""
         self._overdue.discard(call_id)
+        self._ends.append(now)
         target = self._target(tenant, sheddable)
         if target is not None and target.tpot_s is not None and tpot_s is not None:
             self._judge(tpot_s > target.tpot_s, now, per_token=True)
         return self.update(now)
+
+    def ends_per_s(self, now: float) -> float:
+        """How many calls ended per second over the window: the rate room comes free."""
+        self._expire(now)
+        return len(self._ends) / self.config.window_s
 
     def violation_rate(self, now: float) -> float | None:
         """The share of the window's verdicts that missed; None with too few of them."""
@@ -142,7 +154,18 @@ class SloMonitor:
 
     def _expire(self, now: float) -> None:
         horizon = now - self.config.window_s
+        while self._ends and self._ends[0] < horizon:
+            self._ends.popleft()
         while self._verdicts and self._verdicts[0][0] < horizon:
             _, missed, per_token = self._verdicts.popleft()
             self._missed -= missed
             self._slow_tokens -= missed and per_token
+
+
+def expected_waits(ready_ats: Sequence[float], now: float, ends_per_s: float) -> list[float]:
+    """The wait each call queued for room can expect in all, the queue in the order it is
+    served (`ready_ats`, when each became ready): what it has waited plus one slot's turn for
+    itself and each call ahead, a turn being how long a call takes to end at `ends_per_s`
+    (none known: what it has waited)."""
+    turn = 1.0 / ends_per_s if ends_per_s > 0 else 0.0
+    return [now - ready_at + position * turn for position, ready_at in enumerate(ready_ats, 1)]

@@ -31,6 +31,7 @@ from bench.backends.through_gateway import run_through_gateway
 from bench.backends.workload import Workload, as_run, burst
 from bench.sim.reference import gps_finish
 from bench.workloads.build import job_work
+from gateway.backends.openai import KEEPALIVE_S
 from gateway.backends.server_load import parse_load
 from gateway.settings import Settings
 
@@ -139,7 +140,9 @@ async def _run_arm(
 async def measure_backend(
     server: ModelServer, workload: Workload, config: BenchConfig, log: Callable[[str], None]
 ) -> Measured:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S
+    )
     async with httpx.AsyncClient(
         base_url=server.url, timeout=HTTP_TIMEOUT, limits=limits, trust_env=False
     ) as http:

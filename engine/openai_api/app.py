@@ -17,7 +17,7 @@ from http import HTTPStatus
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -90,6 +90,7 @@ def build_app(
             InvalidRequest: _error_response,
             EngineClosed: _error_response,
             HTTPException: _error_response,
+            ClientDisconnect: _client_gone,
         },
     )
 
@@ -108,6 +109,12 @@ async def _body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"the request body is over {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _client_gone(_: Request, exc: Exception) -> Response:
+    """The client closed the connection before its request was read: nothing was started and
+    nobody reads the answer (not a server error)."""
+    return Response(status_code=HTTPStatus.BAD_REQUEST)
 
 
 def _error_response(_: Request, exc: Exception) -> Response:

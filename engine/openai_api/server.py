@@ -26,6 +26,7 @@ from engine.llm import LLMEngine
 from engine.openai_api.app import MAX_BODY_BYTES, MAX_PROMPT_CHARS, build_app
 
 BACKLOG = 2048
+KEEP_ALIVE_S = 30  # how long an idle client connection stays open
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -63,6 +64,9 @@ async def running_server(
         access_log=False,
         backlog=BACKLOG,
         timeout_graceful_shutdown=math.ceil(grace_s),
+        # idle connections outlive a client pool's (httpx keeps one 5 s): the client closes
+        # them first, else a request sent as the server closes its connection fails unread
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = _Server(config)
     async with anyio.create_task_group() as tg:

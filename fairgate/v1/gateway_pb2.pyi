@@ -186,9 +186,12 @@ class JobSpec(_message.Message):
     another job with that key is refused with ALREADY_EXISTS.
     """
     priority: _builtins.int
-    """Orders this tenant's own jobs: higher runs earlier. Does not change the share between
-    tenants. Default 0; in [-1000, 1000]. A negative priority also marks the job sheddable:
-    overload shedding (planned, not yet active) holds such jobs back before other work.
+    """Orders this tenant's own jobs: higher runs earlier. Default 0; in [-1000, 1000]. A
+    negative priority also marks the job sheddable: it runs in the room other jobs leave. When
+    another job's call waits for room, the sheddable job's newest running call gives its slot
+    and runs again from its prompt later (its node goes back to READY, its partial output
+    cleared; the aborted attempt is not charged), and under overload sheddable jobs are held
+    back before any other work is refused.
     """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeSpec]:

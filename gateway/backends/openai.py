@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 STALE_SCRAPES = 5  # a snapshot older than this many scrape intervals is stale: send nothing
 CONNECT_TIMEOUT_S = 5.0
+# an idle connection is closed before the server would close it (uvicorn, under vLLM among
+# others, does at 5 s): a request sent as the server closes its end fails unread
+KEEPALIVE_S = 2.0
 RETRYABLE_STATUSES = (408, 429)  # the server is busy, not refusing the call: lost, not failed
 
 
@@ -124,7 +127,11 @@ class OpenAIBackend(OwnsTasks):
         if settings.tls_ca_file is not None:
             verify = ssl.create_default_context(cafile=str(settings.tls_ca_file))
         # one connection per running call: the server's batch, not the pool, is the limit
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=settings.max_num_seqs)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=settings.max_num_seqs,
+            keepalive_expiry=KEEPALIVE_S,
+        )
         transport = httpx.AsyncHTTPTransport(
             verify=verify,
             limits=limits,

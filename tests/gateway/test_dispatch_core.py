@@ -12,9 +12,9 @@ from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
 
 
 def room(
-    free_blocks: int = 100,
     free_slots: int = 8,
     running: int = 0,
+    free_blocks: int = 100,
     waiting: int = 0,
     healthy: bool = True,
 ) -> BackendCapacity:
@@ -33,15 +33,16 @@ def add_job(
     tenant: str = "t",
     prompt: int = 16,
     predicted: float = 16.0,
+    priority: int = 0,
 ) -> list[ReadyCall]:
     costs = tuple(NodeCost(f"n{i}", (), prompt, predicted, 64) for i in range(nodes))
-    core.add_job(JobInfo(job_id, tenant, 1.0, now, costs), now)
+    core.add_job(JobInfo(job_id, tenant, 1.0, now, costs, priority=priority), now)
     calls = [
         ReadyCall(f"{job_id}/n{i}", job_id, tenant, f"n{i}", prompt, predicted, 64)
         for i in range(nodes)
     ]
     for call in calls:
-        core.add_ready(call, 16, call.call_id, now)
+        core.add_ready(call, 16, call.call_id, now, sheddable=priority < 0)
     return calls
 
 
@@ -246,3 +247,119 @@ def test_a_shrunk_batch_leaves_only_its_share_of_slots_busy() -> None:
     assert core.next(0.0, snapshot) is None and core.blocked
     core.batch_fraction = 1.0
     assert core.next(0.0, snapshot) is not None
+
+
+def run_all(core: DispatchCore[str], now: float, slots: int, running: int = 0) -> list[str]:
+    """Dispatch into one backend's `slots` free slots, each launch counted in its next
+    snapshot as the backend's would; the calls started, in order."""
+    started: list[str] = []
+    while (dispatch := core.next(now, {"x": room(slots - len(started), running)})) is not None:
+        call_id = dispatch.entry.call.call_id
+        assert core.launched(call_id, now) is not None
+        started.append(call_id)
+        running += 1
+    return started
+
+
+def test_a_waiting_protected_call_takes_the_room_of_the_newest_sheddable_call() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", nodes=3, tenant="batch", priority=-1)
+    assert run_all(core, 0.0, slots=3) == ["bg/n0", "bg/n1", "bg/n2"]
+    add_job(core, "fg", now=1.0, tenant="gold")
+    full = {"x": room(free_slots=0, running=3)}
+    assert core.next(1.0, full) is None and core.waiting is not None
+    victim = core.to_yield(full)
+    assert victim is not None and victim.call.call_id == "bg/n2"  # the newest loses least
+    assert core.to_yield(full) is None  # one at a time: its room is not seen free yet
+    assert core.yielded("bg/n2", 1.5) is victim and victim.yields == 1
+    # its backend does not show the room yet: the waiting call has had its one yield
+    assert core.next(1.5, full) is None and core.to_yield(full) is None
+    assert set(core.ready) == {"bg/n2", "fg/n0"}
+    # the freed slot goes to the protected call although fcfs puts the older job first
+    assert run_all(core, 2.0, slots=1, running=2) == ["fg/n0"]
+    core.finished("fg/n0", 16, 16, 3.0)
+    # no protected call left: the sheddable one runs again, and a yield is not a loss
+    assert run_all(core, 3.0, slots=1, running=2) == ["bg/n2"]
+    assert core.lost("bg/n2", 4.0) is victim
+
+
+def test_no_call_yields_to_a_sheddable_call_or_on_a_backend_that_does_not_serve() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", nodes=2, tenant="batch", priority=-1)
+    assert run_all(core, 0.0, slots=1) == ["bg/n0"]
+    assert core.next(0.0, {"x": room(free_slots=0, running=1)}) is None
+    assert core.to_yield({"x": room(free_slots=0, running=1)}) is None  # bg/n1 is sheddable
+    add_job(core, "fg", now=1.0, tenant="gold")
+    assert core.next(1.0, {"x": room(free_slots=0, running=1)}) is None
+    assert core.to_yield({"x": room(free_slots=0, running=1, healthy=False)}) is None
+
+
+def test_held_sheddable_calls_wait_even_with_room() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", tenant="batch", priority=-1)
+    core.hold_sheddable = True
+    assert core.next(0.0, {"x": room()}) is None and not core.blocked
+    core.hold_sheddable = False
+    assert run_all(core, 0.0, slots=8) == ["bg/n0"]
+
+
+def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> None:
+    core = make_core("fcfs")
+    core.share_slots = True
+    add_job(core, "heavy", nodes=5, tenant="h")
+    assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "heavy/n3"]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=4)}
+    # fcfs shows heavy/n4 first: a call of the tenant over its share waits, and takes nothing
+    assert core.next(1.0, full) is None and core.to_yield(full) is None
+    core.drop("heavy/n4", 1.0)
+    assert core.next(1.0, full) is None  # now the light call waits: 2 slots are its share
+    victim = core.to_yield(full)
+    assert victim is not None and victim.call.call_id == "heavy/n3"
+    core.yielded("heavy/n3", 1.5)
+    # the freed slot is the light call's, though fcfs would put the heavy job's call first
+    assert run_all(core, 2.0, slots=1, running=3) == ["light/n0"]
+    # sent: the call that yielded is shown again and runs in the next free slot
+    assert run_all(core, 3.0, slots=1, running=4) == ["heavy/n3"]
+
+
+def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() -> None:
+    core = make_core("fcfs")
+    add_job(core, "heavy", nodes=3, tenant="h")
+    add_job(core, "other", nodes=1, tenant="o")
+    assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "other/n0"]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=4)}
+    assert core.next(1.0, full) is None and core.to_yield(full) is None  # share_slots off
+    core.share_slots = True
+    # 4 slots among 3 tenants, 4/3 each: h runs 3 and would keep 2: it yields
+    assert core.next(1.0, full) is None
+    victim = core.to_yield(full)
+    assert victim is not None and victim.call.call_id == "heavy/n2"
+
+    even = make_core("fcfs")
+    even.share_slots = True
+    add_job(even, "heavy", nodes=2, tenant="h")
+    add_job(even, "other", nodes=2, tenant="o")
+    assert len(run_all(even, 0.0, slots=4)) == 4
+    add_job(even, "light", now=1.0, tenant="l")
+    # h and o run 2 each: either would keep 1, under its share of 4/3: nobody yields
+    assert even.next(1.0, full) is None and even.to_yield(full) is None
+
+
+def test_weights_size_the_shares() -> None:
+    core = make_core("fcfs")
+    core.share_slots = True
+    costs = (NodeCost("n0", (), 16, 16.0, 64),)
+    core.add_job(JobInfo("heavy", "h", 3.0, 0.0, costs), 0.0)
+    add_job(core, "heavy2", nodes=3, tenant="h")  # the tenant's latest job says weight 1
+    core.add_job(JobInfo("heavy3", "h", 3.0, 0.0, costs), 0.0)  # and now 3 again
+    assert run_all(core, 0.0, slots=3) == ["heavy2/n0", "heavy2/n1", "heavy2/n2"]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=3)}
+    # weights 3:1 over 3 slots: the light tenant's share is 3/4 of a slot, under one call
+    assert core.next(1.0, full) is None and core.to_yield(full) is None
+    core.add_job(JobInfo("heavy4", "h", 1.0, 2.0, costs), 2.0)  # weights 1:1: 1.5 slots each
+    assert core.next(2.0, full) is None
+    victim = core.to_yield(full)
+    assert victim is not None and victim.call.tenant_id == "h"

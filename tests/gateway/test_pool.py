@@ -15,7 +15,7 @@ import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
 from tests.gateway.engine_servers import backend_of, engine_servers, server_metric
-from tests.reliability.harness import Reliable, node, reliable_gateway
+from tests.reliability.harness import Reliable, node, reliable_gateway, reruns
 
 pytestmark = pytest.mark.anyio
 
@@ -89,15 +89,7 @@ async def test_a_server_killed_mid_job_has_its_calls_run_again_on_the_other(
         doomed = next(s for s in servers if s.name == backend)
         events = h.stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=h.auth("a"))
         doomed.kill()
-        retried: dict[str, str] = {}
-        final = None
-        async for event in events:
-            kind = event.WhichOneof("event")
-            change = event.node_state_changed
-            if kind == "node_state_changed" and change.node.state == pb.NODE_STATE_READY:
-                retried[change.node.id] = change.node.reason
-            elif kind == "job_finished":
-                final = event.job_finished.job
+        retried, final = await reruns(events)
         assert final is not None and final.state == pb.JOB_STATE_SUCCEEDED
         lost_node = lost.split("/")[1]
         assert retried.get(lost_node) == "backend lost: running again", retried

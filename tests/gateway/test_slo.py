@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.slo import SloConfig, SloMonitor, SloTarget
+from gateway.slo import SloConfig, SloMonitor, SloTarget, expected_waits
 
 TARGETS = (SloTarget("*", ttft_s=1.0, tpot_s=0.1), SloTarget("vip", ttft_s=0.2))
 
@@ -101,3 +101,21 @@ def test_tokens_are_slow_when_most_misses_are_per_token_ones() -> None:
     m.ended("b", "t", False, 0.5, now=0.1)
     assert m.tokens_slow(0.1)
     assert not m.tokens_slow(10.2)  # the per-token misses have left the window
+
+
+def test_calls_queued_for_room_expect_a_turn_each_at_the_rate_calls_end() -> None:
+    m = monitor(window_s=2.0)
+    for i in range(8):
+        m.ended(f"c{i}", "t", False, None, now=0.25 * i)  # 8 ends in 2 s: 4 a second
+    assert m.ends_per_s(2.0) == 4.0
+    assert m.ends_per_s(3.0) == 2.0  # the first four have left the window
+    # three calls queued, ready 0.3, 0.1 and 0 s ago: each waits a quarter second a turn
+    assert expected_waits([9.7, 9.9, 10.0], 10.0, 4.0) == pytest.approx([0.55, 0.6, 0.75])
+    assert expected_waits([9.5], 10.0, 0.0) == [0.5]  # no rate known: only what it waited
+
+
+def test_a_call_expected_to_wait_past_its_target_is_a_miss_before_it_has() -> None:
+    m = monitor(min_calls=1)
+    (wait,) = expected_waits([0.0], now=0.5, ends_per_s=1.0)  # waited 0.5 s, a 1 s turn ahead
+    m.overdue("queued", "t", False, waited_s=wait, now=0.5)
+    assert m.violation_rate(0.5) == 1.0 and m.update(0.5) == 1

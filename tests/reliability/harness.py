@@ -41,6 +41,21 @@ def roots(count: int, max_tokens: int = 8) -> pb.JobSpec:
     return pb.JobSpec(nodes=[node(f"n{i}", f"say {i}", max_tokens) for i in range(count)])
 
 
+async def reruns(events: AsyncIterator[pb.JobEvent]) -> tuple[dict[str, str], pb.Job | None]:
+    """From a job's watch stream to its end: each node sent back to READY to run again, with
+    its reason, and the final job (None if the stream ended without one)."""
+    again: dict[str, str] = {}
+    final = None
+    async for event in events:
+        kind = event.WhichOneof("event")
+        change = event.node_state_changed
+        if kind == "node_state_changed" and change.node.state == pb.NODE_STATE_READY:
+            again[change.node.id] = change.node.reason
+        elif kind == "job_finished":
+            final = event.job_finished.job
+    return again, final
+
+
 @dataclass
 class Reliable:
     gateway: RunningGateway

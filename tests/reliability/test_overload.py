@@ -10,13 +10,15 @@ import pytest
 from google.rpc import error_details_pb2
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.dispatch import YIELDED
 from tests.gateway.conftest import sim_core
 from tests.gateway.test_server import status_of
-from tests.reliability.harness import reliable_gateway, roots
+from tests.reliability.harness import reliable_gateway, reruns, roots
 
 pytestmark = pytest.mark.anyio
 MISSED_BY_ALL = [{"tenant": "*", "ttft_s": 1e-6}]  # every call misses it
-MORE_THAN_SLOTS = 160  # the engine runs 128 calls at once: the rest wait for room
+SLOTS = 128  # the engine runs this many calls at once
+MORE_THAN_SLOTS = 160  # the rest wait for room
 
 
 async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load() -> None:
@@ -29,7 +31,7 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
         with anyio.fail_after(10):
             await overload.until(lambda level: level == 3)  # one step per first token
         lanes = h.gateway.dispatcher.lanes.values()
-        assert all(lane.core.policy.shedding for lane in lanes)  # type: ignore[attr-defined]
+        assert all(lane.core.hold_sheddable for lane in lanes)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await h.submit("acme", roots(1))
         code, details = status_of(refused.value)
@@ -40,5 +42,30 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
         assert (await h.finished("acme", running.job_id)).state == pb.JOB_STATE_SUCCEEDED
         with anyio.fail_after(10):
             await overload.until(lambda level: level == 0)  # the window empties
-        assert not any(lane.core.policy.shedding for lane in lanes)  # type: ignore[attr-defined]
+        assert not any(lane.core.hold_sheddable for lane in lanes)
         await h.unharmed()  # new jobs are taken again
+
+
+async def test_a_sheddable_call_gives_its_slot_to_a_protected_call_and_runs_again() -> None:
+    async with reliable_gateway(core=sim_core(0.01)) as h:  # a call lasts 1.5 s or more
+        await h.tenant("batch", max_concurrent_calls=0)  # unbounded: it can fill the engine
+        await h.tenant("gold")
+        background = roots(MORE_THAN_SLOTS, 150)
+        background.priority = -1  # sheddable
+        job = await h.submit("batch", background)
+        request = pb.WatchJobRequest(job_id=job.job_id)
+        events = h.stub.WatchJob(request, metadata=h.auth("batch"))
+        running = 0
+        async for event in events:  # every slot is taken by the sheddable job
+            running += event.node_state_changed.node.state == pb.NODE_STATE_RUNNING
+            if running == SLOTS:
+                break
+        protected = await h.run("gold", roots(1))
+        assert protected.state == pb.JOB_STATE_SUCCEEDED
+        yielded, final = await reruns(events)
+        # the background job was still running when the protected one ended: one of its calls
+        # gave way, ran again from its prompt, and the job succeeded whole
+        assert list(yielded.values()) == [f"{YIELDED}: running again"], yielded
+        assert final is not None and final.state == pb.JOB_STATE_SUCCEEDED
+        assert all(n.output_tokens == 150 for n in final.nodes)
+        await h.unharmed()  # the yielded attempt released, its rerun settled
