@@ -5,9 +5,9 @@ output token); the monitor (`gateway/slo.py`) answers with a level, which this a
 level 1 and up hold sheddable jobs in every pool (`hold_sheddable`; at any level their running
 calls give their room to waiting protected calls, `gateway/dispatch_core.py`), level 2 and up
 let 3/4 of each backend's batch slots be busy while tokens are what comes slow, level 3 makes
-the service refuse new jobs while protected calls wait for room (`refusing`). A task ticks the
-monitor every TICK_S with each waiting call's expected wait, so a level rises while a queue
-forms and falls when calls stop finishing. Each
+the service refuse new jobs while no slot is left for one more protected call (`refusing`). A
+task ticks the monitor every TICK_S with each waiting call's expected wait, so a level rises
+while a queue forms and falls when calls stop finishing. Each
 change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets the dispatch
 loop use the room a lower level gives back.
 """
@@ -54,10 +54,13 @@ class OverloadControl:
 
     @property
     def refusing(self) -> bool:
-        """New jobs are refused: the protected classes miss their targets even so, and some of
-        their calls wait for room. Refusing only while they wait admits what the backends
-        drain, neither the flood that refilled the queue nor less than keeps them busy."""
-        return self.level >= REFUSE_LEVEL and any(self._protected_waiting())
+        """New jobs are refused: the protected classes miss their targets even so, and no
+        backend has a slot for one more protected call. A slot is free, or held by a
+        sheddable call (it yields), beyond those the protected calls already waiting will
+        take: admitting only then keeps their queue empty, since a call that waits for a
+        slot waits a call's length, while the backends stay busy (one is admitted as soon
+        as a slot comes free)."""
+        return self.level >= REFUSE_LEVEL and not any(map(_has_a_slot, self._lanes))
 
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
         tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
@@ -108,12 +111,6 @@ class OverloadControl:
         waits = expected_waits(ready_ats, now, self.monitor.ends_per_s(now))
         yield from zip((ticket for _, ticket in queue), waits, strict=True)
 
-    def _protected_waiting(self) -> Iterator[Ticket]:
-        for lane in self._lanes:
-            for entry in lane.core.ready.values():
-                if not _sheddable(entry.payload):
-                    yield entry.payload
-
     def _waiting(self) -> Iterator[tuple[Ticket, bool]]:
         """The calls without a token yet (ready, being taken, or sent and not streaming), each
         with whether it still waits for room (ready)."""
@@ -139,6 +136,14 @@ class OverloadControl:
         self._on_change()
         self._changed.set()
         self._changed = anyio.Event()
+
+
+def _has_a_slot(lane: Lane) -> bool:
+    core = lane.core
+    free = sum(room.free_slots for room in lane.capacities().values() if room.healthy)
+    free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
+    waiting = (*core.ready.values(), *core.taking.values())
+    return free > sum(not entry.sheddable for entry in waiting)
 
 
 def _sheddable(ticket: Ticket) -> bool:

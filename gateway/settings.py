@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     simulated_step_s: float = Field(default=0.0, ge=0.0, le=10.0)
     # calls
     # "prompt": the trained prompt model (predictor/artifacts/prompt_model.npz) predicts a call's
-    # output length until its DAG node has history; "history": per-node moving averages only
+    # output length, corrected online per tenant and node; "history": per-node moving averages
     length_predictor: Literal["prompt", "history"] = "prompt"
     # predict a call's output again once it is prefilled, from the prompt's hidden state
     # (predictor/artifacts/prompt_hidden_model.npz): the policy re-keys its job and the engine

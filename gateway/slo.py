@@ -18,8 +18,9 @@ in, compares the share that missed with `threshold`:
     level 2  also shrink the batch target (3/4 of the backends' slots) while most misses are
              per-token ones, so admitted calls stream faster (it would only lengthen the queue
              that slow first tokens come from)
-    level 3  also refuse new jobs (UNAVAILABLE, ErrorInfo SLO_SHED, RetryInfo) while protected
-             calls wait for room: admission held to what the backends drain
+    level 3  also refuse new jobs (UNAVAILABLE, ErrorInfo SLO_SHED, RetryInfo) while no
+             backend slot is left for one more protected call: admission held to what the
+             backends drain, with no queue for a slot
 
 Over the threshold it escalates one level, at most once per `rise_s` (quickly: a queue that
 grows past the targets grows fast); under half the threshold, or with too few verdicts to tell

@@ -1,7 +1,9 @@
 """fairgate's predictor: how long a call will run, how sure we are, and when a prompt is an attack.
 
-What the server runs: `HistoryPredictor` (per tenant and node, falling back to the trained
-`PromptModel`) gives a call's `LengthDistribution`; `ErrorTracker` watches how far predictions
+What the server runs: `HistoryPredictor` (per tenant and node; with the trained `PromptModel`,
+that model's answer corrected online per tenant and node by a `ResidualCorrection`, and falling
+back toward the prior on unfamiliar prompts by its `Familiarity`) gives a call's
+`LengthDistribution`; `ErrorTracker` watches how far predictions
 miss; `AnomalyGuard` scores a prompt for unbounded consumption; `LatencyModel` estimates TTFT and
 completion from the engine's state. The models' artifacts live in `predictor/artifacts/`; what
 makes them (labels, training, evaluation) is offline work in `bench/prediction/`. Imports nothing
@@ -10,6 +12,7 @@ from the gateway or tenants packages; the engine only for its step-time model an
 
 from predictor.anomaly import AnomalyGuard, Assessment, GuardConfig
 from predictor.base import CallFeatures, LengthPredictor
+from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.error_tracker import ErrorStats, ErrorTracker
 from predictor.errors import (
@@ -20,6 +23,7 @@ from predictor.errors import (
     PredictorError,
     QuantileOutOfRange,
 )
+from predictor.familiarity import Familiarity
 from predictor.history import HistoryPredictor, LengthProfile
 from predictor.latency import DecodingCall, EngineState, Estimate, LatencyModel, QueuedCall
 from predictor.prompt_model import DEFAULT_ARTIFACT, PromptModel
@@ -36,6 +40,7 @@ __all__ = [
     "ErrorStats",
     "ErrorTracker",
     "Estimate",
+    "Familiarity",
     "GuardConfig",
     "HistoryPredictor",
     "InvalidCall",
@@ -48,4 +53,5 @@ __all__ = [
     "PromptModel",
     "QuantileOutOfRange",
     "QueuedCall",
+    "ResidualCorrection",
 ]

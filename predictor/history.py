@@ -3,14 +3,16 @@
 Like VTC's length predictor, a call is expected to produce what its tenant's recent calls to
 the same DAG node produced: the mean is an exponential moving average and the quantiles come
 from a small sliding window of the latest lengths. A key with too few observations falls back
-to a `cold` predictor when one is given (the prompt model: a new node, or a call without a
-node name, is better told by its own text than by its tenant's average), else to the tenant's
-statistics, then to the global ones, then to a prior. Keys are kept in LRU
-order and the least recently used are dropped past `max_keys`, so memory stays bounded
-whatever names clients invent. Per tenant it also keeps exponentially weighted mean and
-variance of log prompt and output lengths (a `LengthProfile`) for the anomaly guard's
-z-scores. Invariant: every key's window holds at most `window` lengths, and a prediction is
-capped at the call's max_tokens.
+to the tenant's statistics, then to the global ones, then to a prior. With a `cold` predictor
+(the prompt model) every call is told by its own text instead, corrected by what its tenant's
+calls of that node (of no node: the tenant's bare calls) ran against the model's predictions
+(`predictor.correction`): a node's prompts that differ keep their ranking, a node of alike
+prompts converges to its own level, and a source unlike the model's training set is corrected
+within tens of calls. Keys are kept in LRU order and the least recently used are dropped past
+`max_keys`, so memory stays bounded whatever names clients invent. Per tenant it also keeps
+exponentially weighted mean and variance of log prompt and output lengths (a `LengthProfile`)
+for the anomaly guard's z-scores. Invariant: every key's window holds at most `window` lengths,
+and a prediction is capped at the call's max_tokens.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from predictor.base import CallFeatures, LengthPredictor
+from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
 
@@ -94,28 +97,34 @@ class HistoryPredictor:
         min_count: int = 4,
         max_keys: int = 100_000,
         cold: LengthPredictor | None = None,
+        correction: ResidualCorrection | None = None,
     ) -> None:
         if not 0 < alpha <= 1 or window < 1 or min_count < 1 or max_keys < 1:
             raise InvalidCall("need 0 < alpha <= 1 and window, min_count, max_keys >= 1")
         self.prior, self.cold = prior, cold
+        self.correction = correction or ResidualCorrection(max_keys=max_keys)
         self.alpha, self.window, self.min_count, self.max_keys = alpha, window, min_count, max_keys
         self._stats: OrderedDict[tuple[str, str], _KeyStats] = OrderedDict()
         self._profiles: OrderedDict[str, tuple[int, _Moments, _Moments]] = OrderedDict()
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
-        for key in self._keys(call):
+        if self.cold is not None:
+            key = _fallback_keys(call)[0]
+            return self.correction.apply(key, self.cold.predict(call), call.max_tokens)
+        for key in _fallback_keys(call):
             stats = self._stats.get(key)
             if stats is not None and stats.count >= self.min_count:
                 return stats.distribution().capped(call.max_tokens)
-        if self.cold is not None:
-            return self.cold.predict(call)
         return self.prior.capped(call.max_tokens)
 
     def observe(self, call: CallFeatures, true_len: int) -> None:
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
-        for key in self._keys(call):
-            self._touch(key).add(true_len, self.alpha)
+        if self.cold is not None:  # the residual against the model's own, uncorrected answer
+            self.correction.learn(_fallback_keys(call)[0], self.cold.predict(call), true_len)
+        else:
+            for key in _fallback_keys(call):
+                self._touch(key).add(true_len, self.alpha)
         self._observe_profile(call.tenant_id, call.prompt_tokens, true_len)
 
     def profile(self, tenant_id: str) -> LengthProfile | None:
@@ -126,14 +135,6 @@ class HistoryPredictor:
         return LengthProfile(
             count, out.mean, math.sqrt(out.var), prompt.mean, math.sqrt(prompt.var)
         )
-
-    def _keys(self, call: CallFeatures) -> tuple[tuple[str, str], ...]:
-        """The statistics a call is predicted from and feeds: with a cold model only its node's
-        (a call without a node name has none); otherwise node, tenant, then global."""
-        keys = _fallback_keys(call)
-        if self.cold is None:
-            return keys
-        return keys[:1] if call.node_name else ()
 
     def _touch(self, key: tuple[str, str]) -> _KeyStats:
         stats = self._stats.get(key)

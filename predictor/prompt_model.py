@@ -5,7 +5,9 @@ sum(w_hash[bucket])` (see `predictor.features`); each quantile q in `QUANTILES` 
 `expm1(a_q + b_q * mu)`, clipped to `[0, max_tokens]` and made non-decreasing in q. The
 `hidden` variant (trained with the prompts' hidden states, engine/hidden.py) adds
 `w_hidden . (h - mean)` once the call is prefilled (`refine`); before that it predicts as if
-`h` were the mean. Weights live in plain Python lists at inference, which for a few hundred
+`h` were the mean. With a `Familiarity` (`predictor.familiarity`, stored in the same artifact),
+an answer for a prompt unlike the training prompts falls back toward the training lengths' prior
+and widens. Weights live in plain Python lists at inference, which for a few hundred
 features is faster than numpy's per-call overhead. The artifact is one `.npz` (no pickles)
 whose metadata names the feature layout it was trained with. Invariant: a loaded model's
 feature layout equals the running code's, or loading fails.
@@ -19,19 +21,22 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
 from predictor.errors import ArtifactInvalid, ArtifactMissing, InvalidCall
-from predictor.features import DENSE_NAMES, FEATURE_VERSION, HASH_DIM, extract
+from predictor.familiarity import Familiarity
+from predictor.features import DENSE_NAMES, FEATURE_VERSION, HASH_DIM, PromptFeatures, extract
 
 QUANTILES = (0.5, 0.9, 0.99)
 FORMAT_VERSION = "1"
 DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_model.npz"
 HIDDEN_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_hidden_model.npz"
 _ARRAYS = ("dense_weights", "hash_weights", "bias", "heads", "hidden_weights", "hidden_mean")
+_FALLBACK_ARRAYS = ("fallback_dense", "fallback_seen", "fallback_params")  # optional
 
 
 class PromptModel:
@@ -44,6 +49,7 @@ class PromptModel:
         meta: dict[str, str],
         hidden_weights: np.ndarray | None = None,
         hidden_mean: np.ndarray | None = None,
+        fallback: Familiarity | None = None,
     ) -> None:
         if dense_weights.shape != (len(DENSE_NAMES),) or hash_weights.shape != (HASH_DIM,):
             raise ArtifactInvalid("weights do not match the feature layout")
@@ -58,13 +64,29 @@ class PromptModel:
         self.bias = float(bias)
         self.heads = heads.astype(np.float64)
         self.meta = dict(meta)
+        self.fallback = fallback
         self._dense = [float(w) for w in self.dense_weights]
         self._hash = [float(w) for w in self.hash_weights]
         self._heads = [(float(a), float(b)) for a, b in self.heads]
 
+    def with_fallback(self, fallback: Familiarity | None) -> PromptModel:
+        """The same weights answering with `fallback` (None: the model's answer alone)."""
+        return PromptModel(
+            self.dense_weights,
+            self.hash_weights,
+            self.bias,
+            self.heads,
+            self.meta,
+            self.hidden_weights,
+            self.hidden_mean,
+            fallback,
+        )
+
     def point(self, text: str, prompt_tokens: int) -> float:
         """The prompt's central log1p length, mu."""
-        f = extract(text, prompt_tokens)
+        return self._point(extract(text, prompt_tokens))
+
+    def _point(self, f: PromptFeatures) -> float:
         total = self.bias + sum(w * x for w, x in zip(self._dense, f.dense, strict=True))
         hashed = self._hash
         return total + f.hashed_value * sum(hashed[i] for i in f.hashed)
@@ -80,7 +102,15 @@ class PromptModel:
         return LengthDistribution.from_quantiles(*levels)
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
-        return self.distribution(self.point(call.prompt_text, call.prompt_tokens), call.max_tokens)
+        f = extract(call.prompt_text, call.prompt_tokens)
+        return self._answer(f, self._point(f), call.max_tokens)
+
+    def _answer(self, f: PromptFeatures, mu: float, max_tokens: int) -> LengthDistribution:
+        predicted = self.distribution(mu, max_tokens)
+        if self.fallback is None:
+            return predicted
+        weight = self.fallback.weight(self.fallback.distance(f))
+        return self.fallback.blend(predicted, weight, max_tokens)
 
     @property
     def hidden_size(self) -> int:
@@ -92,26 +122,29 @@ class PromptModel:
         if len(hidden) != self.hidden_size:
             raise InvalidCall(f"hidden vector of {len(hidden)}, model takes {self.hidden_size}")
         shift = float(np.dot(self.hidden_weights, np.asarray(hidden) - self.hidden_mean))
-        mu = self.point(call.prompt_text, call.prompt_tokens) + shift
-        return self.distribution(mu, call.max_tokens)
+        f = extract(call.prompt_text, call.prompt_tokens)
+        return self._answer(f, self._point(f) + shift, call.max_tokens)
 
     def observe(self, call: CallFeatures, true_len: int) -> None:
-        """A static model: online correction is the history predictor's job."""
+        """A static model: online correction is the history predictor's job
+        (`predictor.correction`)."""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = {**self.meta, "format": FORMAT_VERSION, "layout": _layout()}
+        arrays: dict[str, Any] = {  # Any: numpy's stubs type **kwargs as its bool flag
+            "dense_weights": self.dense_weights,
+            "hash_weights": self.hash_weights,
+            "bias": np.array(self.bias),
+            "heads": self.heads,
+            "hidden_weights": self.hidden_weights,
+            "hidden_mean": self.hidden_mean,
+            "meta": np.array(json.dumps(meta, sort_keys=True)),
+        }
+        if self.fallback is not None:
+            arrays.update(self.fallback.arrays())
         with path.open("wb") as f:
-            np.savez_compressed(
-                f,
-                dense_weights=self.dense_weights,
-                hash_weights=self.hash_weights,
-                bias=np.array(self.bias),
-                heads=self.heads,
-                hidden_weights=self.hidden_weights,
-                hidden_mean=self.hidden_mean,
-                meta=np.array(json.dumps(meta, sort_keys=True)),
-            )
+            np.savez_compressed(f, **arrays)
 
     @classmethod
     def load(cls, path: Path = DEFAULT_ARTIFACT) -> PromptModel:
@@ -123,12 +156,16 @@ class PromptModel:
             with np.load(path, allow_pickle=False) as data:
                 meta = json.loads(str(data["meta"]))
                 arrays = [data[k] for k in _ARRAYS]
+                stored = [data[k] for k in _FALLBACK_ARRAYS if k in data]
         except (OSError, KeyError, ValueError) as exc:
             raise ArtifactInvalid(f"{path}: {exc}") from exc
         if meta.get("format") != FORMAT_VERSION or meta.get("layout") != _layout():
             raise ArtifactInvalid(f"{path} was trained with another feature layout: retrain it")
+        if len(stored) not in (0, len(_FALLBACK_ARRAYS)):
+            raise ArtifactInvalid(f"{path} holds only part of its fallback")
+        fallback = Familiarity.from_arrays(*stored) if stored else None
         dense_w, hash_w, bias, heads, hidden_w, hidden_mean = arrays
-        return cls(dense_w, hash_w, float(bias), heads, meta, hidden_w, hidden_mean)
+        return cls(dense_w, hash_w, float(bias), heads, meta, hidden_w, hidden_mean, fallback)
 
 
 def _layout() -> str:

@@ -8,7 +8,10 @@
    and `prompt` (the trained artifact), and `prompt`+`hidden` where the prompts' hidden states
    were stored (`hidden_<source>.npz`). Cross-source: the same on a second labels file. With
    each labels set, `p90_coverage_floor`: the coverage the true p90s would reach on labels
-   censored at the cap (`bench.prediction.metrics.censored_coverage_floor`).
+   censored at the cap (`bench.prediction.metrics.censored_coverage_floor`). Across sources
+   (`by_source`): leave-one-source-out over every labelled source, with and without the online
+   correction (`bench.prediction.by_source`); with `--prompts`, the shipped artifacts on that
+   file (its hidden states computed too, for `prompt+hidden`) under the file's stem.
 2. Overhead of `prompt` per call (features + model, batch of 1, warm, pinned to one core), and
    of `hidden` as a fraction of prefill time (the real engine, 64 held-out prompts).
 3. Latency model: completion-time MAPE on a replayed Azure trace (`bench.prediction.latency`).
@@ -25,13 +28,14 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.paths import add_data_flag
+from bench.prediction.fallback import prior_of
 from bench.prediction.label_lengths import hidden_out
 from bench.prediction.labels import LabelRow, is_held_out, read_hidden, read_labels
 from bench.prediction.metrics import censored_coverage_floor, coverage, kendall_tau, mae
@@ -51,7 +55,7 @@ MAX_TOKENS = 512
 Predict = Callable[[CallFeatures], LengthDistribution]
 
 
-def calls_for(rows: Sequence[LabelRow], texts: dict[str, str]) -> list[CallFeatures]:
+def calls_for(rows: Sequence[LabelRow], texts: Mapping[str, str]) -> list[CallFeatures]:
     return [
         CallFeatures("bench", "node", r.prompt_tokens, r.max_tokens, texts[r.prompt_id])
         for r in rows
@@ -71,8 +75,7 @@ def score(dists: Sequence[LengthDistribution], rows: Sequence[LabelRow]) -> dict
 def baselines(train: Sequence[LabelRow]) -> dict[str, Predict]:
     medians = np.array([r.median for r in train])
     samples = np.concatenate([np.asarray(r.lengths, dtype=np.float64) for r in train])
-    flat = LengthDistribution.from_samples(list(samples))
-    constant = LengthDistribution.from_quantiles(float(medians.mean()), flat.p90, flat.p99)
+    constant = prior_of([r.lengths for r in train])
     tokens = np.array([r.prompt_tokens for r in train], dtype=np.float64)
     slope, intercept = np.polyfit(tokens, medians, 1)
     residuals = samples - np.repeat(intercept + slope * tokens, [len(r.lengths) for r in train])
@@ -90,13 +93,18 @@ def baselines(train: Sequence[LabelRow]) -> dict[str, Predict]:
 
 
 def history_stream(
-    train: Sequence[LabelRow], rows: Sequence[LabelRow], calls: Sequence[CallFeatures]
+    train: Sequence[LabelRow],
+    rows: Sequence[LabelRow],
+    calls: Sequence[CallFeatures],
+    shuffle: bool = True,
 ) -> list[LengthDistribution]:
-    """Predict each call, then let it observe one of its samples, in a seeded random order."""
+    """Predict each call, then let it observe one of its samples, in a seeded random order
+    (in the rows' order without `shuffle`)."""
     prior = LengthDistribution.from_samples([n for r in train for n in r.lengths])
     history = HistoryPredictor(prior)
     order = list(range(len(rows)))
-    random.Random(0).shuffle(order)
+    if shuffle:
+        random.Random(0).shuffle(order)
     dists: list[LengthDistribution | None] = [None] * len(rows)
     for i in order:
         dists[i] = history.predict(calls[i])
@@ -197,6 +205,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             report.setdefault("cross_source", {})[path.name] = accuracy(
                 path, model, args.data, extra, held_out=seen, hidden=cross_hidden
             )
+    if not args.skip_by_source:
+        report["by_source"] = by_source(args, model, hidden[0] if hidden else None)
     if model is not None:
         rows = [r for r in read_labels(args.labels) if is_held_out(r.prompt_id)]
         texts = resolve((r.prompt_id for r in rows), args.data)
@@ -209,6 +219,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["guard"] = run_guard(args, model)
     if not args.skip_latency:
         report["latency"] = run_latency(args)
+    return report
+
+
+def by_source(
+    args: argparse.Namespace, model: PromptModel | None, refiner: PromptModel | None
+) -> dict[str, Any]:
+    """Leave-one-source-out over the labelled sources (`bench.prediction.by_source`), and the
+    shipped artifacts on the `--prompts` file."""
+    from bench.prediction import by_source as loso
+
+    sources = [path for path in (args.labels, *args.cross_labels) if path.is_file()]
+    report = loso.run(sources, args.data)
+    if model is not None:
+        for path in args.labelled_prompts:
+            report[args.prompts.stem] = loso.file_report(
+                path, args.prompts, (model, refiner), args.labels, args.data
+            )
     return report
 
 
@@ -310,6 +337,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-tokens", type=int, default=1536)
     p.add_argument("--guard-ordinary", type=int, default=500)
     p.add_argument("--skip-guard", action="store_true")
+    p.add_argument("--skip-by-source", action="store_true", help="no leave-one-source-out")
     p.add_argument("--run-hostile", action="store_true", help="run hostile calls at their caps")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--latency-runner", choices=("real", "sim"), default="real")
@@ -332,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         from bench.prediction.label_lengths import default_out
         from bench.prediction.label_lengths import main as label
 
-        label(["--source", str(args.prompts), "--data", str(args.data)])
+        label(["--source", str(args.prompts), "--data", str(args.data), "--hidden"])
         args.labelled_prompts = [default_out(str(args.prompts), reference=False)]
     report = run(args)
     text = json.dumps(report, indent=2)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.paths import add_data_flag
 from bench.prediction.errors import NotEnoughData
-from bench.prediction.labels import is_held_out, read_hidden, read_labels
+from bench.prediction.labels import LabelRow, is_held_out, read_hidden, read_labels
 from bench.prediction.metrics import kendall_tau
 from bench.prediction.sources import jsonl_prompts, resolve
 from predictor.features import DENSE_NAMES, HASH_DIM, PromptFeatures, extract
@@ -83,17 +83,25 @@ def training_examples(
     texts = resolve((r.prompt_id for r in rows), data_dir, extra)
     generators = sorted({r.generator for r in rows})
     sources = "; ".join(f"{p.name}" for p in label_paths) + " by " + ", ".join(generators)
-    examples = [
+    return examples_for(rows, texts, vectors), sources
+
+
+def examples_for(
+    rows: Sequence[LabelRow],
+    texts: Mapping[str, str],
+    vectors: Mapping[str, tuple[float, ...]] | None = None,
+) -> list[Example]:
+    """Label rows joined to their texts and, where `vectors` holds one, their hidden states."""
+    return [
         Example(
             texts[r.prompt_id],
             r.prompt_tokens,
             r.lengths,
-            vectors.get(r.prompt_id, ()),
+            (vectors or {}).get(r.prompt_id, ()),
             r.max_tokens,
         )
         for r in rows
     ]
-    return examples, sources
 
 
 def train(

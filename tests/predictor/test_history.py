@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from predictor.base import CallFeatures
+from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
 from predictor.history import HistoryPredictor
@@ -111,15 +112,20 @@ class FixedCold:
         raise AssertionError("the history predictor does not forward observations")
 
 
-def test_cold_model_answers_until_the_node_has_history_and_always_without_a_node() -> None:
-    cold = FixedCold(LengthDistribution.from_quantiles(7, 9, 11))
-    h = HistoryPredictor(PRIOR, min_count=2, cold=cold)
-    for n in (400, 500):
+def test_a_cold_model_answers_every_call_corrected_by_its_own_keys_residuals() -> None:
+    cold = FixedCold(LengthDistribution.from_quantiles(100, 200, 300))
+    h = HistoryPredictor(PRIOR, cold=cold, correction=ResidualCorrection(prior_calls=0))
+    for n in (400, 400):
         h.observe(call(node="warm"), n)
-    assert h.predict(call(node="warm")).p50 == 450  # the node's own history
-    assert h.predict(call(node="new")) == cold.answer  # not the tenant's average of 450
-    assert h.predict(call(node="")) == cold.answer  # a bare call reads as its text says
-    assert cold.asked == 2
+    warm = h.predict(call(node="warm"))
+    assert warm.p50 == pytest.approx(400)  # the model's answer moved by its log residual
+    assert warm.p90 == pytest.approx(math.expm1(math.log1p(200) + math.log(401 / 101)))
+    assert h.predict(call(node="new")) == cold.answer  # not the tenant's other node
+    assert h.predict(call(tenant="u", node="warm")) == cold.answer  # nor another tenant's
+    h.observe(call(node=""), 10)
+    assert h.predict(call(node="")).p50 == pytest.approx(10)  # bare calls: the tenant's own
+    profile = h.profile("t")  # the guard's yardstick is kept all the same
+    assert profile is not None and profile.count == 3
 
 
 def test_each_model_keeps_its_own_history() -> None:

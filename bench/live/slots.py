@@ -1,0 +1,108 @@
+"""`python -m bench.live.slots`: who holds the engine when one tenant's calls fill every slot.
+
+A heavy tenant submits `--heavy-jobs` map-reduce jobs at t=0 (8 parallel calls of
+`--heavy-tokens` output tokens and a short reduce each: more calls than the engine's 64 sequence
+slots); two light tenants then each submit a one-call job of `--light-tokens` tokens every
+`--light-every-s` seconds (`--light-jobs` each). Every arm runs the same jobs through a fresh
+real gateway and engine (`bench.live.replay`, greedy, prefix caching off) with the default
+model or `--model`: `fcfs`, `justitia`, and `justitia` with `share_slots` (a tenant over its
+weighted share of the slots yields its newest call to a waiting call of a tenant under it).
+Reported per arm: the light tenants' average JCT, the heavy tenant's, the makespan, and each
+as a ratio to fcfs's.
+
+    python -m bench.live.slots --json bench/out/slots.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bench.live.replay import ADMIN_KEY, LiveRun, output_ceiling, replay
+from bench.workloads.format import Job, Node
+from gateway.settings import Settings
+
+HEAVY, LIGHT = "heavy", ("light-a", "light-b")
+ARMS = (("fcfs", False), ("justitia", False), ("justitia", True))
+MAPS, PROMPT_TOKENS, REDUCE_TOKENS = 8, 32, 16
+
+
+def workload(args: argparse.Namespace) -> list[Job]:
+    maps = tuple(
+        Node(f"map{i}", (), PROMPT_TOKENS, args.heavy_tokens, args.heavy_tokens)
+        for i in range(MAPS)
+    )
+    reduce = Node("reduce", tuple(n.node_id for n in maps), PROMPT_TOKENS, REDUCE_TOKENS, 16)
+    jobs = [
+        Job(f"{HEAVY}-{i}", HEAVY, 1.0, 0.0, "map_reduce", (*maps, reduce))
+        for i in range(args.heavy_jobs)
+    ]
+    one = Node("call", (), PROMPT_TOKENS, args.light_tokens, args.light_tokens)
+    for offset, tenant in enumerate(LIGHT):
+        first = args.light_start_s + offset * args.light_every_s / len(LIGHT)
+        jobs += [
+            Job(f"{tenant}-{k}", tenant, 1.0, first + k * args.light_every_s, "single", (one,))
+            for k in range(args.light_jobs)
+        ]
+    return jobs
+
+
+def summary(run: LiveRun, jobs: Sequence[Job]) -> dict[str, float]:
+    def avg(tenants: Sequence[str]) -> float:
+        return statistics.fmean(run.jobs[j.job_id].jct for j in jobs if j.tenant in tenants)
+
+    ends = [j.arrival + run.jobs[j.job_id].jct for j in jobs]
+    return {
+        "light_avg_jct_s": avg(LIGHT),
+        "heavy_avg_jct_s": avg((HEAVY,)),
+        "makespan_s": max(ends),
+    }
+
+
+async def study(args: argparse.Namespace) -> dict[str, Any]:
+    jobs = workload(args)
+    ceiling = output_ceiling(jobs, 1.0)
+    arms: dict[str, dict[str, float]] = {}
+    for policy, share in ARMS:
+        settings = Settings(
+            port=0,
+            policy=policy,
+            share_slots=share,
+            model=args.model,
+            admin_key=ADMIN_KEY,
+            default_temperature=0.0,
+        )
+        name = f"{policy}+share_slots" if share else policy
+        arms[name] = summary(await replay(settings, jobs, 1.0, ceiling), jobs)
+        print(name, {k: round(v, 2) for k, v in arms[name].items()}, flush=True)
+    base = arms["fcfs"]
+    ratios = {name: {k: v / base[k] for k, v in arm.items()} for name, arm in arms.items()}
+    return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.live.slots", description=__doc__)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--model", default="default")
+    p.add_argument("--heavy-jobs", type=int, default=10)
+    p.add_argument("--heavy-tokens", type=int, default=160)
+    p.add_argument("--light-jobs", type=int, default=10)
+    p.add_argument("--light-tokens", type=int, default=24)
+    p.add_argument("--light-every-s", type=float, default=0.7)
+    p.add_argument("--light-start-s", type=float, default=1.0)
+    args = p.parse_args(argv)
+    result = anyio.run(study, args)
+    print(json.dumps(result["to_fcfs"], indent=1))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
