@@ -55,3 +55,30 @@ def test_room_never_goes_below_zero() -> None:
         unseen.sent(f"c{i}", 160, 160)
     cap = unseen.capacity(load(running=5, used=90), max_num_seqs=8, healthy=True)
     assert (cap.free_blocks, cap.free_slots, cap.waiting) == (0, 0, 10)
+
+
+def test_a_counted_call_that_ends_gives_its_room_back_until_a_later_scrape_lands() -> None:
+    unseen = UnseenCalls()
+    unseen.sent("a", prompt_tokens=20, output_tokens=12)  # 2 blocks
+    unseen.shown("a")
+    before_end = unseen.scrape_started()
+    unseen.scraped(before_end)  # it counts "a" as running
+    scraped = load(running=3, used=10)
+    assert unseen.capacity(scraped, 8, True).free_slots == 5
+    in_flight = unseen.scrape_started()  # started before the end: still counts "a"
+    unseen.ended("a")
+    cap = unseen.capacity(scraped, 8, True)
+    assert (cap.free_slots, cap.running, cap.free_blocks) == (6, 2, 92)
+    unseen.scraped(in_flight)
+    assert unseen.capacity(scraped, 8, True).free_slots == 6  # that scrape still counted it
+    unseen.scraped(unseen.scrape_started())  # a scrape after the end no longer counts it
+    assert unseen.capacity(load(running=2, used=8), 8, True).free_slots == 6
+
+
+def test_a_call_that_ends_before_any_scrape_counted_it_is_only_unbooked() -> None:
+    unseen = UnseenCalls()
+    unseen.sent("a", 16, 16)
+    unseen.shown("a")
+    unseen.ended("a")
+    cap = unseen.capacity(load(running=3), 8, True)
+    assert (cap.free_slots, cap.running, cap.waiting) == (5, 3, 0)
