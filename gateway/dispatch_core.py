@@ -263,12 +263,8 @@ class DispatchCore(Generic[T]):
         """The tenant that should give a slot to `tenant`: `tenant` runs fewer calls than its
         weighted share of the serving slots, and the one furthest over its own share would
         still hold at least that share after giving one up; None when there is none."""
-        serving = {name for name, room in capacities.items() if room.healthy}
-        slots = sum(
-            room.running + room.waiting + room.free_slots
-            for name, room in capacities.items()
-            if name in serving
-        )
+        serving = {name: room for name, room in capacities.items() if room.healthy}
+        slots = sum(room.running + room.waiting + room.free_slots for room in serving.values())
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
         backlogged = {*running, *(entry.call.tenant_id for entry in self.ready.values())}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}
