@@ -4,6 +4,8 @@ calls stop missing."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import anyio
 import grpc
 import pytest
@@ -13,7 +15,7 @@ from fairgate.v1 import gateway_pb2 as pb
 from gateway.dispatch import YIELDED
 from tests.gateway.conftest import sim_core
 from tests.gateway.test_server import status_of
-from tests.reliability.harness import reliable_gateway, reruns, roots
+from tests.reliability.harness import Reliable, reliable_gateway, reruns, roots
 
 pytestmark = pytest.mark.anyio
 MISSED_BY_ALL = [{"tenant": "*", "ttft_s": 1e-6}]  # every call misses it
@@ -48,18 +50,7 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
 
 async def test_a_sheddable_call_gives_its_slot_to_a_protected_call_and_runs_again() -> None:
     async with reliable_gateway(core=sim_core(0.01)) as h:  # a call lasts 1.5 s or more
-        await h.tenant("batch", max_concurrent_calls=0)  # unbounded: it can fill the engine
-        await h.tenant("gold")
-        background = roots(MORE_THAN_SLOTS, 150)
-        background.priority = -1  # sheddable
-        job = await h.submit("batch", background)
-        request = pb.WatchJobRequest(job_id=job.job_id)
-        events = h.stub.WatchJob(request, metadata=h.auth("batch"))
-        running = 0
-        async for event in events:  # every slot is taken by the sheddable job
-            running += event.node_state_changed.node.state == pb.NODE_STATE_RUNNING
-            if running == SLOTS:
-                break
+        events = await fill_with_sheddable(h)
         protected = await h.run("gold", roots(1))
         assert protected.state == pb.JOB_STATE_SUCCEEDED
         yielded, final = await reruns(events)
@@ -69,3 +60,36 @@ async def test_a_sheddable_call_gives_its_slot_to_a_protected_call_and_runs_agai
         assert final is not None and final.state == pb.JOB_STATE_SUCCEEDED
         assert all(n.output_tokens == 150 for n in final.nodes)
         await h.unharmed()  # the yielded attempt released, its rerun settled
+
+
+async def test_a_sheddable_job_cancelled_as_its_call_yields_settles_once() -> None:
+    async with reliable_gateway(core=sim_core(0.01)) as h:
+        events = await fill_with_sheddable(h)
+        protected = await h.submit("gold", roots(1))
+        async for event in events:  # the moment its call gave way, the job is cancelled
+            if event.node_state_changed.node.state == pb.NODE_STATE_READY:
+                job_id = h.jobs["batch"][0]
+                cancel = pb.CancelJobRequest(job_id=job_id)
+                await h.stub.CancelJob(cancel, metadata=h.auth("batch"))
+                break
+        assert (await h.finished("batch", job_id)).state == pb.JOB_STATE_CANCELLED
+        assert (await h.finished("gold", protected.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        await h.unharmed()  # no reservation left, settled usage = the calls that finished
+
+
+async def fill_with_sheddable(h: Reliable) -> AsyncIterator[pb.JobEvent]:
+    """Tenants `batch` and `gold`; a sheddable job of `batch` whose calls take every slot.
+    Returns the job's watch stream, read up to there."""
+    await h.tenant("batch", max_concurrent_calls=0)  # unbounded: it can fill the engine
+    await h.tenant("gold")
+    background = roots(MORE_THAN_SLOTS, 150)
+    background.priority = -1  # sheddable
+    job = await h.submit("batch", background)
+    request = pb.WatchJobRequest(job_id=job.job_id)
+    events = h.stub.WatchJob(request, metadata=h.auth("batch"))
+    running = 0
+    async for event in events:
+        running += event.node_state_changed.node.state == pb.NODE_STATE_RUNNING
+        if running == SLOTS:
+            break
+    return events
