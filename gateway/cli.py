@@ -36,6 +36,7 @@ def _add_server_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES)
     parser.add_argument("--num-threads", type=int)
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on it")
+    parser.add_argument("--replica-id", help="this replica's name (redis store; default host-pid)")
 
 
 def _server_settings(args: argparse.Namespace) -> Settings:
@@ -68,7 +69,17 @@ async def _demo(args: argparse.Namespace) -> int:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
-    names = ("host", "port", "store", "policy", "model", "dtype", "num_threads", "metrics_port")
+    names = (
+        "host",
+        "port",
+        "store",
+        "policy",
+        "model",
+        "dtype",
+        "num_threads",
+        "metrics_port",
+        "replica_id",
+    )
     return {name: getattr(args, name) for name in names}
 
 

@@ -143,6 +143,7 @@ class Dispatcher(OwnsTasks):
         self._deadlines = Deadlines(clock, self._expire)
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
         self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
+        self.paused = False
         self.overload = None  # no SLO targets: no overload control
         if slo is not None:
             self.overload = OverloadControl(slo, lanes, clock, self._wake_loop, metrics)
@@ -201,14 +202,19 @@ class Dispatcher(OwnsTasks):
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
         info = job_info(run, quota, self.clock(), blanks, self.planner, models)
         ticket = self._ticket_to_hold(run, quota, blanks)
+        admitted = Admitted(info, blanks, ticket)
         try:
             await self._admit_in_store(run, ticket)
         except QuotaUnavailable:  # the script may still run once the store answers: undo it
-            if ticket is not None:
-                await self.outbox.send(Close("release", run.tenant_id, ticket.quota_id))
-            await self.outbox.send(Close("finish_job", run.tenant_id, run.job_id))
+            await self.undo_admit(run, admitted)
             raise
-        return Admitted(info, blanks, ticket)
+        return admitted
+
+    async def undo_admit(self, run: JobRun, admitted: Admitted) -> None:
+        """Undo an admission that will not be submitted (its call's reservation included)."""
+        if admitted.ticket is not None:
+            await self.outbox.send(Close("release", run.tenant_id, admitted.ticket.quota_id))
+        await self.outbox.send(Close("finish_job", run.tenant_id, run.job_id))
 
     async def _admit_in_store(self, run: JobRun, ticket: Ticket | None) -> None:
         ttl = self.config.reservation_ttl_s
@@ -243,14 +249,8 @@ class Dispatcher(OwnsTasks):
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
         now = self.clock()
-        self._add_job(run, admitted.info, now)  # validates: nothing is kept if it refuses
-        self._quotas[run.tenant_id] = quota
-        self.runs[run.job_id] = run
-        self.leases.hold_job(run.tenant_id, run.job_id)
-        if run.spec.deadline_unix_s is not None:
-            self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
-        if self._tracer is not None:
-            self._job_spans[run.job_id] = start_job_span(self._tracer, run, admitted.info)
+        self._add_job(run, admitted.info, now, set(run.nodes))  # nothing kept if it refuses
+        self._track(run, quota, admitted.info)
         ticket = admitted.ticket
         if ticket is not None and ticket.held:
             self.leases.hold_call(run.tenant_id, ticket.quota_id)
@@ -261,18 +261,52 @@ class Dispatcher(OwnsTasks):
                 self._plan_ready(run, node_id, admitted.blanks[node_id])
         self._wake.set()
 
-    def _add_job(self, run: JobRun, info: JobInfo, now: float) -> None:
-        """The job joins the policy of each pool it runs in, with its nodes there."""
+    async def resume(self, run: JobRun, quota: TenantQuota) -> None:
+        """Run on a job that another replica started (taken over from the journal): its ended
+        nodes stay as they are, a node that was running runs again from its prompt (the
+        lost-call rule: its partial output is cleared), the others go as usual. Raises the
+        store's refusals (its admission is idempotent by job id)."""
+        now = self.clock()
+        for node_id, node in run.nodes.items():
+            if node.state is NodeState.RUNNING:
+                run.retry_node(node_id, now, f"{BACKEND_LOST} with its replica: running again")
+        blanks = await anyio.to_thread.run_sync(
+            self._encode_blanks, run, limiter=self._limiter(run.tenant_id)
+        )
+        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
+        info = job_info(run, quota, now, blanks, self.planner, models)
+        await self._admit_in_store(run, None)
+        self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
+        self._track(run, quota, info)
+        for node_id, node in run.nodes.items():
+            if node.state is NodeState.READY:
+                self.tasks.start_soon(self._prepare, run, node_id)
+        self._wake.set()
+
+    def _add_job(self, run: JobRun, info: JobInfo, now: float, nodes: set[str]) -> None:
+        """The job joins the policy of each pool it runs in, with its `nodes` there."""
         added: list[Lane] = []
         try:
             for lane in self._lanes_of(run):
-                mine = {n for n in run.nodes if self.lane_of(run, n) is lane}
+                mine = {n for n in nodes if self.lane_of(run, n) is lane}
+                if not mine:
+                    continue
                 lane.core.add_job(part_of(info, mine), now)
                 added.append(lane)
         except Exception:
             for lane in added:
                 lane.core.remove_job(run.job_id, now)
             raise
+
+    def _track(self, run: JobRun, quota: TenantQuota, info: JobInfo) -> None:
+        """An added job is held: its admission's lease, its deadline, its span."""
+        self._quotas[run.tenant_id] = quota
+        self.runs[run.job_id] = run
+        self.leases.hold_job(run.tenant_id, run.job_id)
+        if run.spec.deadline_unix_s is not None:
+            self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
+        if self._tracer is not None:
+            self._job_spans[run.job_id] = start_job_span(self._tracer, run, info)
 
     def running_jobs(self) -> list[JobRun]:
         """Jobs that have not ended."""
@@ -369,7 +403,18 @@ class Dispatcher(OwnsTasks):
             except Exception:  # a policy bug must not end the gateway: the next wake retries
                 log.exception("dispatch pass failed")
 
+    def pause(self) -> None:
+        """Start no more calls (the replica is handing its jobs over)."""
+        self.paused = True
+
+    @property
+    def settling(self) -> bool:
+        """Whether some call has ended and is being settled (a cancel is too late for it)."""
+        return any(run.finishing for run in self.runs.values())
+
     def _dispatch_ready(self) -> None:
+        if self.paused:
+            return
         for lane in self.lanes.values():
             while (dispatch := lane.core.next(self.clock(), lane.capacities())) is not None:
                 entry = dispatch.entry
@@ -705,7 +750,7 @@ class Dispatcher(OwnsTasks):
             self.metrics.job_ended(run)
         if run.job_id in self._finished_in_store:
             self._finished_in_store.discard(run.job_id)
-        else:
+        elif not run.detached:  # a detached job lives on with another replica's admission
             self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
         self._wake.set()
 

@@ -87,6 +87,10 @@ class AuthThrottled(Exception):
         self.retry_after_s = retry_after_s
 
 
+class JournalUnavailable(Exception):
+    """The job journal (Redis) cannot be reached: no job is accepted or dispatched meanwhile."""
+
+
 class IdempotencyConflict(Exception):
     """An idempotency key reused with a different job."""
 
@@ -120,6 +124,9 @@ def to_status(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, QuotaUnavailable):
         message = "the quota store is unavailable: new work is refused until it returns"
         return _refusal(code_pb2.UNAVAILABLE, "STORE_UNAVAILABLE", message, STORE_RETRY_S)
+    if isinstance(exc, JournalUnavailable):
+        message = "the job journal is unavailable: new work is refused until it returns"
+        return _refusal(code_pb2.UNAVAILABLE, "JOURNAL_UNAVAILABLE", message, STORE_RETRY_S)
     if isinstance(exc, Overloaded):
         return _refusal(code_pb2.UNAVAILABLE, exc.reason, str(exc), exc.retry_after_s)
     if isinstance(exc, EngineClosed):

@@ -7,11 +7,16 @@ CANCELLED. A failed node fails every descendant with a reason naming it; indepen
 run on. The job ends when every node has ended: SUCCEEDED when none failed or was cancelled.
 
 Invariant: events get sequence numbers 1, 2, 3, ...; every state change appears in the log
-exactly once, and the last event of an ended job is JobFinished. The log is bounded: once a node
-has ended, its token deltas may be dropped (its output is in the node itself), which happens when
-the retained deltas pass `max_delta_bytes`, and once the job has ended and no watcher is still
-reading; surviving events keep their sequence numbers, and a watch from `s` gets every retained
-event with sequence >= `s`.
+exactly once, and the last event of an ended job is JobFinished. A journaled job (the redis
+store, docs/REPLICAS.md) hands each event to its journal as it happens, and watchers see an
+event only once the journal says it is durable (`mark_durable`): no client hears of a change
+that a replica's death could undo. A detached job (its ownership lost to another replica) is
+no longer watched here: its watchers stop and read on from the journal.
+
+The log is bounded: once a node has ended, its token deltas may be dropped (its output is in
+the node itself), which happens when the retained deltas pass `max_delta_bytes`, and once the
+job has ended and no watcher is still reading; surviving events keep their sequence numbers,
+and a watch from `s` gets every retained event with sequence >= `s`.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class NodeRun:
     output_tokens: int = 0
     reason: str = ""
     hit_length: bool = False  # generation stopped at max_tokens rather than at a stop
+    attempts: int = 0  # times it started running (each attempt reserves under its own id)
     ready_at: float | None = None
     started_at: float | None = None
     first_token_at: float | None = None
@@ -99,6 +105,8 @@ class NodeChanged:
     state: NodeState
     previous: NodeState
     reason: str = ""
+    prompt_tokens: int = 0  # of the attempt, when it starts RUNNING
+    hit_length: bool = False  # when it ends: stopped at max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +152,11 @@ class JobRun:
     _delta_bytes: int = 0  # memory held by retained token deltas
     _watchers: int = 0
     _end_state: JobState | None = None  # how a cancelled job ends once its last node has
+    # the journal each event goes to (None: not journaled, every event is durable at once)
+    journal: Callable[[JobRun, JobEvent], None] | None = None
+    _durable: int = 0  # the last sequence watchers may see
+    detached: bool = False  # another replica owns it now: nothing more is journaled from here
+    epoch: int = 1  # the fencing token this replica owns it under (a later owner's is higher)
 
     def __post_init__(self) -> None:
         self.nodes = {n.id: NodeRun(n) for n in self.spec.nodes}
@@ -170,8 +183,9 @@ class JobRun:
 
     def mark_running(self, node_id: str, prompt_tokens: int, now: float) -> None:
         node = self.nodes[node_id]
-        self._set(node_id, NodeState.RUNNING, now)
         node.prompt_tokens, node.started_at = prompt_tokens, now
+        node.attempts += 1
+        self._set(node_id, NodeState.RUNNING, now)
 
     def add_tokens(self, node_id: str, text: str, token_ids: tuple[int, ...], now: float) -> None:
         """Tokens of a running node; dropped once it has ended (a cancelled call's last ones)."""
@@ -240,6 +254,53 @@ class JobRun:
         self._maybe_end(now)
         return running
 
+    def replay(self, event: JobEvent) -> None:
+        """Apply one event read back from the journal, as `_emit` logged it (a replica taking
+        the job over, or answering for it): the state, outputs and log are as they were."""
+        if event.sequence != self._last_sequence + 1:
+            raise ValueError(f"{self.job_id}: event {event.sequence} after {self._last_sequence}")
+        body, now = event.body, event.time
+        if self.state is JobState.QUEUED:
+            self.state, self.started_at = JobState.RUNNING, now
+        if isinstance(body, NodeChanged):
+            node = self.nodes[body.node_id]
+            node.state = body.state
+            if body.state is NodeState.READY:
+                node.ready_at = now
+                node.output, node.output_tokens = "", 0
+                node.started_at = node.first_token_at = None
+            elif body.state is NodeState.RUNNING:
+                node.started_at, node.prompt_tokens = now, body.prompt_tokens
+                node.attempts += 1
+            else:
+                node.finished_at, node.reason, node.hit_length = now, body.reason, body.hit_length
+        elif isinstance(body, TokensAdded):
+            node = self.nodes[body.node_id]
+            if node.first_token_at is None:
+                node.first_token_at = now
+            node.output += body.text
+            node.output_tokens += len(body.token_ids)
+        else:
+            self.state, self.finished_at = body.state, now
+        self._last_sequence = self._durable = event.sequence
+        self.events.append(event)
+
+    @property
+    def last_sequence(self) -> int:
+        return self._last_sequence
+
+    def mark_durable(self, sequence: int) -> None:
+        """The journal holds every event up to `sequence`: watchers may see them."""
+        if sequence > self._durable:
+            self._durable = sequence
+            self.poke()
+
+    def detach(self) -> None:
+        """Another replica owns the job now: its local watchers stop (they read on from the
+        journal) and nothing more is journaled from here."""
+        self.detached, self.journal = True, None
+        self.poke()
+
     def poke(self) -> None:
         """Wake every watcher (one whose stream is being closed checks why)."""
         self._changed.set()
@@ -257,16 +318,18 @@ class JobRun:
     async def watch_batches(
         self, from_sequence: int = 0, stop: Callable[[], bool] = lambda: False
     ) -> AsyncIterator[list[JobEvent]]:
-        """Like `watch`, but all the events logged since the last batch at once."""
+        """Like `watch`, but all the durable events logged since the last batch at once. Stops
+        early when the job is detached (the caller reads on from the journal)."""
         seen = from_sequence
         self._watchers += 1
         try:
-            while not stop():
-                if seen < self._last_sequence:
+            while not stop() and not self.detached:
+                if seen < self._durable:
                     start = bisect.bisect_right(self.events, seen, key=lambda e: e.sequence)
-                    batch, seen = self.events[start:], self._last_sequence
+                    end = bisect.bisect_right(self.events, self._durable, key=lambda e: e.sequence)
+                    batch, seen = self.events[start:end], self._durable
                     yield batch
-                elif self.ended:
+                elif self.ended and seen >= self._last_sequence:
                     return
                 else:
                     await self._changed.wait()
@@ -302,7 +365,9 @@ class JobRun:
     def _set(self, node_id: str, state: NodeState, now: float, reason: str = "") -> None:
         node = self.nodes[node_id]
         previous, node.state = node.state, state
-        self._emit(NodeChanged(node_id, state, previous, reason), now)
+        prompt_tokens = node.prompt_tokens if state is NodeState.RUNNING else 0
+        hit_length = node.hit_length and state in ENDED
+        self._emit(NodeChanged(node_id, state, previous, reason, prompt_tokens, hit_length), now)
 
     def _maybe_end(self, now: float) -> None:
         if self.ended or any(n.state not in ENDED for n in self.nodes.values()):
@@ -323,7 +388,12 @@ class JobRun:
 
     def _emit(self, body: NodeChanged | TokensAdded | JobEnded, now: float) -> None:
         self._last_sequence += 1
-        self.events.append(JobEvent(self._last_sequence, now, body))
+        event = JobEvent(self._last_sequence, now, body)
+        self.events.append(event)
+        if self.journal is not None:
+            self.journal(self, event)
+        elif not self.detached:
+            self._durable = self._last_sequence
         if isinstance(body, TokensAdded):
             self._delta_bytes += _delta_size(body)
         elif isinstance(body, NodeChanged) and body.state in ENDED and self._over_budget():

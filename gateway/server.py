@@ -4,7 +4,11 @@
 `serve(settings)` runs one until cancelled (Ctrl-C, SIGTERM). Shutdown is graceful: health
 turns NOT_SERVING, running RPCs get `settings.grace_s` to end, then calls still running are
 cancelled, their engine blocks freed and their quota released, in that order. Health is
-NOT_SERVING too while the engine cannot serve (its steps keep failing). `serve` refuses to
+NOT_SERVING too while the engine cannot serve (its steps keep failing). With a redis store the
+gateway is one replica of a deployment (docs/REPLICAS.md): jobs are journaled, and shutdown
+hands them over instead of cancelling them: events written, leases handed back (another replica,
+or this one started again, takes them over), then the calls running here are aborted and their
+quota released. `serve` refuses to
 start on a non-loopback host with the default admin key, and serves TLS (or mTLS) when the
 settings name a certificate.
 """
@@ -37,6 +41,8 @@ from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.genai_metrics import GenAiMetrics
+from gateway.journal import RedisJournal
+from gateway.journaling import Journaling
 from gateway.lanes import make_lane
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
@@ -75,6 +81,7 @@ class RunningGateway:
     service: GatewayService
     health: health.aio.HealthServicer
     metrics_port: int | None  # where /metrics is served, when it is
+    journaling: Journaling | None  # with a redis store: this replica's side of the journal
 
 
 class UnsafeSettings(ValueError):
@@ -230,6 +237,22 @@ async def running_gateway(
         server, service, health_servicer = _build_server(
             settings, store, jobs, dispatcher, tracer_provider
         )
+        journaling = None
+        if settings.store != "memory":
+            journal = RedisJournal(
+                settings.store,
+                settings.replica(),
+                lease_ttl_s=settings.lease_ttl_s,
+                retention_s=settings.job_retention_s,
+            )
+            stack.push_async_callback(journal.aclose)
+            journaling = Journaling(
+                journal,
+                service.take_over,
+                on_lost=lambda run: dispatcher.cancel(run, "taken over by another replica"),
+                on_cancel=lambda run: dispatcher.cancel(run, "cancelled by the client"),
+            )
+            service.journaling = await stack.enter_async_context(journaling)
         address = f"{settings.host}:{settings.port}"
         credentials = server_credentials(settings)
         if credentials is None:
@@ -252,14 +275,26 @@ async def running_gateway(
                 service,
                 health_servicer,
                 metrics_port,
+                journaling,
             )
         finally:
             tg.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 await health_servicer.enter_graceful_shutdown()
+                if journaling is not None:  # the jobs go on elsewhere: hand them over first
+                    service.handing_over = True
+                    dispatcher.pause()
+                    await journaling.hand_over(
+                        lambda: not dispatcher.settling,
+                        lambda: _abort_all(dispatcher, "handed over to another replica"),
+                    )
                 await server.stop(settings.grace_s)
-                for run in list(dispatcher.running_jobs()):
-                    dispatcher.cancel(run, "server shutting down")
+                _abort_all(dispatcher, "server shutting down")
+
+
+def _abort_all(dispatcher: Dispatcher, reason: str) -> None:
+    for run in list(dispatcher.running_jobs()):
+        dispatcher.cancel(run, reason)
 
 
 async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:

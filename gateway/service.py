@@ -9,6 +9,13 @@ no tenant's admission waits for another's. The gateway holds at most `max_active
 Generate cancel a job they created when the last client running it goes away; WatchJob only
 stops watching. A stream whose key is revoked (or whose tenant is deleted) ends with
 UNAUTHENTICATED, and an admission under way when that happens is undone.
+
+With a journal (the redis store, docs/REPLICAS.md) a job is journaled before its submitter
+hears of it, idempotency keys hold across replicas, and any replica answers GetJob, WatchJob and
+CancelJob for any job of the caller's tenant: a job another replica runs is read (and watched)
+from the journal, and its cancel goes to its owner through it. A replica that is handing its
+jobs over (shutting down) never cancels a job because its stream ends: the client resumes with
+WatchJob elsewhere.
 """
 
 from __future__ import annotations
@@ -31,7 +38,14 @@ from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.auth import current_key, current_tenant
 from gateway.dispatch import Dispatcher
-from gateway.errors import IdempotencyConflict, Overloaded, Unauthenticated, grpc_edge
+from gateway.errors import (
+    IdempotencyConflict,
+    JournalUnavailable,
+    NotFound,
+    Overloaded,
+    Unauthenticated,
+    grpc_edge,
+)
 from gateway.gateway_protos import (
     chat_from_proto,
     event_to_proto,
@@ -41,15 +55,18 @@ from gateway.gateway_protos import (
     sampling_from_proto,
     usage,
 )
-from gateway.job_run import JobEnded, JobRun, TokensAdded
+from gateway.job_run import JobEnded, JobEvent, JobRun, TokensAdded
 from gateway.jobs import ChatMessage, JobLimits, JobSpec, NodeSpec, validate_job
+from gateway.journal import KeyTaken, Owned
+from gateway.journaling import Journaling
 from gateway.registry import JobRegistry
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
-from tenants import QuotaStore, TenantQuota
+from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota
 
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
+READ_BLOCK_S = 0.5  # a watch of a job another replica runs checks its stream this often
 
 
 def limits_for(
@@ -73,8 +90,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         clock: Callable[[], float] = time.time,
         quota_ttl_s: float = 1.0,
         max_active_jobs: int = MAX_ACTIVE_JOBS,
+        journaling: Journaling | None = None,
     ) -> None:
         self.jobs = jobs
+        self.journaling = journaling
+        self.handing_over = False  # shutting down: jobs go on elsewhere, streams end
         self.dispatcher = dispatcher
         self.store = store
         self.streams = streams
@@ -97,8 +117,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return await self._admit(tenant_id, spec, fingerprint, streamed)
         async with self._key_locks.hold((tenant_id, spec.idempotency_key)):
             existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
+            if existing is None and self.journaling is not None:
+                job_id = await self.journaling.journal.job_by_key(tenant_id, spec.idempotency_key)
+                existing = await self._find(tenant_id, job_id) if job_id is not None else None
             if existing is None:
-                return await self._admit(tenant_id, spec, fingerprint, streamed)
+                try:
+                    return await self._admit(tenant_id, spec, fingerprint, streamed)
+                except KeyTaken as taken:  # another replica's submission with the key won
+                    existing = await self._find(tenant_id, taken.job_id)
             if existing.fingerprint != fingerprint:
                 raise IdempotencyConflict(
                     f"idempotency key {spec.idempotency_key!r} was used for another job "
@@ -132,6 +158,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         admitted = await self.dispatcher.admit(run, quota)
+        if self.journaling is not None:  # journaled before anyone hears of it
+            try:
+                owned = await self.journaling.journal.create(run)
+            except (KeyTaken, JournalUnavailable):
+                await self.dispatcher.undo_admit(run, admitted)
+                raise
+            self.journaling.attach(owned, run)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
         if epochs != (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"]):
@@ -140,6 +173,63 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 self.jobs.forget_tenant(tenant_id)  # a tenant made again under the id starts clean
             raise Unauthenticated("the API key was revoked")
         return run
+
+    async def take_over(self, owned: Owned, run: JobRun, cancel_asked: bool) -> None:
+        """Run on a job whose replica died or handed it back (claimed from the journal)."""
+        assert self.journaling is not None
+        self.journaling.attach(owned, run)
+        self.jobs.add(run)
+        try:
+            quota = await self._quota(run.tenant_id)
+            await self.dispatcher.resume(run, quota)
+        except (TenantNotFound, QuotaExceeded) as exc:  # it cannot run here, nor anywhere
+            run.cancel(self.clock(), f"could not resume: {exc}")
+            return
+        if cancel_asked:
+            self.dispatcher.cancel(run, "cancelled by the client")
+
+    async def _find(self, tenant_id: str, job_id: str) -> JobRun:
+        """The caller's job: the one this replica runs, else as the journal has it."""
+        try:
+            run = self.jobs.get(tenant_id, job_id)
+        except NotFound:
+            if self.journaling is None:
+                raise
+            run = None
+        if run is not None and (not run.detached or self.journaling is None):
+            return run
+        assert self.journaling is not None
+        loaded = await self.journaling.journal.load(tenant_id, job_id)
+        if loaded is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return loaded
+
+    async def _follow(
+        self, run: JobRun, after: int, stop: Callable[[], bool]
+    ) -> AsyncIterator[tuple[JobRun, list[JobEvent]]]:
+        """The job's events after sequence `after`, each batch with the job as it is then:
+        from this replica while it runs the job, then from the journal (another replica runs
+        it, or it was read from there), until it has ended or `stop()`."""
+        seen = after
+        async for batch in run.watch_batches(after, stop):
+            if batch:
+                seen = batch[-1].sequence
+                yield run, batch
+        if not run.detached or self.journaling is None or stop():
+            return
+        journal = self.journaling.journal
+        view = await journal.load(run.tenant_id, run.job_id)
+        if view is None:
+            return
+        while True:
+            fresh = [e for e in view.events if e.sequence > seen]
+            if fresh:
+                seen = fresh[-1].sequence
+                yield view, fresh
+            if view.ended or stop():
+                return
+            for event in await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S):
+                view.replay(event)
 
     async def _quota(self, tenant_id: str) -> TenantQuota:
         quota = self._quotas.get(tenant_id)
@@ -155,25 +245,34 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     @grpc_edge
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.Job:
-        return job_to_proto(self.jobs.get(current_tenant(), request.job_id))
+        return job_to_proto(await self._find(current_tenant(), request.job_id))
 
     @grpc_edge
     async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
-        run = self.jobs.get(current_tenant(), request.job_id)
+        run = await self._find(current_tenant(), request.job_id)
         if not run.ended:
-            self.dispatcher.cancel(run, "cancelled by the client")
+            await self._cancel(run, "cancelled by the client")
         return job_to_proto(run)
+
+    async def _cancel(self, run: JobRun, reason: str) -> None:
+        """Cancel here when this replica runs the job, else ask its owner through the journal."""
+        if not run.detached:
+            self.dispatcher.cancel(run, reason)
+        elif self.journaling is not None:
+            await self.journaling.journal.ask_cancel(run.tenant_id, run.job_id)
 
     @grpc_edge
     async def WatchJob(
         self, request: pb.WatchJobRequest, context: Context
     ) -> AsyncIterator[pb.JobEvent]:
         async with self._stream() as stream:
-            run = self.jobs.get(current_tenant(), request.job_id)
+            run = await self._find(current_tenant(), request.job_id)
             stream.watch(run)
-            # from_sequence names the first event wanted; watch() takes the last one seen
-            async for event in run.watch(max(request.from_sequence - 1, 0), stream.is_closed):
-                yield event_to_proto(run, event)
+            # from_sequence names the first event wanted; _follow takes the last one seen
+            after = max(request.from_sequence - 1, 0)
+            async for view, batch in self._follow(run, after, stream.is_closed):
+                for event in batch:
+                    yield event_to_proto(view, event)
 
     @grpc_edge
     async def RunJob(
@@ -185,8 +284,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             run = await self.submit(current_tenant(), spec, fingerprint, streamed=True)
             stream.watch(run)
             async with self._running_by_client(run):
-                async for event in run.watch(0, stream.is_closed):
-                    yield event_to_proto(run, event)
+                async for view, batch in self._follow(run, 0, stream.is_closed):
+                    for event in batch:
+                        yield event_to_proto(view, event)
 
     @grpc_edge
     async def Generate(
@@ -197,8 +297,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             stream.watch(run)
             async with self._running_by_client(run):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so
-                async for batch in run.watch_batches(0, stream.is_closed):
-                    response = _generate_response(run, batch)
+                async for view, batch in self._follow(run, 0, stream.is_closed):
+                    response = _generate_response(view, batch)
                     if response.token_ids or response.text or response.HasField("usage"):
                         yield response
 
@@ -223,8 +323,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self._running[run.job_id] -= 1
             if not self._running[run.job_id]:
                 del self._running[run.job_id]
-                if run.streamed and not run.ended:
-                    self.dispatcher.cancel(run, "client disconnected")
+                if run.streamed and not run.ended and not self.handing_over:
+                    with anyio.CancelScope(shield=True):
+                        await self._cancel(run, "client disconnected")
 
 
 def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:

@@ -7,6 +7,7 @@ Precedence: explicit values (CLI flags) > environment > TOML file (`--config` or
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -111,9 +112,18 @@ class Settings(BaseSettings):
     reservation_ttl_s: float = Field(default=60.0, gt=0.0)
     max_message_bytes: int = 16 * 1024 * 1024
     grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
+    # replicas (a redis store only, docs/REPLICAS.md): this gateway's name in job ownership
+    # (empty: host and pid), how long an owned job's lease lasts unrenewed (a dead replica's
+    # jobs are taken over after it), and how long an ended job stays readable in the journal
+    replica_id: str = Field(default="", max_length=128)
+    lease_ttl_s: float = Field(default=10.0, ge=0.5)
+    job_retention_s: float = Field(default=86_400.0, ge=60.0)
     # where calls run: `[[backends]]` tables in the TOML (gateway/backends/settings.py); none:
     # the local engine the engine settings above describe
     backends: list[BackendSettings] = []
+
+    def replica(self) -> str:
+        return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
 
     def slo(self) -> SloConfig | None:
         """The overload control's settings; None without targets."""

@@ -48,8 +48,12 @@ class Ticket:
 
     @property
     def quota_id(self) -> str:
-        """Its reservation's id in the quota store: each attempt reserves and settles its own."""
-        return self.call.call_id if self.attempt == 1 else f"{self.call.call_id}#{self.attempt}"
+        """Its reservation's id in the quota store: each attempt reserves and settles its own,
+        and so does each attempt of a replica that took the job over (its epoch)."""
+        call_id, epoch = self.call.call_id, self.run.epoch
+        if epoch > 1:
+            return f"{call_id}@{epoch}#{self.attempt}"
+        return call_id if self.attempt == 1 else f"{call_id}#{self.attempt}"
 
     @property
     def quota_tokens(self) -> int:

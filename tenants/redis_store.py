@@ -18,15 +18,9 @@ retry on a dropped connection safe.
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from importlib import resources
-from typing import Any, ParamSpec, TypeVar
-
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from typing import Any
 
 from tenants import api_keys
 from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
@@ -44,6 +38,7 @@ from tenants.models import (
     check_tenant_id,
     check_ttl,
 )
+from tenants.redis_client import fails_closed, redis_client
 from tenants.redis_replies import (
     decoded,
     held_after_admission,
@@ -54,9 +49,6 @@ from tenants.redis_replies import (
 )
 from tenants.store import ClosesOnExit
 
-_log = logging.getLogger(__name__)
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
 _SCRIPTS = (
     "reserve",
     "settle",
@@ -79,21 +71,8 @@ def _script_source(name: str) -> str:
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
 
 
-def _fails_closed(
-    method: Callable[_P, Awaitable[_T]],
-) -> Callable[_P, Coroutine[Any, Any, _T]]:
-    """The one place where Redis failures become QuotaUnavailable. Its message reaches clients,
-    unauthenticated ones included, so it names no host or port: the detail is logged here."""
-
-    @functools.wraps(method)
-    async def translated(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        try:
-            return await method(*args, **kwargs)
-        except RedisError as exc:
-            _log.warning("quota store unavailable in %s", method.__name__, exc_info=exc)
-            raise QuotaUnavailable("quota store unavailable") from exc
-
-    return translated
+# The one place where Redis failures become QuotaUnavailable
+_fails_closed = fails_closed(QuotaUnavailable, "quota store")
 
 
 class RedisQuotaStore(ClosesOnExit):
@@ -106,16 +85,7 @@ class RedisQuotaStore(ClosesOnExit):
         pool_size: int = 64,
         pool_timeout_s: float = 5.0,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=pool_timeout_s,
-            socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
-            retry=Retry(NoBackoff(), retries=1),
-            decode_responses=True,
-        )
-        self._redis: Redis = Redis.from_pool(pool)
+        self._redis = redis_client(url, pool_size, socket_timeout_s, pool_timeout_s)
         self._prefix = prefix
         self._scripts = {
             name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS

@@ -42,7 +42,11 @@ class GatewayStub:
     RunJob: _aio.UnaryStreamMultiCallable[_gateway_pb2.SubmitJobRequest, _gateway_pb2.JobEvent]
     """SubmitJob then WatchJob from the first event. Closing the stream before JobFinished
     cancels the job, unless another RunJob with the same idempotency key still runs it: the
-    job is cancelled when the last such stream closes.
+    job is cancelled when the last such stream closes. With replicas (a redis store), a stream
+    that ends with an error status (UNAVAILABLE: the replica stopped or died) before
+    JobFinished has not cancelled the job: it goes on, and the client resumes with WatchJob
+    (any replica) from the last sequence it saw + 1. Only the client's own close (or
+    CancelJob) cancels; any replica answers GetJob, WatchJob and CancelJob for the job.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.GetJobRequest, _gateway_pb2.Job]
     CancelJob: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelJobRequest, _gateway_pb2.Job]
@@ -88,7 +92,11 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
     ) -> _abc.AsyncIterator[_gateway_pb2.JobEvent]:
         """SubmitJob then WatchJob from the first event. Closing the stream before JobFinished
         cancels the job, unless another RunJob with the same idempotency key still runs it: the
-        job is cancelled when the last such stream closes.
+        job is cancelled when the last such stream closes. With replicas (a redis store), a stream
+        that ends with an error status (UNAVAILABLE: the replica stopped or died) before
+        JobFinished has not cancelled the job: it goes on, and the client resumes with WatchJob
+        (any replica) from the last sequence it saw + 1. Only the client's own close (or
+        CancelJob) cancels; any replica answers GetJob, WatchJob and CancelJob for the job.
         """
 
     @_abc_1.abstractmethod

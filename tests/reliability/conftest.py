@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -25,6 +26,7 @@ from gateway.server import RunningGateway, running_gateway
 from gateway.settings import Settings
 from tenants import MemoryQuotaStore, TenantQuota
 from tests.gateway.conftest import ADMIN_KEY, sim_core
+from tests.reliability.redis_server import RedisServer
 
 QUOTAS = {
     "wide": TenantQuota(max_tokens_ceiling=16, default_max_tokens=4),
@@ -80,3 +82,14 @@ def served() -> Iterator[ServedGateway]:
     """One gateway for a whole module: property tests send it thousands of requests."""
     with served_gateway() as gateway:
         yield gateway
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own (AOF on), stopped afterwards."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

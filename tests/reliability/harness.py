@@ -168,10 +168,16 @@ async def reliable_gateway(
     core: LLMEngine | None = None,
     store: QuotaStore | None = None,
     tracer_provider: TracerProvider | None = None,
+    store_url: str = "memory",  # a redis URL: the gateway is a replica (it journals its jobs)
     **settings: Any,
 ) -> AsyncIterator[Reliable]:
     config = Settings(
-        port=0, admin_key=ADMIN_KEY, policy="justitia", max_model_len=4096, **settings
+        port=0,
+        admin_key=ADMIN_KEY,
+        policy="justitia",
+        max_model_len=4096,
+        store=store_url,
+        **settings,
     )
     async with (
         running_gateway(

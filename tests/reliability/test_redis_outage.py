@@ -4,7 +4,6 @@ usage Redis keeps equals the settled calls exactly: nothing free, nothing charge
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -28,16 +27,6 @@ def chain(length: int = 3, max_tokens: int = 40) -> pb.JobSpec:
     for i in range(1, length):
         nodes.append(node(f"n{i}", f"go on from {{{{n{i - 1}.output}}}}", max_tokens, f"n{i - 1}"))
     return pb.JobSpec(nodes=nodes)
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def start_jobs(h: Reliable) -> list[tuple[str, str]]:

@@ -1,0 +1,252 @@
+"""The job journal in Redis: what lets several gateway replicas serve one deployment.
+
+A job's submission (a hash) and its events (a stream, one entry per event, the entry id
+`0-<sequence>`) are written before any client hears of them, so any replica can answer for the
+job and a watcher resumes on another replica from its last sequence. A job is owned by one
+replica under a lease (`lease_until`, judged by Redis' clock) with a fencing token: only the
+token's holder may append, a lease that runs out (its replica died) or is handed back (it shut
+down) lets another replica claim the job with a new token, and the old owner's late writes are
+refused. Every change is one Lua script from gateway/lua/, atomic.
+
+Keys: the deployment's jobs share the `{jobs}` hash tag (`<prefix>:{jobs}:<tenant>/<job>` and
+its `:log`, the open-jobs index `<prefix>:{jobs}:open` scored by lease end, idempotency records
+`<prefix>:{jobs}:key:<tenant>:<digest>`), so every script's keys lie in one cluster slot. An
+ended job's keys expire after `retention_s`. Every Redis error leaves as JournalUnavailable
+(the detail goes to the log): a replica that cannot journal stops accepting and dispatching.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from gateway.errors import JournalUnavailable
+from gateway.job_run import JobEvent, JobRun
+from gateway.journal_codec import Submission, decode_event, encode_event
+from tenants.redis_client import fails_closed, redis_client
+
+_SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel")
+IDEMPOTENCY_TTL_S = 86_400
+
+
+class KeyTaken(Exception):
+    """The idempotency key already names a job (its id in `job_id`)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(job_id)
+        self.job_id = job_id
+
+
+@dataclass(frozen=True, slots=True)
+class Owned:
+    """A job this replica owns, with the token its writes carry."""
+
+    tenant_id: str
+    job_id: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    lost: list[Owned]  # taken by another replica, or gone
+    cancel_asked: list[Owned]  # a replica that does not own it was asked to cancel it
+
+
+def _script_source(name: str) -> str:
+    lua = resources.files("gateway") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+_fails_closed = fails_closed(JournalUnavailable, "job journal")
+
+
+class RedisJournal:
+    def __init__(
+        self,
+        url: str,
+        replica_id: str,
+        *,
+        lease_ttl_s: float = 10.0,
+        retention_s: float = 86_400.0,
+        prefix: str = "fg",
+        socket_timeout_s: float = 2.0,
+    ) -> None:
+        self._redis = redis_client(url, 32, socket_timeout_s, socket_timeout_s)
+        self.replica_id = replica_id
+        self.lease_ttl_s = lease_ttl_s
+        self.retention_s = retention_s
+        self._base = f"{prefix}:{{jobs}}"
+        self._index = f"{self._base}:open"
+        self._scripts = {n: self._redis.register_script(_script_source(n)) for n in _SCRIPTS}
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+    def _job(self, tenant_id: str, job_id: str) -> str:
+        return f"{self._base}:{tenant_id}/{job_id}"
+
+    def _log(self, tenant_id: str, job_id: str) -> str:
+        return f"{self._job(tenant_id, job_id)}:log"
+
+    def _key_record(self, tenant_id: str, key: str) -> str:
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        return f"{self._base}:key:{tenant_id}:{digest}"
+
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.lease_ttl_s * 1000)
+
+    @_fails_closed
+    async def create(self, run: JobRun) -> Owned:
+        """Journal a new job, owned here; raises KeyTaken when its idempotency key names a
+        job already (a race between replicas the caller's own check could not see)."""
+        key = run.spec.idempotency_key
+        fields = [x for pair in Submission.of(run).fields().items() for x in pair]
+        reply = await self._scripts["create"](
+            keys=[
+                self._job(run.tenant_id, run.job_id),
+                self._index,
+                self._key_record(run.tenant_id, key),
+            ],
+            args=[
+                f"{run.tenant_id}/{run.job_id}",
+                self.replica_id,
+                self._ttl_ms,
+                1 if key else 0,
+                IDEMPOTENCY_TTL_S,
+                *fields,
+            ],
+        )
+        if reply[0] == "exists":
+            raise KeyTaken(reply[1])
+        return Owned(run.tenant_id, run.job_id, 1)
+
+    @_fails_closed
+    async def job_by_key(self, tenant_id: str, key: str) -> str | None:
+        """The job an idempotency key names, on any replica."""
+        job_id: Any = await self._redis.get(self._key_record(tenant_id, key))
+        return None if job_id is None else str(job_id)
+
+    @_fails_closed
+    async def append(self, batches: Sequence[tuple[Owned, Sequence[JobEvent], bool]]) -> list[bool]:
+        """Write each job's batch of events (consecutive sequences; True: the batch ends the
+        job), all in one round trip; False for a job another replica owns now."""
+        if not batches:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for owned, events, ended in batches:
+                await self._scripts["append"](
+                    keys=[
+                        self._job(owned.tenant_id, owned.job_id),
+                        self._log(owned.tenant_id, owned.job_id),
+                        self._index,
+                    ],
+                    args=[
+                        owned.token,
+                        events[0].sequence,
+                        f"{owned.tenant_id}/{owned.job_id}",
+                        1 if ended else 0,
+                        int(self.retention_s),
+                        *(encode_event(e) for e in events),
+                    ],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        for (owned, events, _), reply in zip(batches, replies, strict=True):
+            if reply[0] == "gap":  # a bug, not a state: the writer sends every event in order
+                raise RuntimeError(f"{owned.job_id}: journal at {reply[1]}, batch from {events[0]}")
+        return [reply[0] == "ok" for reply in replies]
+
+    @_fails_closed
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        """Extend the leases of the jobs this replica owns, in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job in owned:
+                await self._scripts["renew"](
+                    keys=[self._job(job.tenant_id, job.job_id), self._index],
+                    args=[job.token, self._ttl_ms, f"{job.tenant_id}/{job.job_id}"],
+                    client=pipe,
+                )
+            replies = await pipe.execute()
+        lost = [job for job, r in zip(owned, replies, strict=True) if r[0] == "lost"]
+        asked = [job for job, r in zip(owned, replies, strict=True) if r[0] == "ok" and r[1] == "1"]
+        return Renewed(lost, asked)
+
+    @_fails_closed
+    async def hand_back(self, owned: Sequence[Owned]) -> None:
+        """Give the jobs up (this replica is stopping): any replica may claim them at once."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job in owned:
+                await self._scripts["hand_back"](
+                    keys=[self._job(job.tenant_id, job.job_id), self._index],
+                    args=[job.token, f"{job.tenant_id}/{job.job_id}"],
+                    client=pipe,
+                )
+            await pipe.execute()
+
+    @_fails_closed
+    async def orphans(self, limit: int) -> list[tuple[str, str]]:
+        """(tenant, job) of open jobs whose owner's lease has ended, oldest lease first."""
+        seconds, micros = await self._redis.time()
+        now_ms = seconds * 1000 + micros // 1000
+        members: Any = await self._redis.zrangebyscore(self._index, "-inf", now_ms, 0, limit)
+        return [(m.split("/", 1)[0], m.split("/", 1)[1]) for m in members]
+
+    @_fails_closed
+    async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:
+        """Take over an orphan: its ownership, the job as its journal has it and whether a
+        cancel was asked; None when another replica claimed it first, its lease still runs,
+        or it has ended."""
+        token = await self._scripts["claim"](
+            keys=[self._job(tenant_id, job_id), self._index],
+            args=[self.replica_id, self._ttl_ms, f"{tenant_id}/{job_id}"],
+        )
+        if token is None:
+            return None
+        loaded = await self._load(tenant_id, job_id)
+        if loaded is None:
+            return None
+        run, fields = loaded
+        return Owned(tenant_id, job_id, int(token)), run, "cancel" in fields
+
+    @_fails_closed
+    async def load(self, tenant_id: str, job_id: str) -> JobRun | None:
+        """The job as its journal has it (every event replayed), as a view: detached, since
+        this replica does not run it; None when there is none."""
+        loaded = await self._load(tenant_id, job_id)
+        if loaded is None:
+            return None
+        view = loaded[0]
+        view.detached = True
+        return view
+
+    async def _load(self, tenant_id: str, job_id: str) -> tuple[JobRun, dict[str, str]] | None:
+        fields: dict[str, str] = await self._redis.hgetall(self._job(tenant_id, job_id))  # type: ignore[assignment]
+        if not fields:
+            return None
+        run = Submission.from_fields(fields).run()
+        for event in await self.read(tenant_id, job_id, 0):
+            run.replay(event)
+        return run, fields
+
+    @_fails_closed
+    async def read(
+        self, tenant_id: str, job_id: str, after: int, block_s: float | None = None
+    ) -> list[JobEvent]:
+        """The events after sequence `after`; with `block_s`, waits that long for the first."""
+        stream = self._log(tenant_id, job_id)
+        entries: Any
+        if block_s is None:
+            entries = await self._redis.xrange(stream, f"0-{after + 1}", "+")
+        else:
+            reply: Any = await self._redis.xread({stream: f"0-{after}"}, block=int(block_s * 1000))
+            entries = reply[0][1] if reply else []
+        return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
+
+    @_fails_closed
+    async def ask_cancel(self, tenant_id: str, job_id: str) -> bool:
+        """Ask the job's owner to cancel it; False when it has ended or does not exist."""
+        return bool(await self._scripts["cancel"](keys=[self._job(tenant_id, job_id)]))

@@ -1,0 +1,117 @@
+"""Journal records: a job's events and its submission as the strings the journal stores.
+
+An event is one compact JSON object (its sequence number is the stream entry's id, not part of
+the record); a submission is the job's own fields beside its spec as the JobSpec proto, so
+what a replica replays is exactly what was submitted. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from fairgate.v1 import gateway_pb2 as pb
+from gateway.gateway_protos import job_spec_from_proto, job_spec_to_proto
+from gateway.job_run import (
+    JobEnded,
+    JobEvent,
+    JobRun,
+    JobState,
+    NodeChanged,
+    NodeState,
+    TokensAdded,
+)
+
+
+def encode_event(event: JobEvent) -> str:
+    body = event.body
+    record: dict[str, object] = {"t": event.time}
+    if isinstance(body, NodeChanged):
+        record |= {"n": body.node_id, "s": body.state.value, "p": body.previous.value}
+        if body.reason:
+            record["r"] = body.reason
+        if body.prompt_tokens:
+            record["pt"] = body.prompt_tokens
+        if body.hit_length:
+            record["hl"] = 1
+    elif isinstance(body, TokensAdded):
+        record |= {"n": body.node_id, "x": body.text, "i": list(body.token_ids)}
+    else:
+        record["e"] = body.state.value
+    return json.dumps(record, separators=(",", ":"))
+
+
+def decode_event(sequence: int, text: str) -> JobEvent:
+    record = json.loads(text)
+    body: NodeChanged | TokensAdded | JobEnded
+    if "e" in record:
+        body = JobEnded(JobState(record["e"]))
+    elif "x" in record:
+        body = TokensAdded(record["n"], record["x"], tuple(record["i"]))
+    else:
+        body = NodeChanged(
+            record["n"],
+            NodeState(record["s"]),
+            NodeState(record["p"]),
+            record.get("r", ""),
+            record.get("pt", 0),
+            bool(record.get("hl", 0)),
+        )
+    return JobEvent(sequence, float(record["t"]), body)
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a replica needs besides the events to stand a job up again."""
+
+    job_id: str
+    tenant_id: str
+    created_at: float
+    key_id: str
+    fingerprint: str
+    streamed: bool
+    spec: str  # the JobSpec proto, base64
+
+    @classmethod
+    def of(cls, run: JobRun) -> Submission:
+        spec = job_spec_to_proto(run.spec).SerializeToString(deterministic=True)
+        return cls(
+            run.job_id,
+            run.tenant_id,
+            run.created_at,
+            run.key_id,
+            run.fingerprint,
+            run.streamed,
+            base64.b64encode(spec).decode(),
+        )
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "job_id": self.job_id,
+            "tenant_id": self.tenant_id,
+            "created_at": repr(self.created_at),
+            "key_id": self.key_id,
+            "fingerprint": self.fingerprint,
+            "streamed": "1" if self.streamed else "0",
+            "spec": self.spec,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> Submission:
+        return cls(
+            fields["job_id"],
+            fields["tenant_id"],
+            float(fields["created_at"]),
+            fields["key_id"],
+            fields["fingerprint"],
+            fields["streamed"] == "1",
+            fields["spec"],
+        )
+
+    def run(self) -> JobRun:
+        """A fresh JobRun of this submission, before any event."""
+        spec = job_spec_from_proto(pb.JobSpec.FromString(base64.b64decode(self.spec)))
+        run = JobRun(self.job_id, self.tenant_id, spec, self.created_at)
+        run.key_id, run.fingerprint, run.streamed = self.key_id, self.fingerprint, self.streamed
+        return run

@@ -1,0 +1,15 @@
+-- claim: take over a job whose owner's lease has run out (or was handed back); a new fencing
+-- token fences the old owner's late writes off.
+-- KEYS[1] job hash  KEYS[2] open-jobs index
+-- ARGV[1] replica  ARGV[2] lease ttl ms  ARGV[3] index member
+-- Returns the new token | false: ended, gone, or its lease still runs
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'ended') then
+  redis.call('ZREM', KEYS[2], ARGV[3])
+  return false
+end
+local now = now_ms()
+if tonumber(redis.call('HGET', KEYS[1], 'lease_until')) > now then return false end
+local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2]))
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
+return token

@@ -1,0 +1,102 @@
+"""The job journal on a real Redis: a job written by its owner replays as it was, another
+replica's late writes are fenced off once it is taken over, a batch sent again after a lost
+reply leaves no duplicate, and an idempotency key names one job across replicas."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.job_run import JobRun, NodeState
+from gateway.jobs import JobSpec, NodeSpec
+from gateway.journal import KeyTaken, RedisJournal
+from tests.tenants.conftest import REDIS_URL, redis_prefix
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+__all__ = ["redis_prefix"]  # the fixture, used by name
+
+
+def two_calls(key: str = "") -> JobSpec:
+    first = NodeSpec(id="a", prompt_template="hi")
+    second = NodeSpec(id="b", prompt_template="{{a.output}}!", depends_on=("a",))
+    return JobSpec(nodes=(first, second), inputs={}, idempotency_key=key)
+
+
+@pytest.fixture
+async def journals(redis_prefix: str) -> AsyncIterator[tuple[RedisJournal, RedisJournal]]:
+    one = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    two = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
+    yield one, two
+    await one.aclose()
+    await two.aclose()
+
+
+async def test_a_journaled_job_replays_as_it_ran(journals: tuple[RedisJournal, ...]) -> None:
+    one, two = journals
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await one.create(run)
+    run.start(101.0)
+    run.mark_running("a", 7, 102.0)
+    run.add_tokens("a", "hel", (1, 2), 103.0)
+    run.add_tokens("a", "lo", (3,), 104.0)
+    run.finish_node("a", NodeState.SUCCEEDED, 105.0)
+    run.mark_running("b", 9, 106.0)
+    assert await one.append([(owned, run.events, False)]) == [True]
+    view = await two.load("acme", "job-1")
+    assert view is not None and view.detached
+    a, b = view.nodes["a"], view.nodes["b"]
+    assert (a.state, a.output, a.output_tokens, a.prompt_tokens) == (
+        NodeState.SUCCEEDED,
+        "hello",
+        3,
+        7,
+    )
+    assert (a.started_at, a.first_token_at, a.finished_at) == (102.0, 103.0, 105.0)
+    assert (b.state, b.attempts, view.last_sequence) == (NodeState.RUNNING, 1, run.last_sequence)
+    assert [e.sequence for e in view.events] == [e.sequence for e in run.events]
+
+
+async def test_a_batch_sent_again_is_written_once(journals: tuple[RedisJournal, ...]) -> None:
+    one, _ = journals
+    run = JobRun("job-2", "acme", two_calls(), 100.0)
+    owned = await one.create(run)
+    run.start(101.0)
+    first = list(run.events)
+    run.mark_running("a", 7, 102.0)
+    assert await one.append([(owned, first, False)]) == [True]
+    assert await one.append([(owned, run.events, False)]) == [True]  # its reply was lost
+    events = await one.read("acme", "job-2", 0)
+    assert [e.sequence for e in events] == [1, 2]
+
+
+async def test_a_taken_over_job_fences_its_old_owner_off(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    one, two = journals
+    run = JobRun("job-3", "acme", two_calls(), 100.0)
+    owned = await one.create(run)
+    assert await two.claim("acme", "job-3") is None  # its lease still runs
+    await one.hand_back([owned])
+    claimed = await two.claim("acme", "job-3")
+    assert claimed is not None
+    taken, replayed, cancel_asked = claimed
+    assert taken.token > owned.token and not cancel_asked and not replayed.detached
+    run.start(101.0)
+    assert await one.append([(owned, run.events, False)]) == [False]
+    renewed = await one.renew([owned])
+    assert renewed.lost == [owned]
+    assert await one.ask_cancel("acme", "job-3")
+    assert (await two.renew([taken])).cancel_asked == [taken]
+
+
+async def test_an_idempotency_key_names_one_job_across_replicas(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    one, two = journals
+    await one.create(JobRun("job-4", "acme", two_calls("k"), 100.0))
+    with pytest.raises(KeyTaken) as taken:
+        await two.create(JobRun("job-5", "acme", two_calls("k"), 100.0))
+    assert taken.value.job_id == "job-4"
+    assert await two.job_by_key("acme", "k") == "job-4"
+    assert await two.job_by_key("other", "k") is None

@@ -1,0 +1,80 @@
+"""Two gateway replicas on one real Redis (their own, AOF on): the journal makes them one
+deployment. A job submitted on one is answered and watched on the other; when the replica that
+runs it shuts down, it hands its jobs over instead of cancelling them, the other takes them
+over (a call that was running runs again from its prompt), every job succeeds, a watcher on the
+other replica sees every event once and in order, and usage equals the settled calls."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fairgate.v1 import gateway_pb2 as pb
+from tenants import RedisQuotaStore
+from tests.gateway.conftest import sim_core
+from tests.reliability.harness import Reliable, reliable_gateway
+from tests.reliability.redis_server import RedisServer
+from tests.reliability.test_redis_outage import chain
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+TENANTS = ("t1", "t2")
+LEASE_TTL_S = 1.5  # a lease tick every 0.5 s: a handed-back job is taken over within it
+
+
+def replica(
+    redis: RedisServer, tmp_path: Path, name: str
+) -> contextlib.AbstractAsyncContextManager[Reliable]:
+    return reliable_gateway(
+        core=sim_core(0.01),
+        store=RedisQuotaStore(redis.url),
+        store_url=redis.url,
+        replica_id=name,
+        lease_ttl_s=LEASE_TTL_S,
+        grace_s=0.1,
+        outbox_file=tmp_path / f"outbox-{name}.jsonl",
+    )
+
+
+async def watch(h: Reliable, tenant: str, job_id: str, seen: list[pb.JobEvent]) -> None:
+    request = pb.WatchJobRequest(job_id=job_id)
+    async for event in h.stub.WatchJob(request, metadata=h.auth(tenant)):
+        seen.append(event)
+
+
+async def test_a_stopped_replica_hands_its_jobs_to_the_other(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    seen: list[pb.JobEvent] = []
+    async with replica(redis, tmp_path, "b") as b, anyio.create_task_group() as tg:
+        async with replica(redis, tmp_path, "a") as a:
+            for tenant in TENANTS:
+                b.keys[tenant] = await a.tenant(tenant)
+            for _ in range(3):
+                for tenant in TENANTS:
+                    await a.submit(tenant, chain(3, 24))
+            b.jobs = a.jobs
+            first = a.jobs["t1"][0]
+            tg.start_soon(watch, b, "t1", first, seen)  # on the replica that does not run it
+            await a.until_done("t1", first, 1)
+            running = await b.stub.GetJob(pb.GetJobRequest(job_id=first), metadata=b.auth("t1"))
+            assert running.state == pb.JOB_STATE_RUNNING  # answered from the journal
+        # a has shut down mid-run: b takes its jobs over
+        with anyio.fail_after(30):
+            jobs = [await b.finished(t, job_id) for t, ids in a.jobs.items() for job_id in ids]
+        assert {job.state for job in jobs} == {pb.JOB_STATE_SUCCEEDED}
+        assert b.gateway.journaling is not None and b.gateway.journaling.owned == 0
+        await b.unharmed()
+    sequences = [event.sequence for event in seen]
+    assert sequences == list(range(1, len(seen) + 1))  # every event once, in order
+    assert seen[-1].WhichOneof("event") == "job_finished"
+    reruns = [
+        e.node_state_changed.node.reason
+        for e in seen
+        if e.WhichOneof("event") == "node_state_changed"
+        and e.node_state_changed.previous_state == pb.NODE_STATE_RUNNING
+        and e.node_state_changed.node.state == pb.NODE_STATE_READY
+    ]
+    assert reruns in ([], ["backend lost with its replica: running again"])
