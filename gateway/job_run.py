@@ -92,6 +92,28 @@ class NodeRun:
             return None
         return max(self.first_token_at - self.started_at, 0.0)
 
+    def changed(self, change: NodeChanged, now: float) -> None:
+        """What a state change does to the node, live or replayed from the journal: READY
+        starts an attempt afresh (a retried node's partial output is cleared), RUNNING counts
+        the attempt, an end keeps its reason."""
+        self.state = change.state
+        if change.state is NodeState.READY:
+            self.ready_at = now
+            self.output, self.output_tokens = "", 0
+            self.started_at = self.first_token_at = None
+        elif change.state is NodeState.RUNNING:
+            self.prompt_tokens, self.started_at = change.prompt_tokens, now
+            self.attempts += 1
+        else:
+            self.reason, self.finished_at, self.hit_length = change.reason, now, change.hit_length
+
+    def took(self, text: str, count: int, now: float) -> None:
+        """Output tokens of the running attempt."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.output += text
+        self.output_tokens += count
+
     def time_per_output_token(self, produced: int) -> float | None:
         """Between the `produced` tokens after the first, once it ended."""
         if self.first_token_at is None or self.finished_at is None or produced < 2:
@@ -182,20 +204,14 @@ class JobRun:
         return render_node(self.nodes[node_id].spec, self.spec.inputs, outputs)
 
     def mark_running(self, node_id: str, prompt_tokens: int, now: float) -> None:
-        node = self.nodes[node_id]
-        node.prompt_tokens, node.started_at = prompt_tokens, now
-        node.attempts += 1
-        self._set(node_id, NodeState.RUNNING, now)
+        self._set(node_id, NodeState.RUNNING, now, prompt_tokens=prompt_tokens)
 
     def add_tokens(self, node_id: str, text: str, token_ids: tuple[int, ...], now: float) -> None:
         """Tokens of a running node; dropped once it has ended (a cancelled call's last ones)."""
         node = self.nodes[node_id]
         if node.state in ENDED:
             return
-        if node.first_token_at is None:
-            node.first_token_at = now
-        node.output += text
-        node.output_tokens += len(token_ids)
+        node.took(text, len(token_ids), now)
         self._emit(TokensAdded(node_id, text, token_ids), now)
 
     def finish_node(
@@ -206,7 +222,7 @@ class JobRun:
         self.finishing.discard(node_id)
         if self.nodes[node_id].state in ENDED:
             return []
-        self._end(node_id, state, now, reason)
+        self._set(node_id, state, now, reason)
         if state in DONE:  # a child cancelled meanwhile stays cancelled
             children = self.dag.children[node_id]
             ready = [
@@ -219,7 +235,7 @@ class JobRun:
             released = []
             for child in self._descendants(node_id):
                 if self.nodes[child].state not in ENDED:
-                    self._end(child, NodeState.FAILED, now, f"parent {node_id!r} {state.value}")
+                    self._set(child, NodeState.FAILED, now, f"parent {node_id!r} {state.value}")
         self._maybe_end(now)
         return released
 
@@ -227,11 +243,7 @@ class JobRun:
         """A running node whose call was lost or yielded its room runs again from its prompt:
         it is READY once more and its partial output is cleared (watchers see the state change
         first)."""
-        node = self.nodes[node_id]
-        assert node.state is NodeState.RUNNING
-        node.output, node.output_tokens = "", 0
-        node.started_at = node.first_token_at = None
-        node.ready_at = now
+        assert self.nodes[node_id].state is NodeState.RUNNING
         self._set(node_id, NodeState.READY, now, reason)
 
     def is_last_open(self, node_id: str) -> bool:
@@ -249,7 +261,7 @@ class JobRun:
         ]
         for node_id, node in self.nodes.items():
             if node.state not in ENDED and node_id not in self.finishing:
-                self._end(node_id, NodeState.CANCELLED, now, reason)
+                self._set(node_id, NodeState.CANCELLED, now, reason)
         self._end_state = JobState.FAILED if failed else JobState.CANCELLED
         self._maybe_end(now)
         return running
@@ -263,23 +275,9 @@ class JobRun:
         if self.state is JobState.QUEUED:
             self.state, self.started_at = JobState.RUNNING, now
         if isinstance(body, NodeChanged):
-            node = self.nodes[body.node_id]
-            node.state = body.state
-            if body.state is NodeState.READY:
-                node.ready_at = now
-                node.output, node.output_tokens = "", 0
-                node.started_at = node.first_token_at = None
-            elif body.state is NodeState.RUNNING:
-                node.started_at, node.prompt_tokens = now, body.prompt_tokens
-                node.attempts += 1
-            else:
-                node.finished_at, node.reason, node.hit_length = now, body.reason, body.hit_length
+            self.nodes[body.node_id].changed(body, now)
         elif isinstance(body, TokensAdded):
-            node = self.nodes[body.node_id]
-            if node.first_token_at is None:
-                node.first_token_at = now
-            node.output += body.text
-            node.output_tokens += len(body.token_ids)
+            self.nodes[body.node_id].took(body.text, len(body.token_ids), now)
         else:
             self.state, self.finished_at = body.state, now
         self._last_sequence = self._durable = event.sequence
@@ -353,21 +351,17 @@ class JobRun:
 
     def _release(self, node_ids: list[str], now: float) -> list[str]:
         for node_id in node_ids:
-            self.nodes[node_id].ready_at = now
             self._set(node_id, NodeState.READY, now)
         return node_ids
 
-    def _end(self, node_id: str, state: NodeState, now: float, reason: str) -> None:
+    def _set(
+        self, node_id: str, state: NodeState, now: float, reason: str = "", prompt_tokens: int = 0
+    ) -> None:
         node = self.nodes[node_id]
-        node.reason, node.finished_at = reason, now
-        self._set(node_id, state, now, reason)
-
-    def _set(self, node_id: str, state: NodeState, now: float, reason: str = "") -> None:
-        node = self.nodes[node_id]
-        previous, node.state = node.state, state
-        prompt_tokens = node.prompt_tokens if state is NodeState.RUNNING else 0
-        hit_length = node.hit_length and state in ENDED
-        self._emit(NodeChanged(node_id, state, previous, reason, prompt_tokens, hit_length), now)
+        hit_length = node.hit_length and state in ENDED  # the call's finish, set by its caller
+        change = NodeChanged(node_id, state, node.state, reason, prompt_tokens, hit_length)
+        node.changed(change, now)
+        self._emit(change, now)
 
     def _maybe_end(self, now: float) -> None:
         if self.ended or any(n.state not in ENDED for n in self.nodes.values()):

@@ -26,7 +26,7 @@ from typing import Any
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun
 from gateway.journal_codec import Submission, decode_event, encode_event
-from tenants.redis_client import fails_closed, redis_client
+from tenants.redis_client import RedisClient, fails_closed
 
 _SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel")
 IDEMPOTENCY_TTL_S = 86_400
@@ -55,6 +55,11 @@ class Renewed:
     cancel_asked: list[Owned]  # a replica that does not own it was asked to cancel it
 
 
+def _member(tenant_id: str, job_id: str) -> str:
+    """A job's name in the open-jobs index and in its keys (tenant ids never hold a '/')."""
+    return f"{tenant_id}/{job_id}"
+
+
 def _script_source(name: str) -> str:
     lua = resources.files("gateway") / "lua"
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
@@ -63,7 +68,7 @@ def _script_source(name: str) -> str:
 _fails_closed = fails_closed(JournalUnavailable, "job journal")
 
 
-class RedisJournal:
+class RedisJournal(RedisClient):
     def __init__(
         self,
         url: str,
@@ -74,7 +79,7 @@ class RedisJournal:
         prefix: str = "fg",
         socket_timeout_s: float = 2.0,
     ) -> None:
-        self._redis = redis_client(url, 32, socket_timeout_s, socket_timeout_s)
+        super().__init__(url, 32, socket_timeout_s, socket_timeout_s)
         self.replica_id = replica_id
         self.lease_ttl_s = lease_ttl_s
         self.retention_s = retention_s
@@ -82,11 +87,12 @@ class RedisJournal:
         self._index = f"{self._base}:open"
         self._scripts = {n: self._redis.register_script(_script_source(n)) for n in _SCRIPTS}
 
-    async def aclose(self) -> None:
-        await self._redis.aclose()
-
     def _job(self, tenant_id: str, job_id: str) -> str:
-        return f"{self._base}:{tenant_id}/{job_id}"
+        return f"{self._base}:{_member(tenant_id, job_id)}"
+
+    def _lease_keys(self, tenant_id: str, job_id: str) -> list[str]:
+        """The keys of the lease scripts (renew, hand_back, claim): the job's hash, the index."""
+        return [self._job(tenant_id, job_id), self._index]
 
     def _log(self, tenant_id: str, job_id: str) -> str:
         return f"{self._job(tenant_id, job_id)}:log"
@@ -98,6 +104,14 @@ class RedisJournal:
     @property
     def _ttl_ms(self) -> int:
         return int(self.lease_ttl_s * 1000)
+
+    async def _each(self, script: str, calls: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
+        """One script per job (its keys and args), all in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await self._scripts[script](keys=keys, args=args, client=pipe)
+            replies: list[Any] = await pipe.execute()
+        return replies
 
     @_fails_closed
     async def create(self, run: JobRun) -> Owned:
@@ -112,7 +126,7 @@ class RedisJournal:
                 self._key_record(run.tenant_id, key),
             ],
             args=[
-                f"{run.tenant_id}/{run.job_id}",
+                _member(run.tenant_id, run.job_id),
                 self.replica_id,
                 self._ttl_ms,
                 1 if key else 0,
@@ -134,27 +148,27 @@ class RedisJournal:
     async def append(self, batches: Sequence[tuple[Owned, Sequence[JobEvent], bool]]) -> list[bool]:
         """Write each job's batch of events (consecutive sequences; True: the batch ends the
         job), all in one round trip; False for a job another replica owns now."""
-        if not batches:
-            return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for owned, events, ended in batches:
-                await self._scripts["append"](
-                    keys=[
+        replies = await self._each(
+            "append",
+            [
+                (
+                    [
                         self._job(owned.tenant_id, owned.job_id),
                         self._log(owned.tenant_id, owned.job_id),
                         self._index,
                     ],
-                    args=[
+                    [
                         owned.token,
                         events[0].sequence,
-                        f"{owned.tenant_id}/{owned.job_id}",
+                        _member(owned.tenant_id, owned.job_id),
                         1 if ended else 0,
                         int(self.retention_s),
                         *(encode_event(e) for e in events),
                     ],
-                    client=pipe,
                 )
-            replies = await pipe.execute()
+                for owned, events, ended in batches
+            ],
+        )
         for (owned, events, _), reply in zip(batches, replies, strict=True):
             if reply[0] == "gap":  # a bug, not a state: the writer sends every event in order
                 raise RuntimeError(f"{owned.job_id}: journal at {reply[1]}, batch from {events[0]}")
@@ -163,14 +177,16 @@ class RedisJournal:
     @_fails_closed
     async def renew(self, owned: Sequence[Owned]) -> Renewed:
         """Extend the leases of the jobs this replica owns, in one round trip."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for job in owned:
-                await self._scripts["renew"](
-                    keys=[self._job(job.tenant_id, job.job_id), self._index],
-                    args=[job.token, self._ttl_ms, f"{job.tenant_id}/{job.job_id}"],
-                    client=pipe,
+        replies = await self._each(
+            "renew",
+            [
+                (
+                    self._lease_keys(job.tenant_id, job.job_id),
+                    [job.token, self._ttl_ms, _member(job.tenant_id, job.job_id)],
                 )
-            replies = await pipe.execute()
+                for job in owned
+            ],
+        )
         lost = [job for job, r in zip(owned, replies, strict=True) if r[0] == "lost"]
         asked = [job for job, r in zip(owned, replies, strict=True) if r[0] == "ok" and r[1] == "1"]
         return Renewed(lost, asked)
@@ -178,14 +194,16 @@ class RedisJournal:
     @_fails_closed
     async def hand_back(self, owned: Sequence[Owned]) -> None:
         """Give the jobs up (this replica is stopping): any replica may claim them at once."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for job in owned:
-                await self._scripts["hand_back"](
-                    keys=[self._job(job.tenant_id, job.job_id), self._index],
-                    args=[job.token, f"{job.tenant_id}/{job.job_id}"],
-                    client=pipe,
+        await self._each(
+            "hand_back",
+            [
+                (
+                    self._lease_keys(job.tenant_id, job.job_id),
+                    [job.token, _member(job.tenant_id, job.job_id)],
                 )
-            await pipe.execute()
+                for job in owned
+            ],
+        )
 
     @_fails_closed
     async def orphans(self, limit: int) -> list[tuple[str, str]]:
@@ -193,7 +211,7 @@ class RedisJournal:
         seconds, micros = await self._redis.time()
         now_ms = seconds * 1000 + micros // 1000
         members: Any = await self._redis.zrangebyscore(self._index, "-inf", now_ms, 0, limit)
-        return [(m.split("/", 1)[0], m.split("/", 1)[1]) for m in members]
+        return [(tenant, job) for tenant, job in (m.split("/", 1) for m in members)]
 
     @_fails_closed
     async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:
@@ -201,8 +219,8 @@ class RedisJournal:
         cancel was asked; None when another replica claimed it first, its lease still runs,
         or it has ended."""
         token = await self._scripts["claim"](
-            keys=[self._job(tenant_id, job_id), self._index],
-            args=[self.replica_id, self._ttl_ms, f"{tenant_id}/{job_id}"],
+            keys=self._lease_keys(tenant_id, job_id),
+            args=[self.replica_id, self._ttl_ms, _member(tenant_id, job_id)],
         )
         if token is None:
             return None

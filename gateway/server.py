@@ -8,9 +8,8 @@ NOT_SERVING too while the engine cannot serve (its steps keep failing). With a r
 gateway is one replica of a deployment (docs/REPLICAS.md): jobs are journaled, and shutdown
 hands them over instead of cancelling them: events written, leases handed back (another replica,
 or this one started again, takes them over), then the calls running here are aborted and their
-quota released. `serve` refuses to
-start on a non-loopback host with the default admin key, and serves TLS (or mTLS) when the
-settings name a certificate.
+quota released. `serve` refuses to start on a non-loopback host with the default admin key,
+and serves TLS (or mTLS) when the settings name a certificate.
 """
 
 from __future__ import annotations

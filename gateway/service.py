@@ -195,9 +195,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         except NotFound:
             if self.journaling is None:
                 raise
-            run = None
-        if run is not None and (not run.detached or self.journaling is None):
-            return run
+        else:
+            if not run.detached:  # only a journaled job is ever detached
+                return run
         assert self.journaling is not None
         loaded = await self.journaling.journal.load(tenant_id, job_id)
         if loaded is None:

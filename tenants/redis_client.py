@@ -1,8 +1,12 @@
-"""What every Redis user of fairgate shares: a bounded client, and Redis failures fail closed.
+"""What every Redis user of fairgate shares: a bounded client that stays closed, and Redis
+failures that fail closed.
 
-`redis_client` bounds connections, waits and retries (one retry on a dropped connection: every
-script is idempotent). `fails_closed(error, what)` turns every Redis error of a method into
-`error("<what> unavailable")`: that message reaches clients, unauthenticated ones included, so
+`RedisClient` owns one client (bounded connections, waits and retries: one retry on a dropped
+connection, as every script is idempotent). Once closed it refuses every call, because redis-py
+would quietly open a new connection for a task still running after the close (a gRPC handler
+that outlives its server's stop), and nothing would ever close that one.
+`fails_closed(error, what)` guards its methods: a closed client, or any Redis error, becomes
+`error("<what> unavailable")`. That message reaches clients, unauthenticated ones included, so
 it names no host or port; the detail is logged here.
 """
 
@@ -11,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -21,29 +25,43 @@ from redis.exceptions import RedisError
 _log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
+_C = TypeVar("_C", bound="RedisClient")
 
 
-def redis_client(url: str, pool_size: int, timeout_s: float, pool_timeout_s: float) -> Redis:
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=pool_size,
-        timeout=pool_timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), retries=1),
-        decode_responses=True,
-    )
-    return Redis.from_pool(pool)
+class RedisClient:
+    def __init__(self, url: str, pool_size: int, timeout_s: float, pool_timeout_s: float) -> None:
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=pool_timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), retries=1),
+            decode_responses=True,
+        )
+        self._redis = Redis.from_pool(pool)
+        self.closed = False
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await self._redis.aclose()
 
 
 def fails_closed(
     error: Callable[[str], Exception], what: str
-) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Coroutine[Any, Any, _T]]]:
-    def decorate(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Coroutine[Any, Any, _T]]:
+) -> Callable[
+    [Callable[Concatenate[_C, _P], Awaitable[_T]]],
+    Callable[Concatenate[_C, _P], Coroutine[Any, Any, _T]],
+]:
+    def decorate(
+        method: Callable[Concatenate[_C, _P], Awaitable[_T]],
+    ) -> Callable[Concatenate[_C, _P], Coroutine[Any, Any, _T]]:
         @functools.wraps(method)
-        async def translated(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        async def translated(self: _C, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+            if self.closed:
+                raise error(f"{what} unavailable")
             try:
-                return await method(*args, **kwargs)
+                return await method(self, *args, **kwargs)
             except RedisError as exc:
                 _log.warning("%s unavailable in %s", what, method.__name__, exc_info=exc)
                 raise error(f"{what} unavailable") from exc

@@ -38,7 +38,7 @@ from tenants.models import (
     check_tenant_id,
     check_ttl,
 )
-from tenants.redis_client import fails_closed, redis_client
+from tenants.redis_client import RedisClient, fails_closed
 from tenants.redis_replies import (
     decoded,
     held_after_admission,
@@ -75,7 +75,7 @@ def _script_source(name: str) -> str:
 _fails_closed = fails_closed(QuotaUnavailable, "quota store")
 
 
-class RedisQuotaStore(ClosesOnExit):
+class RedisQuotaStore(RedisClient, ClosesOnExit):
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -85,21 +85,15 @@ class RedisQuotaStore(ClosesOnExit):
         pool_size: int = 64,
         pool_timeout_s: float = 5.0,
     ) -> None:
-        self._redis = redis_client(url, pool_size, socket_timeout_s, pool_timeout_s)
+        super().__init__(url, pool_size, socket_timeout_s, pool_timeout_s)
         self._prefix = prefix
         self._scripts = {
             name: self._redis.register_script(_script_source(name)) for name in _SCRIPTS
         }
         self._tenant_keys = functools.lru_cache(maxsize=4096)(self._keys_of)
-        self._closed = False
-
-    async def aclose(self) -> None:
-        self._closed = True
-        await self._redis.aclose()
 
     @_fails_closed
     async def create_tenant(self, tenant_id: str, display_name: str, quota: TenantQuota) -> Tenant:
-        self._check_open()
         check_tenant_id(tenant_id)
         check_display_name(display_name)
         fields = [item for pair in quota.as_fields().items() for item in pair]
@@ -113,7 +107,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def get_tenant(self, tenant_id: str) -> Tenant:
-        self._check_open()
         record = await self._redis.hgetall(self._tenant_key(tenant_id))
         tenant = tenant_from(tenant_id, record)
         if tenant is None:
@@ -122,7 +115,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def list_tenants(self) -> list[Tenant]:
-        self._check_open()
         tenant_ids = sorted(map(decoded, await self._redis.smembers(self._registry)))
         async with self._redis.pipeline(transaction=False) as pipe:
             for tenant_id in tenant_ids:
@@ -139,7 +131,6 @@ class RedisQuotaStore(ClosesOnExit):
         display_name: str | None = None,
         quota: TenantQuota | None = None,
     ) -> Tenant:
-        self._check_open()
         fields = {} if quota is None else quota.as_fields()
         if display_name is not None:
             fields["display_name"] = check_display_name(display_name)
@@ -152,7 +143,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def delete_tenant(self, tenant_id: str) -> None:
-        self._check_open()
         deleted = await self._scripts["delete_tenant"](
             keys=[*self._tenant_keys(tenant_id), self._key_set(tenant_id), self._registry],
             args=[tenant_id, self._key_record("")],  # the prefix of every key record
@@ -162,7 +152,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
-        self._check_open()
         key_id, plaintext = api_keys.new_key()
         stored = await self._scripts["issue_key"](
             keys=[self._tenant_key(tenant_id), self._key_set(tenant_id), self._key_record(key_id)],
@@ -174,7 +163,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def list_keys(self, tenant_id: str) -> list[ApiKey]:
-        self._check_open()
         await self.get_tenant(tenant_id)
         key_ids = sorted(map(decoded, await self._redis.smembers(self._key_set(tenant_id))))
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -190,7 +178,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def revoke_key(self, key_id: str) -> bool:
-        self._check_open()
         tenant_id = await self._redis.hget(self._key_record(key_id), "tenant_id")
         if tenant_id is None:
             return False
@@ -200,7 +187,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def authenticate(self, plaintext: str) -> str:
-        self._check_open()
         record = self._key_record(api_keys.key_id_of(plaintext))
         tenant_id, key_hash = await self._redis.hmget(record, ["tenant_id", "key_hash"])
         if tenant_id is None or key_hash is None:
@@ -250,7 +236,6 @@ class RedisQuotaStore(ClosesOnExit):
 
     @_fails_closed
     async def finish_job(self, tenant_id: str, job_id: str) -> bool:
-        self._check_open()
         return bool(await self._redis.zrem(self._tenant_keys(tenant_id)[7], job_id))
 
     @_fails_closed
@@ -302,14 +287,9 @@ class RedisQuotaStore(ClosesOnExit):
         return usage_from(tenant_id, await self._quota_script("usage", tenant_id))
 
     async def _quota_script(self, name: str, tenant_id: str, *args: str | int | float) -> Any:
-        self._check_open()
         memory = repr(CLOSED_CALL_MEMORY_S)
         argv = [memory, *(repr(a) if isinstance(a, float) else a for a in args)]
         return await self._scripts[name](keys=self._tenant_keys(tenant_id), args=argv)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise QuotaUnavailable("the quota store is closed")
 
     @property
     def _registry(self) -> str:

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from gateway.errors import JournalUnavailable
 from gateway.job_run import JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
 from gateway.journal import KeyTaken, RedisJournal
-from tests.tenants.conftest import REDIS_URL, redis_prefix
+from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
-__all__ = ["redis_prefix"]  # the fixture, used by name
 
 
 def two_calls(key: str = "") -> JobSpec:
@@ -100,3 +100,13 @@ async def test_an_idempotency_key_names_one_job_across_replicas(
     assert taken.value.job_id == "job-4"
     assert await two.job_by_key("acme", "k") == "job-4"
     assert await two.job_by_key("other", "k") is None
+
+
+async def test_a_closed_journal_refuses_instead_of_reconnecting(redis_prefix: str) -> None:
+    """A task still running after the close (a gRPC handler outliving its server's stop) must
+    not open a connection that nothing will close."""
+    journal = RedisJournal(REDIS_URL, "one", prefix=redis_prefix)
+    await journal.create(JobRun("job-6", "acme", two_calls(), 100.0))
+    await journal.aclose()
+    with pytest.raises(JournalUnavailable):  # redis-py alone would connect again and answer
+        await journal.load("acme", "job-6")

@@ -6,18 +6,15 @@ unique key prefix per test, deleted afterwards.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from redis import Redis as SyncRedis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore, TenantQuota
+from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 START = 1_750_000_000.0 + 6 * 3600  # 06:00 UTC, far from a budget day boundary
 TTL = 60.0  # a reservation TTL no test outlives
 
@@ -48,25 +45,6 @@ class Harness:
         if self.clock is None:
             pytest.skip(f"needs a hand-driven clock: {why}")
         return self.clock
-
-
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A unique key prefix on the local Redis, cleaned up after the test."""
-    client = SyncRedis.from_url(REDIS_URL, socket_timeout=2.0)
-    try:
-        client.ping()
-    except RedisConnectionError:
-        client.close()
-        pytest.skip("no redis-server on 127.0.0.1:6379 (scripts/test.sh starts one)")
-    prefix = f"fgtest-{uuid.uuid4().hex[:12]}"
-    try:
-        yield prefix
-    finally:
-        stale = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if stale:
-            client.delete(*stale)
-        client.close()
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
