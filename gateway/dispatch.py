@@ -7,7 +7,9 @@ call. Each pass asks the core for the next call with the backends' capacity snap
 answers in policy order, only while some backend can admit the call now, and says which one, so
 the backends' own queues stay short and the policy's order is the order that runs.
 
-A taken call first reserves its worst case (prompt + max_tokens) in the quota store, in a task
+A taken call of a pool shared with other replicas is first granted by the pool's fair share in
+Redis (`gateway.share`; made to wait, its tenant is held a moment while others go on). A taken
+call then reserves its worst case (prompt + max_tokens) in the quota store, in a task
 of its own so that no slow store reply stalls the loop: meanwhile the policy holds it (it stays
 ready, unseen) and its room is promised. A reserve that cannot reach the store is retried with
 backoff until `reserve_deadline_s`; a quota refusal with a retry time holds the call's tenant
@@ -53,15 +55,17 @@ from gateway.backends import BackendCall, BackendCapacity, BackendLost, CallStre
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
+from gateway.errors import ShareUnavailable
 from gateway.job_run import ENDED, JobRun, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.lanes import Lane
-from gateway.leases import Leases, reserve_within
+from gateway.leases import Leases, reserve_within, retry_unavailable
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Close, Outbox
 from gateway.overload import OverloadControl
 from gateway.owned import OwnsTasks
 from gateway.prompts import PromptEncoder
+from gateway.share import Ask, Heads, RedisShare
 from gateway.slo import SloConfig
 from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
 from gateway.tickets import Blank, Ticket, job_info, part_of
@@ -81,6 +85,7 @@ INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
 YIELDED = "yielded its slot to a call of a protected job"
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
+GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
 Entry = CoreCall[Ticket]
 
 
@@ -116,8 +121,11 @@ class Dispatcher(OwnsTasks):
         outbox: Outbox | None = None,
         metrics: GatewayMetrics | None = None,
         slo: SloConfig | None = None,
+        share: RedisShare | None = None,
     ) -> None:
         super().__init__()
+        if share is None and any(lane.core.gated for lane in lanes):
+            raise ValueError("a gated lane needs the pool's share")
         names = [name for lane in lanes for name in lane.backends]
         if not lanes or len(set(names)) != len(names) or len({x.model for x in lanes}) < len(lanes):
             raise ValueError("one lane per model, backend names unique across them")
@@ -144,6 +152,9 @@ class Dispatcher(OwnsTasks):
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
         self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
         self.paused = False
+        self.share = share  # the pools' fair share across replicas (the gated lanes')
+        self._share_changed = anyio.Event()
+        self._published: dict[str, Heads] = {}  # pool -> the heads it last published
         self.overload = None  # no SLO targets: no overload control
         if slo is not None:
             self.overload = OverloadControl(slo, lanes, clock, self._wake_loop, metrics)
@@ -188,6 +199,8 @@ class Dispatcher(OwnsTasks):
         tg.start_soon(self._deadlines.run)
         if self.overload is not None:
             tg.start_soon(self.overload.run)
+        if self.share is not None:
+            tg.start_soon(self._publish_heads, self.share)
 
     def capacities(self) -> dict[str, BackendCapacity]:
         """Every backend's room, across the pools."""
@@ -418,16 +431,20 @@ class Dispatcher(OwnsTasks):
         for lane in self.lanes.values():
             while (dispatch := lane.core.next(self.clock(), lane.capacities())) is not None:
                 entry = dispatch.entry
-                if dispatch.needs_reserve:
-                    self.tasks.start_soon(self._reserve_and_launch, entry)
+                if dispatch.taken:
+                    self.tasks.start_soon(self._take, entry, dispatch.needs_grant)
                 else:
                     self._start(entry)
             if (victim := lane.core.to_yield(lane.capacities())) is not None:
                 self.backends[victim.backend].abort(victim.call.call_id)
                 if self.metrics is not None:
                     self.metrics.yielded(victim.call.tenant_id)
+            if lane.core.gated and self._heads(lane) != self._published.get(lane.model):
+                self._share_changed.set()
 
-    async def _reserve_and_launch(self, entry: Entry) -> None:
+    async def _take(self, entry: Entry, grant: bool) -> None:
+        """A taken call: granted by the pool's share (`grant`), its quota reserved (unless it
+        was with its job's admission), then started."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
         with self._failing_node(run, call.node_id):
@@ -435,22 +452,26 @@ class Dispatcher(OwnsTasks):
                 deadline = self.clock() + self.config.reserve_deadline_s
                 if run.spec.deadline_unix_s is not None:
                     deadline = min(deadline, run.spec.deadline_unix_s)
-                await reserve_within(
-                    self.store,
-                    call.tenant_id,
-                    ticket.quota_id,
-                    ticket.quota_tokens,
-                    self.config.reservation_ttl_s,
-                    deadline,
-                    self.clock,
-                )
+                if grant and not await self._grant(entry, deadline):
+                    return
+                if not entry.reserved:
+                    await reserve_within(
+                        self.store,
+                        call.tenant_id,
+                        ticket.quota_id,
+                        ticket.quota_tokens,
+                        self.config.reservation_ttl_s,
+                        deadline,
+                        self.clock,
+                    )
             except QuotaExceeded as exc:
                 self._refused(entry, exc)
                 return
-            except QuotaUnavailable:
+            except (QuotaUnavailable, ShareUnavailable) as exc:
                 # the reserve may have landed after all: close it
                 await self._send(Close("release", call.tenant_id, ticket.quota_id))
-                self._drop_ready(entry, "quota store unavailable")
+                what = "quota store" if isinstance(exc, QuotaUnavailable) else "fair-share store"
+                self._drop_ready(entry, f"{what} unavailable")
                 return
             except (CallClosed, TenantNotFound) as exc:
                 self._drop_ready(entry, str(exc))
@@ -462,6 +483,52 @@ class Dispatcher(OwnsTasks):
                 return
             self.leases.hold_call(call.tenant_id, ticket.quota_id)
             self._start(entry)
+
+    async def _grant(self, entry: Entry, deadline: float) -> bool:
+        """Ask the pool's share for the call, retrying an unreachable store until `deadline`;
+        False when it must wait (it is ready again, its tenant held a moment)."""
+        ticket = entry.payload
+        call, lane = ticket.call, self._lane(ticket)
+        ask = Ask(call.tenant_id, lane.core.charge(entry))
+        if await retry_unavailable(
+            lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
+        ):
+            lane.core.granted(call.call_id, ask.tenant_id, ask.charge)
+            return True
+        lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
+        self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
+        return False
+
+    def _heads(self, lane: Lane) -> Heads:
+        """What this replica publishes in the pool's share: nothing once it hands over."""
+        return Heads((), ()) if self.paused else Heads(*lane.core.heads(self.clock()))
+
+    async def _exchange(self, lane: Lane, ask: Ask | None = None) -> bool:
+        """One exchange with the pool's share: the heads published, what is owed paid."""
+        assert self.share is not None
+        heads, owed = self._heads(lane), lane.core.take_owed()
+        try:
+            granted = await self.share.exchange(lane.model, heads, owed, ask)
+        except ShareUnavailable:
+            lane.core.owe(owed)  # paid with a later exchange
+            raise
+        self._published[lane.model] = heads
+        return granted
+
+    async def _publish_heads(self, share: RedisShare) -> None:
+        """Keep this replica's heads in the pools' shares: when they change, and every third
+        of their lifetime so that they do not lapse."""
+        while True:
+            with anyio.move_on_after(share.ttl_s / 3):
+                await self._share_changed.wait()
+            self._share_changed = anyio.Event()
+            for lane in self.lanes.values():
+                if not lane.core.gated:
+                    continue
+                try:
+                    await self._exchange(lane)
+                except ShareUnavailable:
+                    log.warning("cannot publish the share of %s: store unreachable", lane.model)
 
     def _refused(self, entry: Entry, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""

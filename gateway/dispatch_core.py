@@ -36,6 +36,14 @@ costs, and the calls of that job a backend holds get their new priority (`Reprio
 lost with its backend goes back to the ready calls once (`lost`), to run on another backend of
 the pool (the same one only in a pool of one); lost again, it fails.
 
+A gated core (a pool shared with other gateway replicas, gateway/share.py) takes every call,
+even one reserved with its job, so that the caller first asks the pool's share for it: `charge`
+is what a grant costs its tenant (predicted KV token-time per unit of weight), `granted` records
+it, `retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
+tenants have work here and which could send a call now (not held by a quota). When an attempt
+that was granted ends, however it ends, what it used beyond its grant (all of it back for an
+attempt that never ran) is `owed` to the share, for the caller to pay with its next exchange.
+
 Invariant: a call is in exactly one of ready, taking and running, and only while its job is
 active, except running calls, which stay until they end (their job may have left the policy).
 """
@@ -51,7 +59,7 @@ from typing import Generic, TypeVar
 
 from gateway.backends.base import BackendCapacity
 from gateway.routing import Router
-from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall
+from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall, kv_token_time
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 2  # a lost call runs again once
@@ -73,6 +81,8 @@ class CoreCall(Generic[T]):
     yields: int = 0  # attempts it gave up for a waiting call (not counted as lost)
     yielding: bool = False  # chosen to yield: being aborted
     yields_to: str = ""  # the call it yields its share to: it waits until that one is sent
+    granted: float = 0.0  # its attempt's charge in the pool's share (per unit of weight)
+    produced: int = 0  # output tokens its attempt has streamed so far
 
     @property
     def kv_tokens(self) -> int:
@@ -81,10 +91,16 @@ class CoreCall(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class Dispatch(Generic[T]):
-    """Send this call to `entry.backend`; reserve its quota first when `needs_reserve`."""
+    """Send this call to `entry.backend`; first ask the pool's share for it when `needs_grant`
+    and reserve its quota when `needs_reserve` (either: it is taken, `launched` next)."""
 
     entry: CoreCall[T]
     needs_reserve: bool
+    needs_grant: bool = False
+
+    @property
+    def taken(self) -> bool:
+        return self.needs_reserve or self.needs_grant
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +118,7 @@ class DispatchCore(Generic[T]):
         knee_calls: int | None = None,
         router: Router | None = None,
         share_slots: bool = False,
+        gated: bool = False,
     ) -> None:
         self.policy = policy
         self.knee_calls = knee_calls  # per backend
@@ -123,6 +140,12 @@ class DispatchCore(Generic[T]):
         # the share of each backend's batch slots that may be busy: below 1 under overload, so
         # the calls admitted run faster (the SLO monitor sets it)
         self.batch_fraction = 1.0
+        # every call is granted by the pool's share across replicas before it is sent
+        # (gateway/share.py); `owed` is what ended calls used beyond their grants, per tenant,
+        # until the caller pays it there
+        self.gated = gated
+        self.owed: dict[str, float] = {}
+        self._quota_held: dict[str, float] = {}  # tenant -> until when a quota refused it
 
     # --- jobs and ready calls -------------------------------------------------------------
 
@@ -203,12 +226,12 @@ class DispatchCore(Generic[T]):
             return None
         entry.backend = backend
         del self.ready[call.call_id]
-        if entry.reserved:
+        if entry.reserved and not self.gated:
             self._dispatched(entry, now)
             return Dispatch(entry, needs_reserve=False)
         self.policy.hold(call.call_id)
         self.taking[call.call_id] = entry
-        return Dispatch(entry, needs_reserve=True)
+        return Dispatch(entry, needs_reserve=not entry.reserved, needs_grant=self.gated)
 
     def starts_at_once(
         self, call: ReadyCall, reserve_output: int, capacities: Mapping[str, BackendCapacity]
@@ -289,7 +312,63 @@ class DispatchCore(Generic[T]):
                 rooms[entry.backend] = _less(room, room.blocks_for(entry.kv_tokens))
         return rooms
 
-    # --- a taken call's quota -------------------------------------------------------------
+    # --- a taken call's grant and quota ---------------------------------------------------
+
+    def charge(self, entry: CoreCall[T]) -> float:
+        """What a grant charges the call in the pool's share: its predicted KV token-time
+        (the output capped at max_tokens) per unit of its tenant's weight."""
+        call = entry.call
+        output = min(call.predicted_output, float(call.max_tokens))
+        return kv_token_time(call.prompt_tokens, output) / self._weight(call.tenant_id)
+
+    def granted(self, call_id: str, tenant_id: str, charge: float) -> None:
+        """The pool's share granted the taken call `charge`; a call that left meanwhile owes
+        it back at once."""
+        entry = self.taking.get(call_id)
+        if entry is None:
+            self._owe(tenant_id, -charge)
+        else:
+            entry.granted = charge
+
+    def heads(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The tenants with work here (ready, taken or running calls), and those among them
+        with a ready call no quota holds: what this replica publishes in the pool's share."""
+        active = {
+            e.call.tenant_id
+            for calls in (self.ready, self.taking, self.running)
+            for e in calls.values()
+        }
+        waiting = {
+            e.call.tenant_id
+            for e in self.ready.values()
+            if self._quota_held.get(e.call.tenant_id, -math.inf) <= now
+        }
+        return tuple(sorted(active)), tuple(sorted(waiting))
+
+    def take_owed(self) -> dict[str, float]:
+        """What is owed to the pool's share, handed to the caller to pay (`owe` it back if
+        the payment fails)."""
+        owed, self.owed = self.owed, {}
+        return owed
+
+    def owe(self, owed: Mapping[str, float]) -> None:
+        for tenant, amount in owed.items():
+            self._owe(tenant, amount)
+
+    def _owe(self, tenant_id: str, amount: float) -> None:
+        if amount:
+            self.owed[tenant_id] = self.owed.get(tenant_id, 0.0) + amount
+
+    def _settle_grant(self, entry: CoreCall[T], prompt_tokens: int, produced: int) -> None:
+        """The attempt ended having used `produced` output tokens: its grant is trued up."""
+        if entry.granted:
+            used = kv_token_time(prompt_tokens, produced) / self._weight(entry.call.tenant_id)
+            self._owe(entry.call.tenant_id, used - entry.granted)
+            entry.granted = 0.0
+        entry.produced = 0
+
+    def _weight(self, tenant_id: str) -> float:
+        return self._weights.get(tenant_id, 1.0)
 
     def launched(self, call_id: str, now: float) -> CoreCall[T] | None:
         """Its quota is reserved: it runs. None when its job ended meanwhile (release it)."""
@@ -299,19 +378,24 @@ class DispatchCore(Generic[T]):
         self._dispatched(entry, now)
         return entry
 
-    def retry_later(self, call_id: str, until: float) -> None:
-        """A quota refused the call until `until`: it waits, and its tenant's calls with it."""
+    def retry_later(self, call_id: str, until: float, *, quota: bool = True) -> None:
+        """A quota (or, not `quota`, the pool's share) refused the call until `until`: it
+        waits, and its tenant's calls with it."""
         entry = self.taking.pop(call_id, None)
         if entry is None:
             return
+        self._settle_grant(entry, entry.call.prompt_tokens, 0)
         self.policy.unhold(call_id)
         self.ready[call_id] = entry
         self.policy.hold_tenant(entry.call.tenant_id, until)
+        if quota:
+            self._quota_held[entry.call.tenant_id] = until
 
     def drop(self, call_id: str, now: float) -> CoreCall[T] | None:
         """A ready or taken call that will never run leaves the policy unserved."""
         entry = self.taking.pop(call_id, None) or self.ready.pop(call_id, None)
         if entry is not None:
+            self._settle_grant(entry, entry.call.prompt_tokens, 0)
             self._end_unserved(call_id, now)
         return entry
 
@@ -322,6 +406,7 @@ class DispatchCore(Generic[T]):
 
     def progress(self, call_id: str, produced: int, now: float) -> list[Reprioritize[T]]:
         entry = self.running[call_id]
+        entry.produced = produced
         if not self.has_job(entry.call.job_id):
             return []  # an ended job has left the policy
         self.policy.on_progress(call_id, produced, now)
@@ -346,8 +431,9 @@ class DispatchCore(Generic[T]):
         """The call ended (done, failed or aborted): the policy learns what it cost."""
         entry = self.running.pop(call_id)
         self._yielding.discard(call_id)
+        self._settle_grant(entry, prompt_tokens, produced)
         job_id = entry.call.job_id
-        self.policy.unhold_tenant(entry.call.tenant_id)  # a concurrency slot is free again
+        self._unhold_tenant(entry.call.tenant_id)  # a concurrency slot is free again
         calls = self._jobs.get(job_id)
         if calls is None:
             return []
@@ -396,8 +482,9 @@ class DispatchCore(Generic[T]):
             return None
         del self.running[call_id], calls[call_id]
         self._yielding.discard(call_id)
+        self._settle_grant(entry, entry.call.prompt_tokens, entry.produced)
         self.policy.requeue(call_id, now)
-        self.policy.unhold_tenant(entry.call.tenant_id)
+        self._unhold_tenant(entry.call.tenant_id)
         entry.reserved, entry.backend, entry.yielding = False, "", False
         self.ready[call_id] = entry
         return entry
@@ -423,6 +510,10 @@ class DispatchCore(Generic[T]):
         self._jobs[entry.call.job_id][call_id] = entry
         self.router.sent(entry.call, entry.backend)
 
+    def _unhold_tenant(self, tenant_id: str) -> None:
+        self.policy.unhold_tenant(tenant_id)
+        self._quota_held.pop(tenant_id, None)
+
     def _end_unserved(self, call_id: str, now: float) -> None:
         """A ready call leaves the policy without running: dispatched, and done with nothing."""
         self.policy.mark_dispatched(call_id, now)
@@ -433,6 +524,8 @@ class DispatchCore(Generic[T]):
         for calls in (self.ready, self.taking):
             for call_id in [c for c, e in calls.items() if e.call.job_id == job_id]:
                 gone.append(calls.pop(call_id))
+        for entry in gone:
+            self._settle_grant(entry, entry.call.prompt_tokens, 0)
         return gone
 
 

@@ -91,6 +91,10 @@ class JournalUnavailable(Exception):
     """The job journal (Redis) cannot be reached: no job is accepted or dispatched meanwhile."""
 
 
+class ShareUnavailable(Exception):
+    """The pool's fair share (Redis) cannot be reached: no call is granted, so none is sent."""
+
+
 class IdempotencyConflict(Exception):
     """An idempotency key reused with a different job."""
 

@@ -37,12 +37,13 @@ def make_lane(
     planner: CallPlanner,
     knee_calls: int | None = None,
     share_slots: bool = False,
+    gated: bool = False,
 ) -> Lane:
     if not backends or len({b.name for b in backends}) != len(backends):
         raise ValueError(f"pool {model!r} needs at least one backend, each with its own name")
     return Lane(
         model,
         {b.name: b for b in backends},
-        DispatchCore(policy, knee_calls, share_slots=share_slots),
+        DispatchCore(policy, knee_calls, share_slots=share_slots, gated=gated),
         Tickets(tokenizer, planner, model),
     )

@@ -8,14 +8,16 @@ two missed ticks); a lease the store reports lost (reclaimed after a longer outa
 settle still charges what the call used (a late settle).
 
 `reserve_within` retries a reserve that cannot reach the store, with capped exponential backoff,
-until a deadline; refusals (QuotaExceeded, CallClosed) are not retried here.
+until a deadline (`retry_unavailable`, which the pool's share grant uses too); refusals
+(QuotaExceeded, CallClosed) are not retried here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -25,6 +27,7 @@ from tenants import QuotaStore, QuotaUnavailable, Reservation
 from tenants.models import MAX_RENEW_IDS
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 
@@ -94,11 +97,24 @@ async def reserve_within(
     clock: Callable[[], float],
 ) -> Reservation:
     """Reserve, retrying while the store is unreachable until `deadline` (then it raises)."""
+    return await retry_unavailable(
+        lambda: store.reserve(tenant_id, call_id, tokens, ttl_s), QuotaUnavailable, deadline, clock
+    )
+
+
+async def retry_unavailable(
+    attempt: Callable[[], Awaitable[T]],
+    unavailable: type[Exception],
+    deadline: float,
+    clock: Callable[[], float],
+) -> T:
+    """`attempt()`, tried again with capped exponential backoff while it raises `unavailable`,
+    until `deadline` (then it raises that)."""
     delay = BACKOFF_FIRST_S
     while True:
         try:
-            return await store.reserve(tenant_id, call_id, tokens, ttl_s)
-        except QuotaUnavailable:
+            return await attempt()
+        except unavailable:
             if clock() + delay >= deadline:
                 raise
         await anyio.sleep(delay)

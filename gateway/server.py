@@ -49,6 +49,7 @@ from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
+from gateway.share import RedisShare
 from gateway.status import snapshot
 from gateway.streams import OpenStreams
 from gateway.telemetry import TRACER_NAME, setup_metrics, setup_tracing, tracer
@@ -58,7 +59,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import HIDDEN_ARTIFACT, PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from tenants.policies import make_serving_policy
+from tenants.policies import WEIGHTED_POLICY_NAMES, make_serving_policy
 
 log = logging.getLogger(__name__)
 SERVICES = (
@@ -198,6 +199,13 @@ async def running_gateway(
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,
         )
         planner = _planner(settings, pools)
+        share = None
+        if settings.store != "memory" and not settings.per_replica_share:
+            share = RedisShare(
+                settings.store, settings.replica(), slack_calls=settings.share_slack_calls
+            )
+            stack.push_async_callback(share.aclose)
+        weighted = share is not None and settings.policy in WEIGHTED_POLICY_NAMES
         lanes = [
             make_lane(
                 pool.model,
@@ -207,6 +215,7 @@ async def running_gateway(
                 planner,
                 settings.knee_calls,
                 settings.share_slots,
+                weighted and all(b.capabilities.shared for b in pool.backends),
             )
             for pool in pools.pools
         ]
@@ -225,6 +234,7 @@ async def running_gateway(
                 outbox=Outbox(store, outbox_path(settings)),
                 metrics=metrics,
                 slo=settings.slo(),
+                share=share if any(lane.core.gated for lane in lanes) else None,
             )
         )
         metrics.watch(dispatcher)

@@ -53,6 +53,9 @@ class BackendCapacity:
 class Capabilities:
     hidden_states: bool  # hands out a prompt's hidden state once prefilled (refinement)
     priority: bool  # orders and preempts its calls by the priority the gateway gives
+    # other gateway replicas may send it calls too (a server), so its pool's fair share is
+    # kept across them (gateway/share.py); False for an engine inside this process
+    shared: bool = False
 
 
 @dataclass(frozen=True, slots=True)

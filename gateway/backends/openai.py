@@ -90,7 +90,9 @@ class OpenAIBackend(OwnsTasks):
         self.settings = settings
         self.name = settings.display_name
         self.model = settings.model
-        self.capabilities = Capabilities(hidden_states=False, priority=settings.priority)
+        self.capabilities = Capabilities(
+            hidden_states=False, priority=settings.priority, shared=True
+        )
         self.server: ServerInfo | None = None  # what the start-up check read
         self.stale_after_s = STALE_SCRAPES * settings.scrape_interval_s
         self._url = settings.url

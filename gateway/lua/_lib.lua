@@ -4,3 +4,8 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+
+-- Fractional numbers leave as '%.17g' strings: Redis truncates Lua numbers it is handed.
+local function fmt(x)
+  return string.format('%.17g', x)
+end

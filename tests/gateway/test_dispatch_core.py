@@ -8,7 +8,7 @@ import pytest
 
 from gateway.backends import BackendCapacity
 from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
-from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
+from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
 
 
 def room(
@@ -363,3 +363,118 @@ def test_weights_size_the_shares() -> None:
     assert core.next(2.0, full) is None
     victim = core.to_yield(full)
     assert victim is not None and victim.call.tenant_id == "h"
+
+
+def test_with_the_pool_s_share_every_call_is_granted_before_it_is_sent() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
+    core.add_job(JobInfo("a", "t", 2.0, 0.0, (NodeCost("n", (), 4, 4.0, 8),)), 0.0)
+    core.add_ready(ReadyCall("a/n", "a", "t", "n", 4, 4.0, 8), 4, "payload", 0.0, reserved=True)
+    dispatch = core.next(0.0, {"x": room()})
+    assert dispatch is not None and dispatch.taken
+    assert dispatch.needs_grant and not dispatch.needs_reserve  # reserved with its job
+    assert core.charge(dispatch.entry) == kv_token_time(4, 4) / 2.0  # per unit of weight
+    assert core.heads(0.0) == (("t",), ())  # taken, so not waiting
+
+
+def test_a_share_refusal_keeps_the_tenant_waiting_and_a_quota_refusal_does_not() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
+    add_job(core, "a", tenant="t1")
+    add_job(core, "b", tenant="t2")
+    first, second = core.next(0.0, {"x": room()}), core.next(0.0, {"x": room()})
+    assert first is not None and second is not None
+    core.retry_later(first.entry.call.call_id, 1.0, quota=False)
+    core.retry_later(second.entry.call.call_id, 1.0)
+    assert core.heads(0.5) == (("t1", "t2"), ("t1",))  # t2 could not send anything now
+    assert core.heads(1.0) == (("t1", "t2"), ("t1", "t2"))  # its hold is over
+
+
+def test_a_grant_that_lands_after_its_call_left_is_owed_back() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
+    add_job(core, "a")
+    dispatch = core.next(0.0, {"x": room()})
+    assert dispatch is not None
+    core.remove_job("a", 0.0)
+    core.granted("a/n0", "t", 5.0)
+    assert core.take_owed() == {"t": -5.0} and core.take_owed() == {}
+
+
+def test_blast_every_grant_is_trued_up_to_what_its_attempt_used() -> None:
+    rng = random.Random(11)
+    core: DispatchCore[str] = DispatchCore(make_policy("justitia"), gated=True)
+    charged: dict[str, float] = {}  # grants plus what was owed, per tenant
+    used: dict[str, float] = {}  # KV token-time of every attempt that ran, per tenant
+    produced: dict[str, int] = {}
+    active: set[str] = set()
+    granted_only: list[str] = []  # taken and granted, not launched yet
+
+    def pay() -> None:
+        for tenant, amount in core.take_owed().items():
+            charged[tenant] = charged.get(tenant, 0.0) + amount
+
+    def ran(call_id: str, output: int) -> None:
+        tenant = core.running[call_id].call.tenant_id
+        used[tenant] = used.get(tenant, 0.0) + kv_token_time(16, output)
+
+    for step in range(2000):
+        now = float(step)
+        if rng.random() < 0.2:
+            job_id = f"j{step}"
+            add_job(core, job_id, nodes=rng.randint(1, 3), now=now, tenant=f"t{step % 3}")
+            active.add(job_id)
+        for job_id in list(active):
+            if rng.random() < 0.02:  # cancelled, whatever its calls are doing
+                core.remove_job(job_id, now)
+                active.discard(job_id)
+        for call_id in granted_only:
+            if core.launched(call_id, now) is not None:
+                produced[call_id] = 0
+        granted_only.clear()
+        while (dispatch := core.next(now, {"x": room(free_slots=rng.randint(0, 3))})) is not None:
+            entry = dispatch.entry
+            roll = rng.random()
+            if roll < 0.2:
+                core.retry_later(entry.call.call_id, now + 1, quota=False)  # not granted
+                continue
+            tenant = entry.call.tenant_id
+            charged[tenant] = charged.get(tenant, 0.0) + core.charge(entry)
+            core.granted(entry.call.call_id, tenant, core.charge(entry))
+            if roll < 0.3:
+                core.retry_later(entry.call.call_id, now + 1)  # a quota refused it
+            elif roll < 0.35:
+                core.drop(entry.call.call_id, now)
+            elif roll < 0.5:
+                granted_only.append(entry.call.call_id)  # launched later, if its job stays
+            else:
+                core.launched(entry.call.call_id, now)
+                produced[entry.call.call_id] = 0
+        for call_id in list(core.running):
+            roll = rng.random()
+            if roll < 0.3:
+                output = produced.pop(call_id) + rng.randint(0, 9)
+                ran(call_id, output)
+                core.finished(call_id, 16, output, now)
+            elif roll < 0.35:
+                ran(call_id, produced[call_id])
+                if core.lost(call_id, now) is None:
+                    core.finished(call_id, 16, produced[call_id], now)
+                produced.pop(call_id)
+            elif roll < 0.6:
+                produced[call_id] += rng.randint(0, 30)
+                core.progress(call_id, produced[call_id], now)
+        for job_id in list(active):
+            if not any(
+                c.startswith(job_id + "/") for c in (*core.ready, *core.taking, *core.running)
+            ):
+                core.remove_job(job_id, now)
+                active.discard(job_id)
+        if rng.random() < 0.5:
+            pay()
+    for call_id in list(core.running):  # the calls still running end
+        ran(call_id, produced[call_id])
+        core.finished(call_id, 16, produced.pop(call_id), 2000.0)
+    for job_id in active:
+        core.remove_job(job_id, 2000.0)
+    pay()
+    assert charged.keys() == used.keys() and len(used) == 3
+    for tenant, amount in used.items():
+        assert charged[tenant] == pytest.approx(amount, rel=1e-9), tenant

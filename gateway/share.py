@@ -1,0 +1,117 @@
+"""One pool's fair share across gateway replicas, kept in Redis and granted call by call.
+
+With the redis store every replica is fair to the whole deployment, not only to the jobs it
+happens to own. Each pool's service counters live in Redis: per tenant, the KV token-time its
+calls took divided by its weight (VTC's counter over the cost unit of docs/ARCHITECTURE.md §3).
+A replica publishes the tenants it has work for (`active`: ready, being sent or running) and,
+among them, those with a call it could send now (`waiting`: not held by a quota); each entry
+lapses `ttl_s` after it was published, so a dead replica's tenants stop counting within it.
+Before it sends a call of a fair-share policy (vtc, justitia) a replica asks for a grant:
+`share.lua` grants it and charges its predicted cost, unless its tenant already leads the
+least-served *other* waiting tenant anywhere in the pool by more than `slack` mean charges; then
+the call waits and the replica sends its other tenants' calls, while the replica that holds the
+least-served tenant's calls takes the room. When the call ends, what it used beyond its grant
+(or short of it; everything for a call that never ran) is paid with the next exchange. A tenant
+that becomes active is lifted to the least-served active tenant (to the most-served with none
+active), so idle time banks no credit.
+
+Why a slack: justitia's own guarantee lets a job end up to one largest call's service after its
+fair-share finish, so its order needs some room to pick among tenants; a few mean calls' lead
+leaves the order what it would be alone while no tenant's lead over the pool grows past it.
+Within the grant each replica's policy keeps its order (justitia's completion order, vtc's
+counters) over the jobs it owns.
+
+Redis unreachable: no grant, so no new dispatch (fail closed); a call waits for the store as a
+reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash tag:
+`<prefix>:{pool:<model>}:counters`, `:active`, `:waiting`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+
+from gateway.errors import ShareUnavailable
+from tenants.redis_client import RedisClient, fails_closed
+
+ENTRY_TTL_S = 2.0  # a published tenant counts this long; republished every third of it
+SLACK_CALLS = 4.0  # the lead a tenant may take, in mean charges of a grant
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """The tenants a replica has work for in one pool."""
+
+    active: tuple[str, ...]  # ready, being sent or running calls
+    waiting: tuple[str, ...]  # a ready call not held by a quota: it could be sent now
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A grant asked for one call: its tenant and its charge (predicted cost / weight)."""
+
+    tenant_id: str
+    charge: float
+
+
+def _source() -> str:
+    lua = resources.files("gateway") / "lua"
+    return (lua / "_lib.lua").read_text() + "\n" + (lua / "share.lua").read_text()
+
+
+_fails_closed = fails_closed(ShareUnavailable, "fair-share store")
+
+
+class RedisShare(RedisClient):
+    def __init__(
+        self,
+        url: str,
+        replica_id: str,
+        *,
+        ttl_s: float = ENTRY_TTL_S,
+        slack_calls: float = SLACK_CALLS,
+        prefix: str = "fg",
+        socket_timeout_s: float = 2.0,
+    ) -> None:
+        super().__init__(url, 8, socket_timeout_s, socket_timeout_s)
+        if " " in replica_id:
+            raise ValueError(f"a replica id holds no space, got {replica_id!r}")
+        self.replica_id = replica_id
+        self.ttl_s = ttl_s
+        self.slack_calls = slack_calls
+        self._prefix = prefix
+        self._script = self._redis.register_script(_source())
+
+    def keys(self, pool: str) -> list[str]:
+        base = f"{self._prefix}:{{pool:{pool}}}"
+        return [f"{base}:counters", f"{base}:active", f"{base}:waiting"]
+
+    @_fails_closed
+    async def exchange(
+        self, pool: str, heads: Heads, owed: Mapping[str, float], ask: Ask | None = None
+    ) -> bool:
+        """Publish this replica's heads in the pool, pay what is owed, and answer `ask`: True
+        when the call is granted (its charge counted), False when it must wait (or nothing was
+        asked)."""
+        args: list[str | float | int] = [
+            self.replica_id,
+            int(self.ttl_s * 1000),
+            self.slack_calls,
+            ask.tenant_id if ask is not None else "",
+            ask.charge if ask is not None else 0.0,
+            len(heads.active),
+            *heads.active,
+            len(heads.waiting),
+            *heads.waiting,
+        ]
+        for tenant, amount in owed.items():
+            args += [tenant, repr(amount)]
+        reply = await self._script(keys=self.keys(pool), args=args)
+        return int(reply[0]) == 1
+
+    @_fails_closed
+    async def counters(self, pool: str) -> dict[str, float]:
+        """Each tenant's service per unit of weight in the pool (for tests and benchmarks)."""
+        fields: dict[str, str] = await self._redis.hgetall(self.keys(pool)[0])  # type: ignore[assignment]
+        return {t: float(v) for t, v in fields.items() if not t.startswith("~")}

@@ -1,0 +1,127 @@
+"""The pool's fair share across replicas on a real Redis: a tenant is granted calls until it
+leads the least-served tenant waiting on any replica by more than the slack; a tenant that
+becomes active is lifted, so idle time banks no credit; what ended calls owe is paid; a
+replica's heads are replaced by what it publishes next and lapse with their lifetime; an
+unreachable or closed store grants nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.errors import ShareUnavailable
+from gateway.share import Ask, Heads, RedisShare
+from tests.conftest import REDIS_URL
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+POOL = "m"
+
+
+@pytest.fixture
+async def replicas(redis_prefix: str) -> AsyncIterator[tuple[RedisShare, RedisShare]]:
+    a = RedisShare(REDIS_URL, "a", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
+    b = RedisShare(REDIS_URL, "b", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
+    yield a, b
+    await a.aclose()
+    await b.aclose()
+
+
+def waiting(*tenants: str) -> Heads:
+    return Heads(tenants, tenants)
+
+
+async def test_a_tenant_leading_by_more_than_the_slack_waits_for_the_other_replica(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    assert await b.exchange(POOL, waiting("t2"), {}) is False  # nothing asked: published
+    grants = 0
+    while await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0)):
+        grants += 1
+        assert grants < 100
+    # the mean charge is 10: t1 may lead t2 (at 0) by 2 x 10, so its third grant took it to 30
+    assert grants == 3
+    assert await a.counters(POOL) == {"t1": 30.0}
+    assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))  # t2 is behind: granted
+    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))  # leads by 30 - 10 = 20
+    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0)) is False  # 40 - 10 > 20
+    assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))
+    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))  # 40 - 20 <= 20
+    assert await a.counters(POOL) == {"t1": 50.0, "t2": 20.0}
+
+
+async def test_only_waiting_tenants_hold_others_back(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    # t2 runs calls on b but has none to send (held by its quota): it holds nobody back
+    assert await b.exchange(POOL, Heads(("t2",), ()), {}) is False
+    for _ in range(10):
+        assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+
+
+async def test_a_tenant_that_becomes_active_is_lifted_to_the_least_served(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    for _ in range(3):
+        assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+    # t2 arrives while t1 is active at 30: it starts at 30, not at 0
+    assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))
+    assert await b.counters(POOL) == {"t1": 30.0, "t2": 40.0}
+    # t1 leaves every replica; t3 arrives with nobody active: it starts at the most served
+    await a.exchange(POOL, Heads((), ()), {})
+    await b.exchange(POOL, Heads((), ()), {})
+    assert await a.exchange(POOL, waiting("t3"), {}, Ask("t3", 1.0))
+    assert (await a.counters(POOL))["t3"] == 41.0
+
+
+async def test_what_ended_calls_owe_is_paid_and_refunds_count(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, _ = replicas
+    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+    await a.exchange(POOL, waiting("t1"), {"t1": 2.5})  # used 12.5 of its 10
+    await a.exchange(POOL, waiting("t1"), {"t1": -12.5})  # ... or none: a refund
+    assert await a.counters(POOL) == {"t1": 0.0}
+
+
+async def test_heads_are_replaced_by_the_next_publish_and_lapse_with_their_lifetime(
+    redis_prefix: str,
+) -> None:
+    a = RedisShare(REDIS_URL, "a", slack_calls=0.0, ttl_s=60.0, prefix=redis_prefix)
+    gone = RedisShare(REDIS_URL, "gone", slack_calls=0.0, ttl_s=0.0, prefix=redis_prefix)
+    try:
+        assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+        # another replica's t2 (at the lifted 10) is published with no lifetime left: it lapses
+        # before the next exchange, so t1 (at 10, leading nobody) is granted again
+        await gone.exchange(POOL, waiting("t2"), {})
+        assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+        # t2 published by `a` itself counts: it joins lifted to t1's 20, and once t1 is
+        # granted again it leads t2 by 10 > 0 x mean
+        await a.exchange(POOL, waiting("t1", "t2"), {})
+        assert await a.exchange(POOL, waiting("t1", "t2"), {}, Ask("t1", 10.0))
+        assert await a.exchange(POOL, waiting("t1", "t2"), {}, Ask("t1", 10.0)) is False
+        # `a` no longer has t2: its next publish drops it, and t1 leads nobody
+        assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+        assert await a.counters(POOL) == {"t1": 40.0, "t2": 20.0}
+    finally:
+        await a.aclose()
+        await gone.aclose()
+
+
+async def test_no_grant_without_the_store(redis_prefix: str) -> None:
+    unreachable = RedisShare("redis://127.0.0.1:1/0", "a", socket_timeout_s=0.2)
+    with pytest.raises(ShareUnavailable, match="fair-share store unavailable"):
+        await unreachable.exchange(POOL, waiting("t1"), {}, Ask("t1", 1.0))
+    await unreachable.aclose()
+    closed = RedisShare(REDIS_URL, "a", prefix=redis_prefix)
+    await closed.aclose()
+    with pytest.raises(ShareUnavailable):
+        await closed.exchange(POOL, waiting("t1"), {}, Ask("t1", 1.0))
+
+
+def test_a_replica_id_with_a_space_is_refused() -> None:
+    with pytest.raises(ValueError, match="no space"):
+        RedisShare(REDIS_URL, "a b")
