@@ -23,6 +23,7 @@ BENCHES = {
     "gateway": "bench.gateway_overhead",
     "overload": "bench.overload",
     "backends": "bench.backends.cli",
+    "replicas": "bench.replicas.cli",
 }
 
 

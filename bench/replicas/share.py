@@ -1,0 +1,155 @@
+"""The share two replicas give two tenants of one saturated pool: global, or per replica.
+
+Two gateway replicas (`running_gateway`, redis store) run in this process in front of the same
+backends; tenant `light` (weight 1) sends all its jobs through the first and tenant `heavy`
+(weight 2) through the second, all at once, each job `fanout` parallel calls of `max_tokens`
+output tokens (end-of-sequence ignored, so every call costs the same). Each tenant's service is
+the KV token-time of its calls, each spread evenly over its run from start to finish; over the
+busy period (from the first start until either tenant has sent its last call: both had calls
+waiting all along) each tenant's
+part of the service is compared with its weight's part. `share_error` is the largest relative
+miss, |part - weight part| / weight part: 0 is the weights' split exactly; two replicas each fair
+only to their own jobs split about evenly, 0.5 for `light`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import anyio
+
+from fairgate import AdminClient, Client
+from fairgate.results import Job, JobFinished, JobState
+from fairgate.v1 import gateway_pb2 as pb
+from gateway.backends.settings import BackendSettings
+from gateway.server import running_gateway
+from gateway.settings import Settings
+from tenants.policies import kv_token_time
+
+ADMIN_KEY = "fg_admin_bench_replicas"
+WEIGHTS = {"light": 1.0, "heavy": 2.0}  # tenant -> weight; each sends through its own replica
+
+
+class ShareRunFailed(RuntimeError):
+    """A job of the share run did not succeed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRun:
+    parts: dict[str, float]  # tenant -> its part of the service over the busy period
+    error: float  # the largest relative miss of a tenant's weight part
+    busy_s: float
+    calls: int
+
+
+def _spec(index: int, fanout: int, max_tokens: int) -> pb.JobSpec:
+    sampling = pb.SamplingSpec(max_tokens=max_tokens)
+    nodes = [
+        pb.NodeSpec(id=f"n{i}", prompt_template=f"part {i} of job {index}", sampling=sampling)
+        for i in range(fanout)
+    ]
+    return pb.JobSpec(nodes=nodes)
+
+
+async def _run(client: Client, spec: pb.JobSpec) -> Job:
+    async for event in client.run_job(spec):
+        if isinstance(event, JobFinished):
+            if event.job.state is not JobState.SUCCEEDED:
+                raise ShareRunFailed(f"{event.job.job_id} ended {event.job.state.name}")
+            return event.job
+    raise ShareRunFailed("a job's stream ended without JobFinished")
+
+
+def share_parts(jobs: dict[str, list[Job]]) -> tuple[dict[str, float], float]:
+    """Each tenant's part of the KV token-time served over the busy period, and its length."""
+    spans: dict[str, list[tuple[float, float, float]]] = {}  # tenant -> (start, end, cost)
+    for tenant, results in jobs.items():
+        spans[tenant] = [
+            (
+                _seconds(n.start_time),
+                _seconds(n.finish_time),
+                kv_token_time(n.prompt_tokens, n.output_tokens),
+            )
+            for job in results
+            for n in job.nodes
+        ]
+    begin = min(start for calls in spans.values() for start, _, _ in calls)
+    # both tenants are backlogged until the first has sent its last call
+    end = min(max(start for start, _, _ in calls) for calls in spans.values())
+    served = {
+        tenant: sum(
+            cost * max(0.0, min(finish, end) - max(start, begin)) / max(finish - start, 1e-9)
+            for start, finish, cost in calls
+        )
+        for tenant, calls in spans.items()
+    }
+    total = sum(served.values())
+    return {tenant: amount / total for tenant, amount in served.items()}, end - begin
+
+
+def _seconds(moment: datetime | None) -> float:
+    assert moment is not None, "a succeeded node has its times"
+    return moment.timestamp()
+
+
+def share_error(parts: dict[str, float], weights: dict[str, float]) -> float:
+    total = sum(weights.values())
+    return max(abs(parts[t] - w / total) / (w / total) for t, w in weights.items())
+
+
+async def measure_share(
+    redis_url: str,
+    backends: Sequence[BackendSettings],
+    out: Path,
+    *,
+    per_replica: bool,
+    jobs_per_tenant: int,
+    fanout: int,
+    max_tokens: int,
+    policy: str = "justitia",
+    slack_calls: float = 4.0,
+) -> ShareRun:
+    """Run both tenants' jobs through two replicas on `redis_url` (a store of the run's own:
+    the pool's counters start empty) and measure the split."""
+    async with contextlib.AsyncExitStack() as stack:
+        targets = []
+        for i in range(len(WEIGHTS)):
+            settings = Settings(
+                port=0,
+                admin_key=ADMIN_KEY,
+                store=redis_url,
+                policy=policy,
+                backends=list(backends),
+                replica_id=f"share-{i}",
+                per_replica_share=per_replica,
+                share_slack_calls=slack_calls,
+                ignore_eos=True,
+                default_temperature=0.0,
+                outbox_file=out / f"outbox-share-{i}.jsonl",
+            )
+            gateway = await stack.enter_async_context(running_gateway(settings))
+            targets.append(f"127.0.0.1:{gateway.port}")
+        clients = {}
+        async with AdminClient(targets[0], ADMIN_KEY) as admin:
+            for (tenant, weight), target in zip(WEIGHTS.items(), targets, strict=True):
+                await admin.create_tenant(
+                    tenant, weight=weight, max_tokens_ceiling=max_tokens, default_max_tokens=1
+                )
+                key = (await admin.issue_key(tenant)).plaintext
+                clients[tenant] = await stack.enter_async_context(Client(target, key))
+        jobs: dict[str, list[Job]] = {tenant: [] for tenant in WEIGHTS}
+
+        async def one(tenant: str, index: int) -> None:
+            jobs[tenant].append(await _run(clients[tenant], _spec(index, fanout, max_tokens)))
+
+        async with anyio.create_task_group() as tg:
+            for index in range(jobs_per_tenant):
+                for tenant in WEIGHTS:
+                    tg.start_soon(one, tenant, index)
+    parts, busy = share_parts(jobs)
+    calls = sum(len(job.nodes) for results in jobs.values() for job in results)
+    return ShareRun(parts, share_error(parts, WEIGHTS), busy, calls)
