@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from gateway.backends.settings import BackendSettings
+from gateway.share import SLACK_CALLS
 from gateway.slo import SloConfig, SloTarget
 
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
@@ -120,7 +121,7 @@ class Settings(BaseSettings):
     job_retention_s: float = Field(default=86_400.0, ge=60.0)
     # the pool's fair share across replicas (vtc, justitia; gateway/share.py): how far, in mean
     # calls' cost, a tenant may lead the least-served tenant waiting anywhere in the pool
-    share_slack_calls: float = Field(default=4.0, ge=0.0)
+    share_slack_calls: float = Field(default=SLACK_CALLS, ge=0.0)
     # benchmarks only: each replica fair only to the jobs it owns, as before the pool's share
     # (`fairgate bench replicas` measures the error this makes)
     per_replica_share: bool = False

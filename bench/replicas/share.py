@@ -28,6 +28,7 @@ from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends.settings import BackendSettings
 from gateway.server import running_gateway
 from gateway.settings import Settings
+from gateway.share import SLACK_CALLS
 from tenants.policies import kv_token_time
 
 ADMIN_KEY = "fg_admin_bench_replicas"
@@ -111,7 +112,7 @@ async def measure_share(
     fanout: int,
     max_tokens: int,
     policy: str = "justitia",
-    slack_calls: float = 4.0,
+    slack_calls: float = SLACK_CALLS,
 ) -> ShareRun:
     """Run both tenants' jobs through two replicas on `redis_url` (a store of the run's own:
     the pool's counters start empty) and measure the split."""
