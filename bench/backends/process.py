@@ -4,7 +4,8 @@ The server runs in its own session (so its worker processes stop with it) on a p
 here. Start-up waits for a line of its own output that says it accepts connections, not for a
 polling loop; later output is drained and kept (the last lines), so a full pipe never blocks the
 server and a failure can show what it said. Stop is SIGTERM to the whole process group, then
-SIGKILL after a grace period. Invariant: after `stop` nothing of the server is left running.
+SIGKILL after a grace period (`kill`: SIGKILL at once, as a crash). Invariant: after `stop` or
+`kill` nothing of the server is left running.
 """
 
 from __future__ import annotations
@@ -83,6 +84,19 @@ class ServerProcess:
                 if self.ready(line):
                     ready.set()
         ready.set()  # it exited: `start` sees that
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "not running"
+        return self._process.pid
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would end it: nothing of it runs on, nothing of it is cleaned."""
+        process, self._process = self._process, None
+        if process is not None:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+            self._drain.join()
 
     def stop(self) -> None:
         process, self._process = self._process, None
