@@ -17,12 +17,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.genai_metrics import GenAiMetrics
 from gateway.job_run import JobRun, NodeRun, NodeState
 from gateway.recent import RecentCalls
+from tenants.redis_client import round_trips
 
 if TYPE_CHECKING:
     from gateway.dispatch import Dispatcher
@@ -179,6 +180,11 @@ class DispatchCollector(Collector):
         for tenant, count in tenants.items():
             active.add_metric([tenant], count)
         yield active
+        yield CounterMetricFamily(
+            "fairgate_redis_round_trips",
+            "Requests this process sent to Redis (a pipeline counts once)",
+            value=round_trips(),
+        )
         gauges = {
             "kv_usage_ratio": GaugeMetricFamily(
                 "fairgate_backend_kv_usage_ratio", "KV blocks in use", labels=["backend"]

@@ -28,9 +28,26 @@ _T = TypeVar("_T")
 _C = TypeVar("_C", bound="RedisClient")
 
 
+class _CountedPool(BlockingConnectionPool):
+    """Counts the requests sent: redis-py takes a connection from its pool once per command
+    and once per pipeline, so each is one round trip (`round_trips`, for the replicas
+    benchmark's Redis round trips per call)."""
+
+    taken = 0
+
+    async def get_connection(self, *args: Any, **options: Any) -> Any:
+        _CountedPool.taken += 1
+        return await super().get_connection(*args, **options)  # type: ignore[no-untyped-call]
+
+
+def round_trips() -> int:
+    """Redis round trips this process's clients have made so far."""
+    return _CountedPool.taken
+
+
 class RedisClient:
     def __init__(self, url: str, pool_size: int, timeout_s: float, pool_timeout_s: float) -> None:
-        pool = BlockingConnectionPool.from_url(
+        pool = _CountedPool.from_url(
             url,
             max_connections=pool_size,
             timeout=pool_timeout_s,

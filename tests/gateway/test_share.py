@@ -12,6 +12,7 @@ import pytest
 
 from gateway.errors import ShareUnavailable
 from gateway.share import Ask, Heads, RedisShare
+from tenants.redis_client import round_trips
 from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -125,3 +126,12 @@ async def test_no_grant_without_the_store(redis_prefix: str) -> None:
 def test_a_replica_id_with_a_space_is_refused() -> None:
     with pytest.raises(ValueError, match="no space"):
         RedisShare(REDIS_URL, "a b")
+
+
+async def test_each_exchange_is_one_round_trip(replicas: tuple[RedisShare, RedisShare]) -> None:
+    a, _ = replicas
+    await a.exchange(POOL, waiting("t1"), {})  # the script is loaded
+    before = round_trips()
+    for _ in range(5):
+        await a.exchange(POOL, waiting("t1"), {"t1": 1.0}, Ask("t1", 1.0))
+    assert round_trips() - before == 5
