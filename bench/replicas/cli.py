@@ -1,11 +1,13 @@
-"""`fairgate bench replicas --json FILE`: the pool's share across replicas against per replica.
+"""`fairgate bench replicas --json FILE`: gateway replicas on one Redis, what they share and cost.
 
-For each of `--rounds` rounds (the two arms' order rotated), a redis-server of the run's own (AOF
-on, on a free port, emptied between arms) and one `fairgate engine serve --simulated` process
-(steps of `--step-s` on the wall clock, `--slots` batch slots as the gateways see them); two
-gateway replicas in this process (`bench/replicas/share.py`). Reports each arm's median share
-error (the largest relative miss of a tenant's weight part of the KV token-time over the busy
-period) and the runs. Only the share (point 2 of the replicas issue) is measured here yet.
+A redis-server of the run's own (AOF on, on a free port, emptied before every run), then two
+studies (`--parts`), each `--rounds` rounds with the order of its arms rotated, medians:
+- `share` (`share.py`): two replicas in this process before one `fairgate engine serve
+  --simulated` process (steps of `--step-s`, `--slots` batch slots as the gateways see them);
+  each arm's share error (the largest relative miss of a tenant's weight part of the KV
+  token-time over the busy period), with the pool's share and per replica;
+- `scale` (`scale.py`): N = 1, 2, 3 `fairgate serve` processes before one instant simulated
+  server; calls/s, added latency p50 / p99, the gateways' CPU and Redis round trips per call.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from redis.asyncio import Redis
 
 from bench.backends.process import ServerProcess, free_port
 from bench.engine_servers import engine_servers
+from bench.replicas.scale import ScaleRun, measure_scale, medians
 from bench.replicas.share import ShareRun, measure_share
 from engine.loader import resolve_model
 from gateway.backends.settings import BackendSettings
 
 SERVED = "bench-replicas"
 ARMS = {"global": False, "per_replica": True}  # arm -> per_replica_share
+SCALE_REPLICAS = [1, 2, 3]
 
 
 def redis_server(directory: Path) -> tuple[ServerProcess, str]:
@@ -43,47 +47,90 @@ def redis_server(directory: Path) -> tuple[ServerProcess, str]:
     return process, f"redis://127.0.0.1:{port}/0"
 
 
-async def study(args: argparse.Namespace) -> dict[str, Any]:
+async def _flush(url: str) -> None:
+    async with Redis.from_url(url) as client:
+        await client.flushall()
+
+
+def _backend(url: str, slots: int, scrape_interval_s: float = 0.2) -> BackendSettings:
+    return BackendSettings(
+        kind="openai",
+        url=url,
+        model=SERVED,
+        tokenizer=resolve_model("default"),
+        max_num_seqs=slots,
+        scrape_interval_s=scrape_interval_s,
+    )
+
+
+async def share_study(args: argparse.Namespace, url: str, directory: Path) -> dict[str, Any]:
     runs: dict[str, list[ShareRun]] = {arm: [] for arm in ARMS}
+    flags = ["--simulated", "--simulated-step-s", str(args.step_s)]
+    async with engine_servers(1, [*flags, "--served-model-name", SERVED]) as (server,):
+        arms = list(ARMS)
+        for round_ in range(args.rounds):
+            for arm in arms[round_ % 2 :] + arms[: round_ % 2]:
+                await _flush(url)
+                run = await measure_share(
+                    url,
+                    [_backend(server.url, args.slots, 0.05)],
+                    directory,
+                    per_replica=ARMS[arm],
+                    jobs_per_tenant=args.jobs,
+                    fanout=args.fanout,
+                    max_tokens=args.max_tokens,
+                )
+                print(f"{arm}: parts {run.parts}, error {run.error:.3f}", flush=True)
+                runs[arm].append(run)
+    return {
+        "share_error": {arm: statistics.median(r.error for r in rs) for arm, rs in runs.items()},
+        "share_runs": {arm: [asdict(r) for r in rs] for arm, rs in runs.items()},
+    }
+
+
+async def scale_study(args: argparse.Namespace, url: str, directory: Path) -> dict[str, Any]:
+    runs: dict[int, list[ScaleRun]] = {n: [] for n in SCALE_REPLICAS}
+    async with engine_servers(1, ["--simulated", "--served-model-name", SERVED]) as (server,):
+        for round_ in range(args.rounds):
+            order = SCALE_REPLICAS[round_ % 3 :] + SCALE_REPLICAS[: round_ % 3]
+            for n in order:
+                await _flush(url)
+                run = await measure_scale(
+                    n,
+                    url,
+                    _backend(server.url, 64),
+                    directory,
+                    calls=args.calls,
+                    clients=args.clients,
+                    latency_calls=args.latency_calls,
+                )
+                print(f"{n} replicas: {run}", flush=True)
+                runs[n].append(run)
+    figures = {str(n): medians(rs) for n, rs in runs.items()}
+    return {
+        "calls_per_s": {n: f["calls_per_s"] for n, f in figures.items()},
+        "added_latency_ms": {n: {"p50": f["p50"], "p99": f["p99"]} for n, f in figures.items()},
+        "cpu_ms_per_call": {n: f["cpu_ms_per_call"] for n, f in figures.items()},
+        "redis_round_trips_per_call": {
+            n: f["redis_round_trips_per_call"] for n, f in figures.items()
+        },
+        "scale_runs": {str(n): [asdict(r) for r in rs] for n, rs in runs.items()},
+    }
+
+
+async def study(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         redis, url = redis_server(directory)
         try:
-            flags = ["--simulated", "--simulated-step-s", str(args.step_s)]
-            async with engine_servers(1, [*flags, "--served-model-name", SERVED]) as (server,):
-                backend = BackendSettings(
-                    kind="openai",
-                    url=server.url,
-                    model=SERVED,
-                    tokenizer=resolve_model("default"),
-                    max_num_seqs=args.slots,
-                    scrape_interval_s=0.05,
-                )
-                arms = list(ARMS)
-                for round_ in range(args.rounds):
-                    for arm in arms[round_ % 2 :] + arms[: round_ % 2]:
-                        async with Redis.from_url(url) as client:
-                            await client.flushall()
-                        run = await measure_share(
-                            url,
-                            [backend],
-                            directory,
-                            per_replica=ARMS[arm],
-                            jobs_per_tenant=args.jobs,
-                            fanout=args.fanout,
-                            max_tokens=args.max_tokens,
-                        )
-                        print(f"{arm}: parts {run.parts}, error {run.error:.3f}", flush=True)
-                        runs[arm].append(run)
+            if "share" in args.parts:
+                result |= await share_study(args, url, directory)
+            if "scale" in args.parts:
+                result |= await scale_study(args, url, directory)
         finally:
             redis.stop()
-    return {
-        "share_error": {
-            arm: statistics.median(r.error for r in done) for arm, done in runs.items()
-        },
-        "runs": {arm: [asdict(r) for r in done] for arm, done in runs.items()},
-        "config": vars(args) | {"json": str(args.json)},
-    }
+    return result | {"config": vars(args) | {"json": str(args.json)}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -95,8 +142,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--slots", type=int, default=8, help="batch slots the gateways see")
     p.add_argument("--step-s", type=float, default=0.01)
+    p.add_argument("--parts", default="share,scale", help="which studies: share, scale")
+    p.add_argument("--calls", type=int, default=1200, help="scale: concurrent calls in all")
+    p.add_argument("--clients", type=int, default=24, help="scale: concurrent clients")
+    p.add_argument("--latency-calls", type=int, default=200, help="scale: calls one by one")
     args = p.parse_args(argv)
     result = anyio.run(study, args)
-    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("runs")}, indent=1))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
