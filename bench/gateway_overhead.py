@@ -48,7 +48,7 @@ SERVED = "sim"  # the model id the engine server serves
 ENGINE_SEQS = 64  # `fairgate engine serve`'s batch slots (the engine settings' default)
 
 
-async def _one_call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]]) -> float:
+async def one_call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]]) -> float:
     request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
     start = time.perf_counter()
     async for _ in stub.Generate(request, metadata=metadata):
@@ -81,13 +81,13 @@ async def load_client(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         for _ in range(50):  # warm-up: connections, script loading, code paths
-            await _one_call(stub, metadata[0])
-        latencies = [await _one_call(stub, metadata[i % len(keys)]) for i in range(latency_calls)]
+            await one_call(stub, metadata[0])
+        latencies = [await one_call(stub, metadata[i % len(keys)]) for i in range(latency_calls)]
         per_client = calls // clients
 
         async def client(i: int) -> None:
             for _ in range(per_client):
-                await _one_call(stub, metadata[i % len(keys)])
+                await one_call(stub, metadata[i % len(keys)])
 
         throughput_starts()
         start, cpu = time.perf_counter(), time.process_time()

@@ -26,9 +26,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.backends.process import free_port
+from bench.gateway_overhead import one_call
 from bench.replicas.gateways import GatewayReplica
 from fairgate import AdminClient
-from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.backends.settings import BackendSettings
 
@@ -47,14 +47,6 @@ class ScaleRun:
     client_cpu_ms_per_call: float
     redis_round_trips_per_call: float
     calls: int
-
-
-async def _call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]]) -> float:
-    request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
-    start = time.perf_counter()
-    async for _ in stub.Generate(request, metadata=metadata):
-        pass
-    return time.perf_counter() - start
 
 
 def _cpu_s(pid: int) -> float:
@@ -124,15 +116,15 @@ async def _drive(
     stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
     try:
         for i in range(WARM_UP_CALLS * len(stubs)):
-            await _call(stubs[i % len(stubs)], keys[i % len(keys)])
+            await one_call(stubs[i % len(stubs)], keys[i % len(keys)])
         latencies = [
-            await _call(stubs[i % len(stubs)], keys[i % len(keys)]) for i in range(latency_calls)
+            await one_call(stubs[i % len(stubs)], keys[i % len(keys)]) for i in range(latency_calls)
         ]
         per_client = calls // clients
 
         async def client(i: int) -> None:
             for _ in range(per_client):
-                await _call(stubs[i % len(stubs)], keys[i % len(keys)])
+                await one_call(stubs[i % len(stubs)], keys[i % len(keys)])
 
         trips = await _round_trips(metrics_ports)
         cpu = sum(_cpu_s(g.pid) for g in gateways)
