@@ -1,7 +1,9 @@
-"""`fairgate bench replicas --json FILE`: gateway replicas on one Redis, what they share and cost.
+"""`fairgate bench replicas --json FILE`: replicas on one Redis: what they lose, share and cost.
 
-A redis-server of the run's own (AOF on, on a free port, emptied before every run), then two
-studies (`--parts`), each `--rounds` rounds with the order of its arms rotated, medians:
+A redis-server of the run's own (AOF on, on a free port, emptied before every run), then three
+studies (`--parts`); share and scale take `--rounds` rounds, arms rotated, medians:
+- `kill` (`kill.py`, one run): three replica processes before two simulated servers, one killed
+  with SIGKILL mid-run and started again; jobs lost and events seen twice by resuming watchers;
 - `share` (`share.py`): two replicas in this process before one `fairgate engine serve
   --simulated` process (steps of `--step-s`, `--slots` batch slots as the gateways see them);
   each arm's share error (the largest relative miss of a tenant's weight part of the KV
@@ -26,9 +28,11 @@ from redis.asyncio import Redis
 
 from bench.backends.process import ServerProcess, free_port
 from bench.engine_servers import engine_servers
+from bench.replicas.kill import RERUN, run_with_a_kill
 from bench.replicas.scale import ScaleRun, measure_scale, medians
 from bench.replicas.share import ShareRun, measure_share
 from engine.loader import resolve_model
+from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends.settings import BackendSettings
 
 SERVED = "bench-replicas"
@@ -118,12 +122,35 @@ async def scale_study(args: argparse.Namespace, url: str, directory: Path) -> di
     }
 
 
+async def kill_study(args: argparse.Namespace, url: str, directory: Path) -> dict[str, Any]:
+    flags = ["--simulated", "--simulated-step-s", "0.02", "--served-model-name", SERVED]
+    async with engine_servers(2, flags) as servers:
+        await _flush(url)
+        run = await run_with_a_kill(url, [_backend(s.url, 64, 0.05) for s in servers], directory)
+    reruns = sum(w.count(pb.NODE_STATE_READY, RERUN) for w in run.watchers)
+    print(f"kill: {run.lost_jobs} lost, {run.duplicate_events} duplicate events", flush=True)
+    return {
+        "lost_jobs": run.lost_jobs,
+        "duplicate_events": run.duplicate_events,
+        "kill_run": {
+            "jobs": len(run.watchers),
+            "watchers_resumed": sum(bool(w.switches) for w in run.doomed),
+            "reruns": reruns,
+            "missing_events": run.gaps,
+            "open_leases": run.open_leases,
+            "settled_calls": sum(u.settled_calls for u in run.usage.values()),
+        },
+    }
+
+
 async def study(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         directory = Path(scratch)
         redis, url = redis_server(directory)
         try:
+            if "kill" in args.parts:
+                result |= await kill_study(args, url, directory)
             if "share" in args.parts:
                 result |= await share_study(args, url, directory)
             if "scale" in args.parts:
@@ -142,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--slots", type=int, default=8, help="batch slots the gateways see")
     p.add_argument("--step-s", type=float, default=0.01)
-    p.add_argument("--parts", default="share,scale", help="which studies: share, scale")
+    p.add_argument("--parts", default="kill,share,scale", help="studies: kill, share, scale")
     p.add_argument("--calls", type=int, default=1200, help="scale: concurrent calls in all")
     p.add_argument("--clients", type=int, default=24, help="scale: concurrent clients")
     p.add_argument("--latency-calls", type=int, default=200, help="scale: calls one by one")
