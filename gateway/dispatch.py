@@ -497,6 +497,8 @@ class Dispatcher(OwnsTasks):
             return True
         lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
         self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
+        if self.metrics is not None:
+            self.metrics.share_waited(call.tenant_id)
         return False
 
     def _heads(self, lane: Lane) -> Heads:
@@ -511,6 +513,8 @@ class Dispatcher(OwnsTasks):
             granted = await self.share.exchange(lane.model, heads, owed, ask)
         except ShareUnavailable:
             lane.core.owe(owed)  # paid with a later exchange
+            if self.metrics is not None:
+                self.metrics.share_unreachable()
             raise
         self._published[lane.model] = heads
         return granted

@@ -99,6 +99,18 @@ class GatewayMetrics:
             registry=r,
         )  # fmt: skip
 
+        self.share_waits = Counter(
+            "fairgate_share_waits",
+            "Calls the pool's fair share across replicas made wait: their tenant led the"
+            " least-served waiting tenant by more than the slack",
+            ["tenant"],
+            registry=r,
+        )
+        self.share_failures = Counter(
+            "fairgate_share_unreachable",
+            "Exchanges with the pool's fair share (Redis) that failed: no call is sent meanwhile",
+            registry=r,
+        )
         self.yields = Counter(
             "fairgate_calls_yielded",
             "Running calls aborted to give their slot to another job's waiting call (they run"
@@ -156,6 +168,12 @@ class GatewayMetrics:
 
     def yielded(self, tenant_id: str) -> None:
         self.yields.labels(self.tenant(tenant_id)).inc()
+
+    def share_waited(self, tenant_id: str) -> None:
+        self.share_waits.labels(self.tenant(tenant_id)).inc()
+
+    def share_unreachable(self) -> None:
+        self.share_failures.inc()
 
     def refused(self, tenant_id: str, reason: str) -> None:
         self.refusals.labels(self.tenant(tenant_id), reason).inc()

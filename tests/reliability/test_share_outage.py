@@ -1,0 +1,55 @@
+"""The pool's share fails closed: a replica whose Redis froze sends no new call to its shared
+backend (the call's grant cannot be had), the call fails once the reserve deadline passes, and
+when Redis returns the job ends with it failed, what ran settled and nothing held."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from fairgate.v1 import gateway_pb2 as pb
+from gateway.job_run import NodeState
+from tenants import RedisQuotaStore
+from tests.gateway.engine_servers import backend_of, engine_servers, server_metric
+from tests.reliability.harness import reliable_gateway
+from tests.reliability.redis_server import RedisServer
+from tests.reliability.test_redis_outage import chain
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+async def test_no_call_is_sent_without_the_pool_s_share(redis: RedisServer, tmp_path: Path) -> None:
+    async with (
+        engine_servers(tmp_path, 1, step_s=0.01) as (server,),
+        reliable_gateway(
+            store=RedisQuotaStore(redis.url, socket_timeout_s=0.25),
+            store_url=redis.url,
+            backends=[backend_of(server, tmp_path)],
+            replica_id="a",
+            outbox_file=tmp_path / "outbox.jsonl",
+            reserve_deadline_s=1.0,
+        ) as h,
+    ):
+        assert h.gateway.dispatcher.share is not None  # a shared pool: every call is granted
+        await h.tenant("t1")
+        job = await h.submit("t1", chain(2, 100))  # its first call runs for about a second
+        dispatcher = h.gateway.dispatcher
+        with anyio.fail_after(10):
+            while not dispatcher.core.running:
+                await anyio.sleep(0.01)
+        redis.freeze()
+        run = dispatcher.runs[job.job_id]
+        with anyio.fail_after(20):  # the first call ends, the second cannot be granted
+            while run.nodes["n1"].state is not NodeState.FAILED:
+                await anyio.sleep(0.05)
+        assert run.nodes["n0"].state is NodeState.SUCCEEDED
+        assert run.nodes["n1"].reason == "fair-share store unavailable"
+        prompt = run.nodes["n0"].prompt_tokens
+        assert await server_metric(server.url, "vllm:prompt_tokens_total") == prompt  # n0 only
+        redis.thaw()
+        with anyio.fail_after(20):
+            final = await h.finished("t1", job.job_id)
+        assert final.state == pb.JOB_STATE_FAILED
+        await h.unharmed()
