@@ -38,7 +38,7 @@ the pool (the same one only in a pool of one); lost again, it fails.
 
 A gated core (a pool shared with other gateway replicas, gateway/share.py) takes every call,
 even one reserved with its job, so that the caller first asks the pool's share for it: `charge`
-is what a grant costs its tenant (predicted KV token-time per unit of weight), `granted` records
+is what a grant costs its tenant (worst-case KV token-time per unit of weight), `granted` records
 it, `retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
 tenants have work here and which could send a call now (not held by a quota). When an attempt
 that was granted ends, however it ends, what it used beyond its grant (all of it back for an
@@ -315,11 +315,12 @@ class DispatchCore(Generic[T]):
     # --- a taken call's grant and quota ---------------------------------------------------
 
     def charge(self, entry: CoreCall[T]) -> float:
-        """What a grant charges the call in the pool's share: its predicted KV token-time
-        (the output capped at max_tokens) per unit of its tenant's weight."""
+        """What a grant charges the call in the pool's share: its worst case, the KV token-time
+        of its prompt and max_tokens, per unit of its tenant's weight (trued up when it ends).
+        A prediction would do on average, but one that falls short lets a tenant take a whole
+        wave of freed slots before its calls' true cost is known: the worst case cannot."""
         call = entry.call
-        output = min(call.predicted_output, float(call.max_tokens))
-        return kv_token_time(call.prompt_tokens, output) / self._weight(call.tenant_id)
+        return kv_token_time(call.prompt_tokens, call.max_tokens) / self._weight(call.tenant_id)
 
     def granted(self, call_id: str, tenant_id: str, charge: float) -> None:
         """The pool's share granted the taken call `charge`; a call that left meanwhile owes

@@ -7,7 +7,7 @@ A replica publishes the tenants it has work for (`active`: ready, being sent or 
 among them, those with a call it could send now (`waiting`: not held by a quota); each entry
 lapses `ttl_s` after it was published, so a dead replica's tenants stop counting within it.
 Before it sends a call of a fair-share policy (vtc, justitia) a replica asks for a grant:
-`share.lua` grants it and charges its predicted cost, unless its tenant already leads the
+`share.lua` grants it and charges its worst-case cost, unless its tenant already leads the
 least-served *other* waiting tenant anywhere in the pool by more than `slack` mean charges; then
 the call waits and the replica sends its other tenants' calls, while the replica that holds the
 least-served tenant's calls takes the room. When the call ends, what it used beyond its grant
@@ -50,7 +50,7 @@ class Heads:
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A grant asked for one call: its tenant and its charge (predicted cost / weight)."""
+    """A grant asked for one call: its tenant and its charge (worst-case cost / weight)."""
 
     tenant_id: str
     charge: float

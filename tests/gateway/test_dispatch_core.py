@@ -372,7 +372,7 @@ def test_with_the_pool_s_share_every_call_is_granted_before_it_is_sent() -> None
     dispatch = core.next(0.0, {"x": room()})
     assert dispatch is not None and dispatch.taken
     assert dispatch.needs_grant and not dispatch.needs_reserve  # reserved with its job
-    assert core.charge(dispatch.entry) == kv_token_time(4, 4) / 2.0  # per unit of weight
+    assert core.charge(dispatch.entry) == kv_token_time(4, 8) / 2.0  # worst case, per weight
     assert core.heads(0.0) == (("t",), ())  # taken, so not waiting
 
 

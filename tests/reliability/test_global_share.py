@@ -26,11 +26,11 @@ async def test_two_replicas_split_a_saturated_pool_by_weight(
             [backend],
             tmp_path,
             per_replica=False,
-            jobs_per_tenant=10,
+            jobs_per_tenant=20,
             fanout=4,
             max_tokens=24,
             slack_calls=1.0,
         )
-    assert run.calls == 2 * 10 * 4
+    assert run.calls == 2 * 20 * 4
     assert set(run.parts) == set(WEIGHTS)
     assert run.error <= 0.1, run
