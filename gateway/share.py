@@ -18,7 +18,7 @@ active), so idle time banks no credit.
 Why a slack: justitia's own guarantee lets a job end up to one largest call's service after its
 fair-share finish, so its order needs some room to pick among tenants; one mean call's lead
 leaves it that room while the split of a saturated pool stays within 10 % of the weights over a
-few seconds (a lead of 4 missed that by 3 points: docs/BENCHMARKS.md, "Replicas").
+few seconds (a lead of 4 split it 13 % off: docs/BENCHMARKS.md, "Replicas").
 Within the grant each replica's policy keeps its order (justitia's completion order, vtc's
 counters) over the jobs it owns.
 

@@ -164,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="fairgate bench replicas", description=__doc__)
     p.add_argument("--json", type=Path)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--jobs", type=int, default=24, help="jobs per tenant")
+    p.add_argument("--jobs", type=int, default=48, help="share: jobs per tenant")
     p.add_argument("--fanout", type=int, default=4, help="parallel calls per job")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--slots", type=int, default=8, help="batch slots the gateways see")
