@@ -85,33 +85,45 @@ async def replay(settings: Settings, jobs: Sequence[Job], scale: float, ceiling:
     )
     steps = StepRecorder(core.runner)
     core.runner = steps
-    results: dict[str, JobResult] = {}
     async with running_gateway(settings, core=core) as gateway:
         target = f"127.0.0.1:{gateway.port}"
-        keys = {}
-        async with AdminClient(target, settings.admin_key) as admin:
-            for tenant in sorted({j.tenant for j in jobs}):
-                weight = next(j.weight for j in jobs if j.tenant == tenant)
-                await admin.create_tenant(
-                    tenant, weight=weight, max_tokens_ceiling=ceiling, default_max_tokens=1
-                )
-                keys[tenant] = (await admin.issue_key(tenant)).plaintext
-        clients = {tenant: Client(target, key) for tenant, key in keys.items()}
-        started, start = time.monotonic(), anyio.current_time()
-
-        async def one(job: Job) -> None:
-            results[job.job_id] = await _run_job(clients[job.tenant], job, scale, start)
-
-        try:
-            async with anyio.create_task_group() as tg:
-                for job in jobs:
-                    tg.start_soon(one, job)
-        finally:
-            for client in clients.values():
-                await client.aclose()
-        wall = time.monotonic() - started
+        results, wall = await drive([target], settings.admin_key, jobs, scale, ceiling)
     live = {j.job_id: live_job(j, results[j.job_id], scale) for j in jobs}
     return LiveRun(settings.policy, live, steps, wall, core.block_manager.num_blocks)
+
+
+async def drive(
+    targets: Sequence[str], admin_key: str, jobs: Sequence[Job], scale: float, ceiling: int
+) -> tuple[dict[str, JobResult], float]:
+    """Make the jobs' tenants (their weights, the ceiling) through the first gateway, then send
+    each job at its arrival to the gateway `targets[i % len(targets)]` for the i-th job of its
+    tenant and watch it to its end; the results and the wall time."""
+    results: dict[str, JobResult] = {}
+    keys = {}
+    async with AdminClient(targets[0], admin_key) as admin:
+        for tenant in sorted({j.tenant for j in jobs}):
+            weight = next(j.weight for j in jobs if j.tenant == tenant)
+            await admin.create_tenant(
+                tenant, weight=weight, max_tokens_ceiling=ceiling, default_max_tokens=1
+            )
+            keys[tenant] = (await admin.issue_key(tenant)).plaintext
+    clients = {(t, target): Client(target, key) for t, key in keys.items() for target in targets}
+    sent: dict[str, int] = {}
+    started, start = time.monotonic(), anyio.current_time()
+
+    async def one(job: Job, target: str) -> None:
+        client = clients[job.tenant, target]
+        results[job.job_id] = await _run_job(client, job, scale, start)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for job in jobs:
+                index = sent[job.tenant] = sent.get(job.tenant, -1) + 1
+                tg.start_soon(one, job, targets[index % len(targets)])
+    finally:
+        for client in clients.values():
+            await client.aclose()
+    return results, time.monotonic() - started
 
 
 def output_ceiling(jobs: Sequence[Job], scale: float) -> int:

@@ -9,7 +9,9 @@ studies (`--parts`); share and scale take `--rounds` rounds, arms rotated, media
   each arm's share error (the largest relative miss of a tenant's weight part of the KV
   token-time over the busy period), with the pool's share and per replica;
 - `scale` (`scale.py`): N = 1, 2, 3 `fairgate serve` processes before one instant simulated
-  server; calls/s, added latency p50 / p99, the gateways' CPU and Redis round trips per call.
+  server; calls/s, added latency p50 / p99, the gateways' CPU and Redis round trips per call;
+- `live` (`live.py`): the live check's workload and tiny model on one engine server behind 1 and
+  3 replicas, every serving policy; the rankings and justitia's queueing over fcfs's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from redis.asyncio import Redis
 
 from bench.backends.process import ServerProcess, free_port
 from bench.engine_servers import engine_servers
+from bench.live.model import tiny_model
+from bench.paths import add_data_flag
 from bench.replicas.kill import RERUN, run_with_a_kill
+from bench.replicas.live import live_study
 from bench.replicas.scale import ScaleRun, measure_scale, medians
 from bench.replicas.share import ShareRun, measure_share
 from engine.loader import resolve_model
@@ -143,6 +148,17 @@ async def kill_study(args: argparse.Namespace, url: str, directory: Path) -> dic
     }
 
 
+async def live_check(args: argparse.Namespace, url: str, directory: Path) -> dict[str, Any]:
+    model = tiny_model(directory / "model")
+    settings = directory / "live-engine.toml"
+    settings.write_text("kv_cache_mb = 1\n", encoding="utf-8")
+    flags = ["--model", str(model), "--served-model-name", SERVED, "--config", str(settings)]
+    async with engine_servers(1, flags) as (server,):
+        return await live_study(
+            args.data, directory, url, lambda: _flush(url), server.url, model, SERVED, args.rounds
+        )
+
+
 async def study(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -155,9 +171,11 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
                 result |= await share_study(args, url, directory)
             if "scale" in args.parts:
                 result |= await scale_study(args, url, directory)
+            if "live" in args.parts:
+                result |= await live_check(args, url, directory)
         finally:
             redis.stop()
-    return result | {"config": vars(args) | {"json": str(args.json)}}
+    return result | {"config": vars(args) | {"json": str(args.json), "data": str(args.data)}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -169,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--slots", type=int, default=8, help="batch slots the gateways see")
     p.add_argument("--step-s", type=float, default=0.01)
-    p.add_argument("--parts", default="kill,share,scale", help="studies: kill, share, scale")
+    p.add_argument("--parts", default="kill,share,scale,live", help="kill, share, scale, live")
+    add_data_flag(p)
     p.add_argument("--calls", type=int, default=1200, help="scale: concurrent calls in all")
     p.add_argument("--clients", type=int, default=24, help="scale: concurrent clients")
     p.add_argument("--latency-calls", type=int, default=200, help="scale: calls one by one")
