@@ -64,6 +64,7 @@ def summary_json(out: StudyResult) -> dict[str, Any]:
     if head:
         headline = {
             "avg_jct": _metric(head, "avg_jct"),
+            "avg_queueing": _metric(head, "avg_queueing"),
             "noisy_avg_jct": _metric(cell_outcomes(out, regime, load, NOISY), "avg_jct"),
             "bound_violations": _metric(head, "bound_violations"),
             "jobs": len(next(iter(head.values())).jobs),
@@ -74,7 +75,10 @@ def summary_json(out: StudyResult) -> dict[str, Any]:
             cell = cell_outcomes(out, r.name, cell_load, ORACLE)
             cells.append(
                 {"regime": r.name, "load": cell_load}
-                | {m: _metric(cell, m) for m in ("avg_jct", "p99_jct", "throughput")}
+                | {
+                    m: _metric(cell, m)
+                    for m in ("avg_jct", "avg_queueing", "p99_jct", "throughput")
+                }
                 | {"bound_violations": _metric(cell, "bound_violations")}
             )
     return {

@@ -211,11 +211,17 @@ def test_study_writes_the_issue_schema(tmp_path: Path) -> None:
     assert sched_main(args) == 0
     summary = json.loads(out_json.read_text())
     assert set(summary) == {"headline", "cells", "cpu_knee", "attack_slowdown_honest"}
-    assert set(summary["headline"]) == {"avg_jct", "noisy_avg_jct", "bound_violations", "jobs"}
-    assert set(summary["headline"]["avg_jct"]) == {"fcfs", "justitia"}
-    assert summary["headline"]["jobs"] == 40
+    headline = summary["headline"]
+    assert set(headline) == {"avg_jct", "avg_queueing", "noisy_avg_jct", "bound_violations", "jobs"}
+    assert set(headline["avg_jct"]) == set(headline["avg_queueing"]) == {"fcfs", "justitia"}
+    for policy, queueing in headline["avg_queueing"].items():  # JCT less the job alone
+        assert 0.0 <= queueing < headline["avg_jct"][policy]
+    assert headline["jobs"] == 40
     (cell,) = summary["cells"]
-    assert set(cell) == {"regime", "load", "avg_jct", "p99_jct", "throughput", "bound_violations"}
+    assert set(cell) == {
+        "regime", "load", "avg_jct", "avg_queueing", "p99_jct", "throughput", "bound_violations"
+    }  # fmt: skip
+    assert cell["avg_queueing"] == headline["avg_queueing"]  # the one cell is the headline's
     assert summary["cpu_knee"] is None  # no cpu regime in this run
     assert isinstance(summary["attack_slowdown_honest"], float)
     for name in ("results.md", "details.json", "service.png", "jct_cdf.png", "workload.jsonl"):
