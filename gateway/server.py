@@ -199,13 +199,11 @@ async def running_gateway(
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,
         )
         planner = _planner(settings, pools)
-        share = None
-        if settings.store != "memory" and not settings.per_replica_share:
-            share = RedisShare(
-                settings.store, settings.replica(), slack_calls=settings.share_slack_calls
-            )
-            stack.push_async_callback(share.aclose)
-        weighted = share is not None and settings.policy in WEIGHTED_POLICY_NAMES
+        shared_order = (
+            settings.store != "memory"
+            and not settings.per_replica_share
+            and settings.policy in WEIGHTED_POLICY_NAMES
+        )
         lanes = [
             make_lane(
                 pool.model,
@@ -215,10 +213,16 @@ async def running_gateway(
                 planner,
                 settings.knee_calls,
                 settings.share_slots,
-                weighted and all(b.capabilities.shared for b in pool.backends),
+                shared_order and all(b.capabilities.shared for b in pool.backends),
             )
             for pool in pools.pools
         ]
+        share = None  # a client only where some pool is granted by it
+        if any(lane.core.gated for lane in lanes):
+            share = RedisShare(
+                settings.store, settings.replica(), slack_calls=settings.share_slack_calls
+            )
+            stack.push_async_callback(share.aclose)
         genai = None
         if meter_provider is not None:
             genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME))
@@ -234,7 +238,7 @@ async def running_gateway(
                 outbox=Outbox(store, outbox_path(settings)),
                 metrics=metrics,
                 slo=settings.slo(),
-                share=share if any(lane.core.gated for lane in lanes) else None,
+                share=share,
             )
         )
         metrics.watch(dispatcher)

@@ -19,12 +19,12 @@ import anyio
 import grpc
 from redis.asyncio import Redis
 
+from bench.replicas import ADMIN_KEY
 from bench.replicas.gateways import GatewayReplica
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2_grpc
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends.settings import BackendSettings
 
-ADMIN_KEY = "fg_admin_bench_replicas"
 TENANTS = ("t0", "t1", "t2")
 DONE = (pb.NODE_STATE_SUCCEEDED, pb.NODE_STATE_CAPPED)
 RERUN = "backend lost with its replica: running again"

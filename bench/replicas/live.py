@@ -23,6 +23,7 @@ from scipy.stats import kendalltau
 
 from bench.live.check import LiveConfig, live_workload
 from bench.live.replay import drive, output_ceiling
+from bench.replicas import ADMIN_KEY
 from bench.workloads.format import Job
 from fairgate.results import Job as JobResult
 from fairgate.results import JobState
@@ -30,7 +31,6 @@ from gateway.backends.settings import BackendSettings
 from gateway.server import running_gateway
 from gateway.settings import Settings
 
-ADMIN_KEY = "fg_admin_bench_replicas"
 POLICIES = ("fcfs", "vtc", "justitia", "las")
 REPLICAS = (1, 3)
 

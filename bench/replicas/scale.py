@@ -27,12 +27,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.backends.process import free_port
 from bench.gateway_overhead import one_call
+from bench.replicas import ADMIN_KEY
 from bench.replicas.gateways import GatewayReplica
 from fairgate import AdminClient
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.backends.settings import BackendSettings
 
-ADMIN_KEY = "fg_admin_bench_replicas"
 TENANTS = ("s0", "s1", "s2", "s3")
 WARM_UP_CALLS = 30  # per replica: connections, scripts loaded, code paths taken
 

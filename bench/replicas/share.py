@@ -25,6 +25,7 @@ from pathlib import Path
 
 import anyio
 
+from bench.replicas import ADMIN_KEY
 from fairgate import AdminClient, Client
 from fairgate.results import Job, JobFinished, JobState
 from fairgate.v1 import gateway_pb2 as pb
@@ -34,7 +35,6 @@ from gateway.settings import Settings
 from gateway.share import SLACK_CALLS
 from tenants.policies import kv_token_time
 
-ADMIN_KEY = "fg_admin_bench_replicas"
 WEIGHTS = {"light": 1.0, "heavy": 2.0}  # tenant -> weight; each sends through its own replica
 
 
