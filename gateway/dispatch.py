@@ -439,7 +439,7 @@ class Dispatcher(OwnsTasks):
                 self.backends[victim.backend].abort(victim.call.call_id)
                 if self.metrics is not None:
                     self.metrics.yielded(victim.call.tenant_id)
-            if lane.core.gated and self._heads(lane) != self._published.get(lane.model):
+            if lane.core.gated and self._heads(lane).outdated(self._published.get(lane.model)):
                 self._share_changed.set()
 
     async def _take(self, entry: Entry, grant: bool) -> None:
@@ -489,7 +489,7 @@ class Dispatcher(OwnsTasks):
         False when it must wait (it is ready again, its tenant held a moment)."""
         ticket = entry.payload
         call, lane = ticket.call, self._lane(ticket)
-        ask = Ask(call.tenant_id, lane.core.charge(entry))
+        ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry))
         if await retry_unavailable(
             lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
         ):

@@ -331,20 +331,39 @@ class DispatchCore(Generic[T]):
         else:
             entry.granted = charge
 
-    def heads(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The tenants with work here (ready, taken or running calls), and those among them
-        with a ready call no quota holds: what this replica publishes in the pool's share."""
+    def heads(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float]]:
+        """The tenants with work here (ready, taken or running calls), those among them with a
+        ready call no quota holds, and for each of those the least offset of its jobs with such
+        a call: what this replica publishes in the pool's share."""
         active = {
             e.call.tenant_id
             for calls in (self.ready, self.taking, self.running)
             for e in calls.values()
         }
-        waiting = {
-            e.call.tenant_id
-            for e in self.ready.values()
-            if self._quota_held.get(e.call.tenant_id, -math.inf) <= now
-        }
-        return tuple(sorted(active)), tuple(sorted(waiting))
+        job_offsets = self.policy.fair_offsets()
+        offsets: dict[str, float] = {}
+        for e in self.ready.values():
+            tenant = e.call.tenant_id
+            if self._quota_held.get(tenant, -math.inf) <= now:
+                offset = job_offsets.get(e.call.job_id, 0.0)
+                offsets[tenant] = min(offset, offsets.get(tenant, offset))
+        return tuple(sorted(active)), tuple(sorted(offsets)), offsets
+
+    def offset(self, entry: CoreCall[T]) -> float:
+        """Where the taken call's tenant stands in the pool's order here beyond its service: the
+        least offset (the policy's `fair_offsets`) of the call's job and of the tenant's jobs
+        with a ready call. The tenant asks at the place it is published at, so that it never
+        holds the pool back at a key it does not ask at; which of its own jobs goes first is
+        its own affair, as it is in the policy."""
+        job_offsets = self.policy.fair_offsets()
+        tenant = entry.call.tenant_id
+        return min(
+            (
+                job_offsets.get(e.call.job_id, 0.0)
+                for e in (entry, *self.ready.values())
+                if e.call.tenant_id == tenant
+            ),
+        )
 
     def take_owed(self) -> dict[str, float]:
         """What is owed to the pool's share, handed to the caller to pay (`owe` it back if

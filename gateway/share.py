@@ -4,23 +4,31 @@ With the redis store every replica is fair to the whole deployment, not only to 
 happens to own. Each pool's service counters live in Redis: per tenant, the KV token-time its
 calls took divided by its weight (VTC's counter over the cost unit of docs/ARCHITECTURE.md §3).
 A replica publishes the tenants it has work for (`active`: ready, being sent or running) and,
-among them, those with a call it could send now (`waiting`: not held by a quota); each entry
-lapses `ttl_s` after it was published, so a dead replica's tenants stop counting within it.
-Before it sends a call of a fair-share policy (vtc, justitia) a replica asks for a grant:
-`share.lua` grants it and charges its worst-case cost, unless its tenant already leads the
-least-served *other* waiting tenant anywhere in the pool by more than `slack` mean charges; then
-the call waits and the replica sends its other tenants' calls, while the replica that holds the
-least-served tenant's calls takes the room. When the call ends, what it used beyond its grant
-(or short of it; everything for a call that never ran) is paid with the next exchange. A tenant
-that becomes active is lifted to the least-served active tenant (to the most-served with none
-active), so idle time banks no credit.
+among them, those with a call it could send now (`waiting`: not held by a quota), each with an
+offset; each entry lapses `ttl_s` after it was published, so a dead replica's tenants stop
+counting within it.
+
+One order for the pool: a job's *key* is its tenant's counter plus the job's offset (the
+policy's `fair_offsets`: with justitia the predicted cost of its calls not yet granted per unit
+of weight; 0 with vtc, which orders tenants only). Under GPS every backlogged tenant's counter
+advances alike, so the key is the job's fair-share finish in the pool's units were it its
+tenant's only job, comparable across replicas: justitia's completion order made global, where
+each replica's own tags see only the jobs it owns. A waiting tenant is published, and asks, at
+the least offset of its jobs there. Before it sends a call of a fair-share policy (vtc, justitia) a
+replica asks for a grant: `share.lua` grants it and charges its worst-case cost, unless the call's
+key leads the lowest key waiting anywhere in the pool (other tenants, and its own tenant on other
+replicas) by more than `slack` mean charges; then the call waits and the replica sends its other
+tenants' calls, while the replica holding the lowest key takes the room. When the call ends, what it
+used beyond its grant (or short of it; everything for a call that never ran) is paid with the next
+exchange. A tenant that becomes active is lifted to the least-served active tenant (to the
+most-served with none active), so idle time banks no credit.
 
 Why a slack: justitia's own guarantee lets a job end up to one largest call's service after its
-fair-share finish, so its order needs some room to pick among tenants; one mean call's lead
-leaves it that room while the split of a saturated pool stays within 10 % of the weights over a
-few seconds (a lead of 4 split it 13 % off: docs/BENCHMARKS.md, "Replicas").
-Within the grant each replica's policy keeps its order (justitia's completion order, vtc's
-counters) over the jobs it owns.
+fair-share finish, so its order needs some room to pick; one mean call's lead leaves each
+replica's order that room while the split of a saturated pool stays within 10 % of the weights
+over a few seconds (a lead of 4 split it 13 % off: docs/BENCHMARKS.md, "Replicas"). Within the
+slack each replica's policy keeps its order (justitia's tags, its knee and chain rules) over the
+jobs it owns.
 
 Redis unreachable: no grant, so no new dispatch (fail closed); a call waits for the store as a
 reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash tag:
@@ -30,7 +38,7 @@ reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from gateway.errors import ShareUnavailable
@@ -46,14 +54,32 @@ class Heads:
 
     active: tuple[str, ...]  # ready, being sent or running calls
     waiting: tuple[str, ...]  # a ready call not held by a quota: it could be sent now
+    # per waiting tenant, the least offset of its jobs with such a call (absent: 0)
+    offsets: Mapping[str, float] = field(default_factory=dict)
+
+    def outdated(self, published: Heads | None) -> bool:
+        """Whether these heads must be published at once in place of `published`: a tenant
+        came or went, or one of its jobs here now comes earlier in the pool's order. An offset
+        that grew goes with the next exchange: meanwhile the others only defer a little longer
+        to a tenant that asks for its calls as soon as it has room."""
+        if published is None or (self.active, self.waiting) != (
+            published.active,
+            published.waiting,
+        ):
+            return True
+        return any(
+            offset < published.offsets.get(tenant, 0.0) for tenant, offset in self.offsets.items()
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A grant asked for one call: its tenant and its charge (worst-case cost / weight)."""
+    """A grant asked for one call: its tenant, its charge (worst-case cost / weight) and its
+    job's offset."""
 
     tenant_id: str
     charge: float
+    offset: float = 0.0
 
 
 def _source() -> str:
@@ -101,11 +127,13 @@ class RedisShare(RedisClient):
             self.slack_calls,
             ask.tenant_id if ask is not None else "",
             ask.charge if ask is not None else 0.0,
+            ask.offset if ask is not None else 0.0,
             len(heads.active),
             *heads.active,
             len(heads.waiting),
-            *heads.waiting,
         ]
+        for tenant in heads.waiting:
+            args += [tenant, repr(heads.offsets.get(tenant, 0.0))]
         for tenant, amount in owed.items():
             args += [tenant, repr(amount)]
         reply = await self._script(keys=self.keys(pool), args=args)

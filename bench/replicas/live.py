@@ -24,11 +24,11 @@ from scipy.stats import kendalltau
 from bench.live.check import LiveConfig, live_workload
 from bench.live.replay import drive, output_ceiling
 from bench.replicas import ADMIN_KEY
+from bench.replicas.share import start_replicas
 from bench.workloads.format import Job
 from fairgate.results import Job as JobResult
 from fairgate.results import JobState
 from gateway.backends.settings import BackendSettings
-from gateway.server import running_gateway
 from gateway.settings import Settings
 
 POLICIES = ("fcfs", "vtc", "justitia", "las")
@@ -54,21 +54,15 @@ async def _run(
 ) -> dict[str, float]:
     """Each job's JCT through `replicas` gateways with `policy`."""
     async with contextlib.AsyncExitStack() as stack:
-        targets = []
-        for i in range(replicas):
-            settings = Settings(
-                port=0,
-                admin_key=ADMIN_KEY,
-                store=redis_url,
-                policy=policy,
-                backends=[backend],
-                replica_id=f"live-{i}",
-                default_temperature=0.0,
-                hidden_refine=False,
-                outbox_file=directory / f"outbox-live-{i}.jsonl",
-            )
-            gateway = await stack.enter_async_context(running_gateway(settings))
-            targets.append(f"127.0.0.1:{gateway.port}")
+        settings = Settings(
+            admin_key=ADMIN_KEY,
+            store=redis_url,
+            policy=policy,
+            backends=[backend],
+            default_temperature=0.0,
+            hidden_refine=False,
+        )
+        targets = await start_replicas(stack, settings, replicas, directory)
         results, _ = await drive(targets, ADMIN_KEY, jobs, scale, ceiling)
     return {job_id: _jct(result) for job_id, result in results.items()}
 

@@ -63,13 +63,32 @@ def _spec(index: int, fanout: int, max_tokens: int) -> pb.JobSpec:
     return pb.JobSpec(nodes=nodes)
 
 
-async def _run(client: Client, spec: pb.JobSpec) -> Job:
+async def run_job(client: Client, spec: pb.JobSpec) -> Job:
     async for event in client.run_job(spec):
         if isinstance(event, JobFinished):
             if event.job.state is not JobState.SUCCEEDED:
                 raise ShareRunFailed(f"{event.job.job_id} ended {event.job.state.name}")
             return event.job
     raise ShareRunFailed("a job's stream ended without JobFinished")
+
+
+async def start_replicas(
+    stack: contextlib.AsyncExitStack, settings: Settings, replicas: int, out: Path
+) -> list[str]:
+    """Start `replicas` gateways of `settings` in this process (each on a port of its own,
+    with its own replica id and outbox); their addresses."""
+    targets = []
+    for i in range(replicas):
+        replica = settings.model_copy(
+            update={
+                "port": 0,
+                "replica_id": f"replica-{i}",
+                "outbox_file": out / f"outbox-replica-{i}.jsonl",
+            }
+        )
+        gateway = await stack.enter_async_context(running_gateway(replica))
+        targets.append(f"127.0.0.1:{gateway.port}")
+    return targets
 
 
 def share_parts(jobs: dict[str, list[Job]]) -> tuple[dict[str, float], float]:
@@ -126,23 +145,17 @@ async def measure_share(
     """Run both tenants' jobs through two replicas on `redis_url` (a store of the run's own:
     the pool's counters start empty) and measure the split."""
     async with contextlib.AsyncExitStack() as stack:
-        targets = []
-        for i in range(len(WEIGHTS)):
-            settings = Settings(
-                port=0,
-                admin_key=ADMIN_KEY,
-                store=redis_url,
-                policy=policy,
-                backends=list(backends),
-                replica_id=f"share-{i}",
-                per_replica_share=per_replica,
-                share_slack_calls=slack_calls,
-                ignore_eos=True,
-                default_temperature=0.0,
-                outbox_file=out / f"outbox-share-{i}.jsonl",
-            )
-            gateway = await stack.enter_async_context(running_gateway(settings))
-            targets.append(f"127.0.0.1:{gateway.port}")
+        settings = Settings(
+            admin_key=ADMIN_KEY,
+            store=redis_url,
+            policy=policy,
+            backends=list(backends),
+            per_replica_share=per_replica,
+            share_slack_calls=slack_calls,
+            ignore_eos=True,
+            default_temperature=0.0,
+        )
+        targets = await start_replicas(stack, settings, len(WEIGHTS), out)
         clients = {}
         async with AdminClient(targets[0], ADMIN_KEY) as admin:
             for (tenant, weight), target in zip(WEIGHTS.items(), targets, strict=True):
@@ -154,7 +167,7 @@ async def measure_share(
         jobs: dict[str, list[Job]] = {tenant: [] for tenant in WEIGHTS}
 
         async def one(tenant: str, index: int) -> None:
-            jobs[tenant].append(await _run(clients[tenant], _spec(index, fanout, max_tokens)))
+            jobs[tenant].append(await run_job(clients[tenant], _spec(index, fanout, max_tokens)))
 
         async with anyio.create_task_group() as tg:
             for index in range(jobs_per_tenant):

@@ -3,51 +3,78 @@
 -- KEYS[1] counters  hash  tenant -> service per unit of weight (KV token-time / weight);
 --                         '~mean': the moving mean of a grant's charge (tenant ids never hold '~')
 -- KEYS[2] active    zset  '<tenant> <replica>' -> when it lapses (ms): work ready, taken or running
--- KEYS[3] waiting   zset  '<tenant> <replica>' -> when it lapses (ms): a ready call it could send
+-- KEYS[3] waiting   zset  '<tenant> <replica> <offset>' -> when it lapses (ms): a ready call it
+--                         could send; offset: the least of its jobs' there (gateway/share.py;
+--                         per unit of weight; 0 for a policy that orders tenants only)
 -- ARGV[1] replica id  ARGV[2] entry ttl ms  ARGV[3] slack, in mean charges
 -- ARGV[4] tenant asking for a grant ('': none)  ARGV[5] its charge (cost / weight)
--- ARGV[6] a: count of active tenants, then a tenant ids; then w: count of waiting ones, then w
--- ids; then pairs of tenant id, what it owes (charge per unit of weight; negative: a refund)
--- Returns {1}: granted (charged) | {0, lead}: the tenant leads the least-served other waiting
--- tenant by more than the slack | {2}: nothing asked
+-- ARGV[6] the offset the tenant asks at (its least there)
+-- ARGV[7] a: count of active tenants, then a tenant ids; then w: count of waiting ones, then w
+-- pairs of tenant id and offset; then pairs of tenant id, what it owes (charge per unit of
+-- weight; negative: a refund)
+-- A job comes in the pool's order at its key, counter + offset: the service at which it would
+-- end were it its tenant's only job.
+-- Returns {1}: granted (charged) | {0, lead}: the asking call's key leads the lowest key of
+-- another waiting entry by more than the slack | {2}: nothing asked
 local counters, active, waiting, me = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[2])
 local MEAN_RATE = 0.05
+local A = 7  -- where the active tenants' count is
 
 local function counter(t)
   return tonumber(redis.call('HGET', counters, t) or '0')
 end
 
+-- '<tenant> <replica>[ <offset>]' -> tenant, replica, offset (0 when absent)
+local function parse(m)
+  local s1 = string.find(m, ' ', 1, true)
+  local s2 = string.find(m, ' ', s1 + 1, true)
+  if s2 == nil then
+    return string.sub(m, 1, s1 - 1), string.sub(m, s1 + 1), 0
+  end
+  return string.sub(m, 1, s1 - 1), string.sub(m, s1 + 1, s2 - 1), tonumber(string.sub(m, s2 + 1))
+end
+
 -- what ended calls used beyond (or short of) their grants
-local a = tonumber(ARGV[6])
-local w = tonumber(ARGV[7 + a])
-local i = 8 + a + w
+local a = tonumber(ARGV[A])
+local w = tonumber(ARGV[A + 1 + a])
+local first_waiting = A + 2 + a
+local i = first_waiting + 2 * w
 while i < #ARGV do
   redis.call('HINCRBYFLOAT', counters, ARGV[i], ARGV[i + 1])
   i = i + 2
 end
 
 -- this replica's entries are replaced by what it publishes now; the others' stand until they lapse
-local function republish(key, first, count)
+local function republish(key, members)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   local before = {}
   for _, m in ipairs(redis.call('ZRANGE', key, 0, -1)) do
-    local sep = string.find(m, ' ', 1, true)
-    before[string.sub(m, 1, sep - 1)] = true
-    if string.sub(m, sep + 1) == me then
+    local t, r = parse(m)
+    before[t] = true
+    if r == me then
       redis.call('ZREM', key, m)
     end
   end
-  for j = first, first + count - 1 do
-    redis.call('ZADD', key, until_ms, ARGV[j] .. ' ' .. me)
+  for _, m in ipairs(members) do
+    redis.call('ZADD', key, until_ms, m)
   end
   return before
 end
 
+local published_active = {}
+for j = A + 1, A + a do
+  published_active[#published_active + 1] = ARGV[j] .. ' ' .. me
+end
+local published_waiting = {}
+for j = first_waiting, first_waiting + 2 * w - 1, 2 do
+  published_waiting[#published_waiting + 1] = ARGV[j] .. ' ' .. me .. ' ' .. ARGV[j + 1]
+end
+
 -- counter lift (VTC): a tenant that becomes active rises to the least-served active tenant, or,
 -- with none active, to the most-served: idle time banks no credit
-local was_active = republish(active, 7, a)
+local was_active = republish(active, published_active)
 local floor = nil
 for t in pairs(was_active) do
   local c = counter(t)
@@ -60,29 +87,31 @@ if floor == nil then
     if all[k] ~= '~mean' and (floor == nil or x > floor) then floor = x end
   end
 end
-for j = 7, 6 + a do
+for j = A + 1, A + a do
   local t = ARGV[j]
   if not was_active[t] and floor ~= nil and counter(t) < floor then
     redis.call('HSET', counters, t, fmt(floor))
   end
 end
-republish(waiting, 8 + a, w)
+republish(waiting, published_waiting)
 
 local tenant = ARGV[4]
 if tenant == '' then
   return {2}
 end
+-- the asking call is this replica's own choice among its tenant's jobs here: only the other
+-- entries (other tenants anywhere, this tenant on other replicas) can come before it
 local lowest = nil
 for _, m in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
-  local t = string.sub(m, 1, string.find(m, ' ', 1, true) - 1)
-  if t ~= tenant then
-    local c = counter(t)
-    if lowest == nil or c < lowest then lowest = c end
+  local t, r, offset = parse(m)
+  if t ~= tenant or r ~= me then
+    local key = counter(t) + offset
+    if lowest == nil or key < lowest then lowest = key end
   end
 end
 local charge = tonumber(ARGV[5])
 local mean = tonumber(redis.call('HGET', counters, '~mean') or ARGV[5])
-local lead = lowest and counter(tenant) - lowest or 0
+local lead = lowest and counter(tenant) + tonumber(ARGV[6]) - lowest or 0
 if lead > tonumber(ARGV[3]) * mean then
   return {0, fmt(lead)}
 end

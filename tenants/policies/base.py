@@ -113,3 +113,11 @@ class Policy(Protocol):
     def remove_job(self, job_id: str, now: float) -> None: ...
 
     def priority(self, call_id: str) -> float: ...
+
+    def fair_offsets(self) -> dict[str, float]:
+        """Per active job, the service its tenant must still receive (KV token-time per unit of
+        weight) before the job would end under the fair share, by this policy's estimates; a
+        job absent has none. A pool shared by several gateways orders jobs across them by their
+        tenant's service plus this (gateway/share.py); a policy that orders tenants only, or
+        jobs by anything else, gives none, so only its tenants' service counts there."""
+        ...

@@ -244,6 +244,9 @@ class BookPolicy:
     def priority(self, call_id: str) -> float:
         return self._job_priority(self._owner(call_id))
 
+    def fair_offsets(self) -> dict[str, float]:
+        return {}
+
     # --- hooks and order, for subclasses ----------------------------------------------------
 
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:

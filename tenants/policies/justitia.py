@@ -83,6 +83,25 @@ class JustitiaPolicy(BookPolicy):
         """The job's ideal finish in virtual time (comparable across all active jobs)."""
         return self._clock.tag(job_id)
 
+    def fair_offsets(self) -> dict[str, float]:
+        """Each job's predicted cost of its calls not yet dispatched, per unit of its tenant's
+        weight: added to its tenant's service it is the job's fair-share finish were it its
+        tenant's only job. A dispatched call is in its tenant's service already where the
+        offsets are used (a pool shared by several gateways charges a call as it is granted).
+        The share of its tenant's part among the tenant's other jobs is left out: they may sit
+        on other gateways, so no gateway sees them all, while its own cost each one knows."""
+        offsets: dict[str, float] = {}
+        for job_id, job in self._jobs.items():
+            running = {run.call.node_id for run in job.running.values()}
+            cost = sum(
+                kv_token_time(p, d)
+                for node_id, (p, d) in self._estimates[job_id].items()
+                if node_id not in job.done and node_id not in running
+            )
+            if cost > 0:
+                offsets[job_id] = cost / job.info.weight
+        return offsets
+
     def _rank(self, job: ActiveJob) -> tuple[float, float, str]:
         return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
 

@@ -1,8 +1,8 @@
-"""The pool's fair share across replicas on a real Redis: a tenant is granted calls until it
-leads the least-served tenant waiting on any replica by more than the slack; a tenant that
-becomes active is lifted, so idle time banks no credit; what ended calls owe is paid; a
-replica's heads are replaced by what it publishes next and lapse with their lifetime; an
-unreachable or closed store grants nothing."""
+"""The pool's fair share across replicas on a real Redis: a tenant is granted calls until its
+job's key (its service plus the job's offset) leads the lowest key waiting on any replica by
+more than the slack; a tenant that becomes active is lifted, so idle time banks no credit; what
+ended calls owe is paid; a replica's heads are replaced by what it publishes next and lapse with
+their lifetime; an unreachable or closed store grants nothing."""
 
 from __future__ import annotations
 
@@ -110,6 +110,45 @@ async def test_heads_are_replaced_by_the_next_publish_and_lapse_with_their_lifet
     finally:
         await a.aclose()
         await gone.aclose()
+
+
+async def test_a_job_comes_in_the_pool_s_order_at_its_tenant_s_service_plus_its_offset(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    # t1 and t2 start level (t2 lifted to t1's 10); b's t2 has a job due 15 past its service
+    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
+    await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {})
+    # a's t1 job due 50 past: 10 + 50 leads 10 + 15 by 35 > 2 x the mean 10: it waits
+    t1_long = Heads(("t1",), ("t1",), {"t1": 50.0})
+    assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 50.0)) is False
+    # a job of t1 due 30 past leads by 15 only: granted, though t1 was served as much as t2
+    assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 30.0))
+    # b's t2 is now behind by more than the slack in the pool's order: granted
+    assert await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {}, Ask("t2", 10.0, 15.0))
+    assert await a.counters(POOL) == {"t1": 20.0, "t2": 20.0}
+
+
+async def test_a_tenant_s_shorter_job_on_another_replica_comes_first(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    await b.exchange(POOL, Heads(("t1",), ("t1",), {"t1": 5.0}), {})
+    # a's own entry for t1 (its job due 100 past) is its own choice: only b's holds it back
+    mine = Heads(("t1",), ("t1",), {"t1": 100.0})
+    assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0)) is False
+    assert await b.exchange(POOL, Heads(("t1",), ()), {}, Ask("t1", 10.0, 5.0))
+    # b has nothing of t1 waiting any more: a's job goes
+    assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
+
+
+def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
+    published = Heads(("t1", "t2"), ("t1",), {"t1": 10.0})
+    assert Heads(("t1", "t2"), ("t1",), {"t1": 5.0}).outdated(published)
+    assert not Heads(("t1", "t2"), ("t1",), {"t1": 20.0}).outdated(published)
+    assert Heads(("t1", "t2"), ("t1", "t2"), {"t1": 20.0, "t2": 0.0}).outdated(published)
+    assert Heads(("t1",), ("t1",), {"t1": 10.0}).outdated(published)
+    assert published.outdated(None)
 
 
 async def test_no_grant_without_the_store(redis_prefix: str) -> None:

@@ -4,7 +4,14 @@ import random
 import pytest
 
 from bench.sim.gps import GpsCall, GpsJob, gps_finish_times
-from tenants.policies import EngineLoad, JobInfo, JustitiaPolicy, NodeCost, kv_token_time
+from tenants.policies import (
+    EngineLoad,
+    JobInfo,
+    JustitiaPolicy,
+    NodeCost,
+    kv_token_time,
+    make_policy,
+)
 from tests.tenants.policies.factories import (
     NO_KNEE,
     dispatch_all,
@@ -297,3 +304,26 @@ def test_jobs_leave_the_remaining_paths_whether_or_not_they_were_measured() -> N
     peeked = policy.peek(0.0, EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None))
     assert peeked is not None and peeked.call_id == "chain/c0"
     policy.check_invariants()
+
+
+def test_a_job_s_offset_is_its_cost_not_yet_dispatched_per_unit_of_weight() -> None:
+    policy = JustitiaPolicy()
+    two = make_job("two", "t1", [make_node("a", predicted=10), make_node("b", predicted=10)])
+    submit(policy, two)
+    submit(policy, make_job("one", "t1", [make_node("c", predicted=30)]))
+    submit(policy, make_job("heavy", "t2", [make_node("d", predicted=40)], weight=2.0))
+    call, heavy = kv_token_time(100, 10), kv_token_time(100, 40) / 2.0
+    big = kv_token_time(100, 30)
+    assert policy.fair_offsets() == pytest.approx({"two": 2 * call, "one": big, "heavy": heavy})
+    policy.mark_dispatched("two/a", 0.0)  # dispatched: in its tenant's service, not its offset
+    assert policy.fair_offsets() == pytest.approx({"two": call, "one": big, "heavy": heavy})
+    policy.on_finished("two/a", 100, 10, 1.0)
+    policy.mark_dispatched("two/b", 1.0)
+    assert policy.fair_offsets() == pytest.approx({"one": big, "heavy": heavy})
+
+
+@pytest.mark.parametrize("name", ["fcfs", "vtc", "las"])
+def test_policies_that_order_tenants_only_give_no_offsets(name: str) -> None:
+    policy = make_policy(name)
+    submit(policy, make_job("a", "t1"))
+    assert policy.fair_offsets() == {}
