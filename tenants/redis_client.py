@@ -4,7 +4,9 @@ failures that fail closed.
 `RedisClient` owns one client (bounded connections, waits and retries: one retry on a dropped
 connection, as every script is idempotent). Once closed it refuses every call, because redis-py
 would quietly open a new connection for a task still running after the close (a gRPC handler
-that outlives its server's stop), and nothing would ever close that one.
+that outlives its server's stop), and nothing would ever close that one. For the same reason
+closing waits (a bounded while) for the calls under way: a call whose connection the close cut
+would reconnect to retry, and put that connection back in a pool nobody closes again.
 `fails_closed(error, what)` guards its methods: a closed client, or any Redis error, becomes
 `error("<what> unavailable")`. That message reaches clients, unauthenticated ones included, so
 it names no host or port; the detail is logged here.
@@ -17,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import anyio
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -58,10 +61,27 @@ class RedisClient:
         )
         self._redis = Redis.from_pool(pool)
         self.closed = False
+        # a call waits for the pool at most pool_timeout_s, then is sent at most twice
+        self._close_wait_s = pool_timeout_s + 2 * timeout_s
+        self._under_way = 0
+        self._idle = anyio.Event()
+        self._idle.set()
 
     async def aclose(self) -> None:
         self.closed = True
+        with anyio.move_on_after(self._close_wait_s, shield=True):
+            await self._idle.wait()
         await self._redis.aclose()
+
+    def _started(self) -> None:
+        if self._under_way == 0:
+            self._idle = anyio.Event()
+        self._under_way += 1
+
+    def _ended(self) -> None:
+        self._under_way -= 1
+        if self._under_way == 0:
+            self._idle.set()
 
 
 def fails_closed(
@@ -77,11 +97,14 @@ def fails_closed(
         async def translated(self: _C, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
             if self.closed:
                 raise error(f"{what} unavailable")
+            self._started()
             try:
                 return await method(self, *args, **kwargs)
             except RedisError as exc:
                 _log.warning("%s unavailable in %s", what, method.__name__, exc_info=exc)
                 raise error(f"{what} unavailable") from exc
+            finally:
+                self._ended()
 
         return translated
 

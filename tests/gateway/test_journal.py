@@ -5,11 +5,13 @@ reply leaves no duplicate, and an idempotency key names one job across replicas.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
+import anyio
 import pytest
 
 from gateway.errors import JournalUnavailable
-from gateway.job_run import JobRun, NodeState
+from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
 from gateway.journal import KeyTaken, RedisJournal
 from tests.conftest import REDIS_URL
@@ -100,6 +102,31 @@ async def test_an_idempotency_key_names_one_job_across_replicas(
     assert taken.value.job_id == "job-4"
     assert await two.job_by_key("acme", "k") == "job-4"
     assert await two.job_by_key("other", "k") is None
+
+
+async def test_closing_waits_for_a_read_under_way_and_leaves_no_connection(
+    redis_prefix: str,
+) -> None:
+    """A call the close cut would reconnect to retry and hand back a connection that nothing
+    closes: the close waits for it instead."""
+    journal = RedisJournal(REDIS_URL, "one", prefix=redis_prefix)
+    await journal.create(JobRun("job-7", "acme", two_calls(), 100.0))
+    read: list[JobEvent] | None = None
+    reading = anyio.Event()
+
+    async def wait_for_events() -> None:
+        nonlocal read
+        reading.set()
+        read = await journal.read("acme", "job-7", 10, block_s=0.3)  # nothing comes
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for_events)
+        await reading.wait()
+        await journal.aclose()
+        assert read == []  # it ended before the close went on
+    pool: Any = journal._redis.connection_pool
+    connections = [*pool._available_connections, *pool._in_use_connections]
+    assert connections and not any(conn.is_connected for conn in connections)
 
 
 async def test_a_closed_journal_refuses_instead_of_reconnecting(redis_prefix: str) -> None:
