@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import httpx
 from anyio.abc import ByteReceiveStream, Process
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 ANNOUNCE = "fairgate engine serving on "
@@ -74,3 +76,19 @@ async def _stop(process: Process) -> None:
             process.kill()
             await process.wait()
         await process.aclose()
+
+
+async def server_metric(url: str, name: str) -> float:
+    """A metric the server (any vLLM-compatible one) at `url` reports now, summed over its
+    series; LookupError when it reports none."""
+    async with httpx.AsyncClient(base_url=url, trust_env=False) as http:
+        text = (await http.get("/metrics")).text
+    samples = [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+    if not samples:
+        raise LookupError(f"no {name} in {url}/metrics")
+    return sum(samples)

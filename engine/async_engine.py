@@ -101,6 +101,7 @@ class AsyncEngine:
         self.core = core
         self.max_consecutive_failures = max_consecutive_failures
         self._consecutive_failures = 0
+        self.steps = 0  # steps run so far, failed ones too: a clock in the engine's own units
         self._health_flipped = anyio.Event()
         self._run_in_thread = run_in_thread
         self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
@@ -271,6 +272,7 @@ class AsyncEngine:
             self._stepping = False
 
     def _record_step(self, failed: bool) -> None:
+        self.steps += 1
         was_healthy = self.healthy
         self._consecutive_failures = self._consecutive_failures + 1 if failed else 0
         if self.healthy != was_healthy:

@@ -4,19 +4,37 @@ Gauges are read at scrape time from the engine's capacity snapshot (taken betwee
 scrape never sees a step half-applied); counters are advanced by the completion handler as tokens
 arrive: a request's prompt when its first token comes (its prefill is done), then each generated
 token. Labels as vLLM sets them: `model_name` and `engine` (one engine per server: "0"), and
-`vllm:cache_config_info` carries the pool's shape in its labels with the value 1.
+`vllm:cache_config_info` carries the pool's shape in its labels with the value 1. One series is
+fairgate's own: `fairgate:engine_steps_total`, the steps the engine has run, read at scrape time
+(a clock in engine steps for benchmarks of gateways before it, which a shared machine slows less
+than seconds).
 Invariant: each server has its own registry, so two servers in one process never share a series.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from engine.async_engine import AsyncEngine
 
 LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"
+
+
+class _Steps(Collector):
+    def __init__(self, engine: AsyncEngine, labels: tuple[str, str]) -> None:
+        self._engine = engine
+        self._labels = list(labels)
+
+    def collect(self) -> Iterator[Metric]:
+        steps = CounterMetricFamily("fairgate:engine_steps", "Engine steps run.", labels=LABELS)
+        steps.add_metric(self._labels, self._engine.steps)
+        yield steps
 
 
 class EngineMetrics:
@@ -54,6 +72,7 @@ class EngineMetrics:
             str(blocks.enable_prefix_cache),
             ENGINE_INDEX,
         ).set(1)
+        self.registry.register(_Steps(engine, labels))
         self._prompt_tokens = Counter(
             "vllm:prompt_tokens",
             "Number of prefill tokens processed.",

@@ -11,8 +11,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from transformers import LlamaConfig
 
 from bench.engine_servers import EngineServer
@@ -40,21 +38,6 @@ def backend_of(
     table = {"kind": "openai", "name": server.name, "url": server.url, "model": model}
     table |= {"tokenizer": folder, "scrape_interval_s": 0.05, **overrides}
     return BackendSettings.model_validate(table)
-
-
-async def server_metric(url: str, name: str) -> float:
-    """A metric a vLLM-compatible server reports at `url`/metrics now (summed over series)."""
-    async with httpx.AsyncClient(base_url=url) as http:
-        text = (await http.get("/metrics")).text
-    samples = [
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    ]
-    if not samples:
-        raise AssertionError(f"no {name} in {url}/metrics")
-    return sum(samples)
 
 
 @contextlib.asynccontextmanager

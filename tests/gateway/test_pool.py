@@ -13,8 +13,9 @@ import anyio
 import grpc
 import pytest
 
+from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
-from tests.gateway.engine_servers import backend_of, engine_servers, server_metric
+from tests.gateway.engine_servers import backend_of, engine_servers
 from tests.reliability.harness import Reliable, node, reliable_gateway, reruns
 
 pytestmark = pytest.mark.anyio

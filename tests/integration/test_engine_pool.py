@@ -9,11 +9,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from bench.engine_servers import engine_servers
+from bench.engine_servers import engine_servers, server_metric
 from engine.loader import DEFAULT_MODEL, resolve_model, served_model_name
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends.settings import BackendSettings
-from tests.gateway.engine_servers import server_metric
 from tests.reliability.harness import node, reliable_gateway
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(600)]

@@ -9,10 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.job_run import NodeState
 from tenants import RedisQuotaStore
-from tests.gateway.engine_servers import backend_of, engine_servers, server_metric
+from tests.gateway.engine_servers import backend_of, engine_servers
 from tests.reliability.harness import reliable_gateway
 from tests.reliability.redis_server import RedisServer
 from tests.reliability.test_redis_outage import chain

@@ -36,6 +36,7 @@ async def test_metrics_show_a_running_request_and_the_pool(server: Server) -> No
     before = await server.metrics()
     assert before["vllm:num_requests_running"] == before["vllm:num_requests_waiting"] == 0
     assert before["vllm:kv_cache_usage_perc"] == 0.0
+    assert before["fairgate:engine_steps_total"] == 0
     prompt = list(range(1, 41))
     stream = await server.openai.completions.create(
         model=MODEL, prompt=prompt, max_tokens=30, stream=True
@@ -51,6 +52,8 @@ async def test_metrics_show_a_running_request_and_the_pool(server: Server) -> No
     after = await server.metrics()
     assert after["vllm:generation_tokens_total"] == 30
     assert after["vllm:num_requests_running"] == 0
+    # a token a step: the prefill's step made the first
+    assert after["fairgate:engine_steps_total"] == server.engine.steps == 30
 
 
 async def test_failing_steps_are_500s_and_turn_health_503_until_a_step_succeeds() -> None:
