@@ -65,7 +65,7 @@ from gateway.outbox import Close, Outbox
 from gateway.overload import OverloadControl
 from gateway.owned import OwnsTasks
 from gateway.prompts import PromptEncoder
-from gateway.share import Ask, Heads, RedisShare
+from gateway.share import Ask, Grant, Heads, RedisShare
 from gateway.slo import SloConfig
 from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
 from gateway.tickets import Blank, Ticket, job_info, part_of
@@ -490,10 +490,11 @@ class Dispatcher(OwnsTasks):
         ticket = entry.payload
         call, lane = ticket.call, self._lane(ticket)
         ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry))
-        if await retry_unavailable(
+        grant = await retry_unavailable(
             lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
-        ):
-            lane.core.granted(call.call_id, ask.tenant_id, ask.charge)
+        )
+        if grant:
+            lane.core.granted(call.call_id, ask.tenant_id, ask.charge, grant.key)
             return True
         lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
         self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
@@ -505,7 +506,7 @@ class Dispatcher(OwnsTasks):
         """What this replica publishes in the pool's share: nothing once it hands over."""
         return Heads((), ()) if self.paused else Heads(*lane.core.heads(self.clock()))
 
-    async def _exchange(self, lane: Lane, ask: Ask | None = None) -> bool:
+    async def _exchange(self, lane: Lane, ask: Ask | None = None) -> Grant:
         """One exchange with the pool's share: the heads published, what is owed paid."""
         assert self.share is not None
         heads, owed = self._heads(lane), lane.core.take_owed()

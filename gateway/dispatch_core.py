@@ -39,7 +39,9 @@ the pool (the same one only in a pool of one); lost again, it fails.
 A gated core (a pool shared with other gateway replicas, gateway/share.py) takes every call,
 even one reserved with its job, so that the caller first asks the pool's share for it: `charge`
 is what a grant costs its tenant (worst-case KV token-time per unit of weight), `granted` records
-it, `retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
+it with the call's key in the pool's order (the priority a shared server is told, so that what
+several replicas sent it runs in that order; not re-keyed later: a server takes a priority once),
+`retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
 tenants have work here and which could send a call now (not held by a quota). When an attempt
 that was granted ends, however it ends, what it used beyond its grant (all of it back for an
 attempt that never ran) is `owed` to the share, for the caller to pay with its next exchange.
@@ -82,6 +84,7 @@ class CoreCall(Generic[T]):
     yielding: bool = False  # chosen to yield: being aborted
     yields_to: str = ""  # the call it yields its share to: it waits until that one is sent
     granted: float = 0.0  # its attempt's charge in the pool's share (per unit of weight)
+    key: float = 0.0  # where its grant put it in the pool's order: its priority once sent
     produced: int = 0  # output tokens its attempt has streamed so far
 
     @property
@@ -322,14 +325,14 @@ class DispatchCore(Generic[T]):
         call = entry.call
         return kv_token_time(call.prompt_tokens, call.max_tokens) / self._weight(call.tenant_id)
 
-    def granted(self, call_id: str, tenant_id: str, charge: float) -> None:
-        """The pool's share granted the taken call `charge`; a call that left meanwhile owes
-        it back at once."""
+    def granted(self, call_id: str, tenant_id: str, charge: float, key: float) -> None:
+        """The pool's share granted the taken call `charge` at `key` in the pool's order; a
+        call that left meanwhile owes it back at once."""
         entry = self.taking.get(call_id)
         if entry is None:
             self._owe(tenant_id, -charge)
         else:
-            entry.granted = charge
+            entry.granted, entry.key = charge, key
 
     def heads(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float]]:
         """The tenants with work here (ready, taken or running calls), those among them with a
@@ -510,7 +513,10 @@ class DispatchCore(Generic[T]):
         return entry
 
     def refresh(self, job_id: str) -> list[Reprioritize[T]]:
-        """The job was re-keyed: its running calls whose priority changed."""
+        """The job was re-keyed: its running calls whose priority changed (none in a gated
+        core: a call's priority there is the key its grant gave it)."""
+        if self.gated:
+            return []
         changed = []
         for call_id, entry in self._jobs.get(job_id, {}).items():
             priority = self.policy.priority(call_id)
@@ -524,7 +530,9 @@ class DispatchCore(Generic[T]):
     def _dispatched(self, entry: CoreCall[T], now: float) -> None:
         call_id = entry.call.call_id
         self.policy.mark_dispatched(call_id, now)
-        entry.priority = self.policy.priority(call_id)
+        # a shared server orders what several replicas sent it by the pool's order, which no
+        # replica's own policy keys
+        entry.priority = entry.key if self.gated else self.policy.priority(call_id)
         entry.attempts += 1
         self.running[call_id] = entry
         self._jobs[entry.call.job_id][call_id] = entry

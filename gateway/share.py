@@ -73,6 +73,18 @@ class Heads:
 
 
 @dataclass(frozen=True, slots=True)
+class Grant:
+    """The answer to an exchange: granted or not, and where a granted call stands in the pool's
+    order (its key: a server that schedules by priority runs it by this)."""
+
+    granted: bool
+    key: float = 0.0
+
+    def __bool__(self) -> bool:
+        return self.granted
+
+
+@dataclass(frozen=True, slots=True)
 class Ask:
     """A grant asked for one call: its tenant, its charge (worst-case cost / weight) and its
     job's offset."""
@@ -117,10 +129,9 @@ class RedisShare(RedisClient):
     @_fails_closed
     async def exchange(
         self, pool: str, heads: Heads, owed: Mapping[str, float], ask: Ask | None = None
-    ) -> bool:
-        """Publish this replica's heads in the pool, pay what is owed, and answer `ask`: True
-        when the call is granted (its charge counted), False when it must wait (or nothing was
-        asked)."""
+    ) -> Grant:
+        """Publish this replica's heads in the pool, pay what is owed, and answer `ask`: granted
+        (its charge counted) with its key, or not when it must wait (or nothing was asked)."""
         args: list[str | float | int] = [
             self.replica_id,
             int(self.ttl_s * 1000),
@@ -137,7 +148,9 @@ class RedisShare(RedisClient):
         for tenant, amount in owed.items():
             args += [tenant, repr(amount)]
         reply = await self._script(keys=self.keys(pool), args=args)
-        return int(reply[0]) == 1
+        if int(reply[0]) != 1:
+            return Grant(False)
+        return Grant(True, float(reply[1]))
 
     @_fails_closed
     async def counters(self, pool: str) -> dict[str, float]:

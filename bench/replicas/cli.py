@@ -155,7 +155,15 @@ async def live_check(args: argparse.Namespace, url: str, directory: Path) -> dic
     flags = ["--model", str(model), "--served-model-name", SERVED, "--config", str(settings)]
     async with engine_servers(1, flags) as (server,):
         return await live_study(
-            args.data, directory, url, lambda: _flush(url), server.url, model, SERVED, args.rounds
+            args.data,
+            directory,
+            url,
+            lambda: _flush(url),
+            server.url,
+            model,
+            SERVED,
+            args.rounds,
+            args.server_priority,
         )
 
 
@@ -188,6 +196,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--slots", type=int, default=8, help="batch slots the gateways see")
     p.add_argument("--step-s", type=float, default=0.01)
     p.add_argument("--parts", default="kill,share,scale,live", help="kill, share, scale, live")
+    p.add_argument(
+        "--server-priority",
+        action="store_true",
+        help="live: the server schedules by the priority the gateways send (a call's key)",
+    )
     add_data_flag(p)
     p.add_argument("--calls", type=int, default=1200, help="scale: concurrent calls in all")
     p.add_argument("--clients", type=int, default=24, help="scale: concurrent clients")

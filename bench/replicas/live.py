@@ -12,7 +12,10 @@ justitia's median queueing over fcfs's. As `bench/live` does, the clock is the e
 (the server's `fairgate:engine_steps_total`, read before and after each run): a JCT in steps is
 its seconds at the run's mean rate, a job alone takes the steps the engine ran for it; a machine
 shared by the engine, the gateways, Redis and the clients slows steps, which seconds carry and
-steps mostly do not. The same figures in seconds come beside them (`live_seconds_*`).
+steps mostly do not. The same figures in seconds come beside them (`live_seconds_*`). With
+`priority` the server schedules its queue by the calls' priority (vLLM's `--scheduling-policy
+priority`; `fairgate engine serve` always does): a granted call's key in the pool's order, so
+that calls several replicas sent at once run in that order.
 """
 
 from __future__ import annotations
@@ -100,13 +103,19 @@ async def live_study(
     model: Path,
     served: str,
     rounds: int,
+    priority: bool,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     config = LiveConfig(data, directory)
     jobs, _ = live_workload(config)
     ceiling = output_ceiling(jobs, config.scale)
     backend = BackendSettings(
-        kind="openai", url=server_url, model=served, tokenizer=model, scrape_interval_s=0.05
+        kind="openai",
+        url=server_url,
+        model=served,
+        tokenizer=model,
+        scrape_interval_s=0.05,
+        priority=priority,
     )
     alone: dict[str, float] = {}  # job id -> JCT alone, seconds
     alone_steps: dict[str, float] = {}  # job id -> the steps the engine ran for it alone

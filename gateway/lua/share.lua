@@ -14,7 +14,7 @@
 -- weight; negative: a refund)
 -- A job comes in the pool's order at its key, counter + offset: the service at which it would
 -- end were it its tenant's only job.
--- Returns {1}: granted (charged) | {0, lead}: the asking call's key leads the lowest key of
+-- Returns {1, key}: granted (charged), the call's key | {0, lead}: the asking call's key leads the lowest key of
 -- another waiting entry by more than the slack | {2}: nothing asked
 local counters, active, waiting, me = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local now = now_ms()
@@ -111,10 +111,11 @@ for _, m in ipairs(redis.call('ZRANGE', waiting, 0, -1)) do
 end
 local charge = tonumber(ARGV[5])
 local mean = tonumber(redis.call('HGET', counters, '~mean') or ARGV[5])
-local lead = lowest and counter(tenant) + tonumber(ARGV[6]) - lowest or 0
+local key = counter(tenant) + tonumber(ARGV[6])
+local lead = lowest and key - lowest or 0
 if lead > tonumber(ARGV[3]) * mean then
   return {0, fmt(lead)}
 end
 redis.call('HINCRBYFLOAT', counters, tenant, ARGV[5])
 redis.call('HSET', counters, '~mean', fmt(mean + (charge - mean) * MEAN_RATE))
-return {1}
+return {1, fmt(key)}

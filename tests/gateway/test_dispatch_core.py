@@ -408,13 +408,24 @@ def test_justitia_s_heads_give_each_waiting_tenant_its_least_job_offset() -> Non
     assert core.offset(long_call.entry) == kv_token_time(16, 1)
 
 
+def test_a_granted_call_is_sent_at_its_key_in_the_pool_s_order() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("justitia"), gated=True)
+    add_job(core, "a", nodes=2)
+    dispatch = core.next(0.0, {"x": room()})
+    assert dispatch is not None
+    core.granted("a/n0", "t", core.charge(dispatch.entry), 123.5)
+    entry = core.launched("a/n0", 0.0)
+    assert entry is not None and entry.priority == 123.5  # not the replica's own tag
+    assert core.progress("a/n0", 40, 1.0) == []  # past its prediction: re-keyed, not resent
+
+
 def test_a_grant_that_lands_after_its_call_left_is_owed_back() -> None:
     core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
     add_job(core, "a")
     dispatch = core.next(0.0, {"x": room()})
     assert dispatch is not None
     core.remove_job("a", 0.0)
-    core.granted("a/n0", "t", 5.0)
+    core.granted("a/n0", "t", 5.0, 1.0)
     assert core.take_owed() == {"t": -5.0} and core.take_owed() == {}
 
 
@@ -457,7 +468,7 @@ def test_blast_every_grant_is_trued_up_to_what_its_attempt_used() -> None:
                 continue
             tenant = entry.call.tenant_id
             charged[tenant] = charged.get(tenant, 0.0) + core.charge(entry)
-            core.granted(entry.call.call_id, tenant, core.charge(entry))
+            core.granted(entry.call.call_id, tenant, core.charge(entry), 0.0)
             if roll < 0.3:
                 core.retry_later(entry.call.call_id, now + 1)  # a quota refused it
             elif roll < 0.35:

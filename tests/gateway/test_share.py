@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway.errors import ShareUnavailable
-from gateway.share import Ask, Heads, RedisShare
+from gateway.share import Ask, Grant, Heads, RedisShare
 from tenants.redis_client import round_trips
 from tests.conftest import REDIS_URL
 
@@ -36,7 +36,7 @@ async def test_a_tenant_leading_by_more_than_the_slack_waits_for_the_other_repli
     replicas: tuple[RedisShare, RedisShare],
 ) -> None:
     a, b = replicas
-    assert await b.exchange(POOL, waiting("t2"), {}) is False  # nothing asked: published
+    assert not await b.exchange(POOL, waiting("t2"), {})  # nothing asked: published
     grants = 0
     while await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0)):
         grants += 1
@@ -46,7 +46,7 @@ async def test_a_tenant_leading_by_more_than_the_slack_waits_for_the_other_repli
     assert await a.counters(POOL) == {"t1": 30.0}
     assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))  # t2 is behind: granted
     assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))  # leads by 30 - 10 = 20
-    assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0)) is False  # 40 - 10 > 20
+    assert not await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))  # 40 - 10 > 20
     assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))
     assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))  # 40 - 20 <= 20
     assert await a.counters(POOL) == {"t1": 50.0, "t2": 20.0}
@@ -57,7 +57,7 @@ async def test_only_waiting_tenants_hold_others_back(
 ) -> None:
     a, b = replicas
     # t2 runs calls on b but has none to send (held by its quota): it holds nobody back
-    assert await b.exchange(POOL, Heads(("t2",), ()), {}) is False
+    assert not await b.exchange(POOL, Heads(("t2",), ()), {})
     for _ in range(10):
         assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
 
@@ -103,7 +103,7 @@ async def test_heads_are_replaced_by_the_next_publish_and_lapse_with_their_lifet
         # granted again it leads t2 by 10 > 0 x mean
         await a.exchange(POOL, waiting("t1", "t2"), {})
         assert await a.exchange(POOL, waiting("t1", "t2"), {}, Ask("t1", 10.0))
-        assert await a.exchange(POOL, waiting("t1", "t2"), {}, Ask("t1", 10.0)) is False
+        assert not await a.exchange(POOL, waiting("t1", "t2"), {}, Ask("t1", 10.0))
         # `a` no longer has t2: its next publish drops it, and t1 leads nobody
         assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
         assert await a.counters(POOL) == {"t1": 40.0, "t2": 20.0}
@@ -121,9 +121,10 @@ async def test_a_job_comes_in_the_pool_s_order_at_its_tenant_s_service_plus_its_
     await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {})
     # a's t1 job due 50 past: 10 + 50 leads 10 + 15 by 35 > 2 x the mean 10: it waits
     t1_long = Heads(("t1",), ("t1",), {"t1": 50.0})
-    assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 50.0)) is False
-    # a job of t1 due 30 past leads by 15 only: granted, though t1 was served as much as t2
-    assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 30.0))
+    assert not await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 50.0))
+    # a job of t1 due 30 past leads by 15 only: granted, though t1 was served as much as t2,
+    # at its key: t1's service then plus the offset
+    assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 30.0)) == Grant(True, 40.0)
     # b's t2 is now behind by more than the slack in the pool's order: granted
     assert await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {}, Ask("t2", 10.0, 15.0))
     assert await a.counters(POOL) == {"t1": 20.0, "t2": 20.0}
@@ -136,7 +137,7 @@ async def test_a_tenant_s_shorter_job_on_another_replica_comes_first(
     await b.exchange(POOL, Heads(("t1",), ("t1",), {"t1": 5.0}), {})
     # a's own entry for t1 (its job due 100 past) is its own choice: only b's holds it back
     mine = Heads(("t1",), ("t1",), {"t1": 100.0})
-    assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0)) is False
+    assert not await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
     assert await b.exchange(POOL, Heads(("t1",), ()), {}, Ask("t1", 10.0, 5.0))
     # b has nothing of t1 waiting any more: a's job goes
     assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
