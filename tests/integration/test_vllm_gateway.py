@@ -11,9 +11,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends import BackendSettings
-from tests.gateway.engine_servers import server_metric
 from tests.integration.vllm_server import START_TIMEOUT_S, VllmServer
 from tests.reliability.harness import node, reliable_gateway
 
