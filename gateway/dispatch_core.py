@@ -361,11 +361,9 @@ class DispatchCore(Generic[T]):
         job_offsets = self.policy.fair_offsets()
         tenant = entry.call.tenant_id
         return min(
-            (
-                job_offsets.get(e.call.job_id, 0.0)
-                for e in (entry, *self.ready.values())
-                if e.call.tenant_id == tenant
-            ),
+            job_offsets.get(e.call.job_id, 0.0)
+            for e in (entry, *self.ready.values())
+            if e.call.tenant_id == tenant
         )
 
     def take_owed(self) -> dict[str, float]:

@@ -63,7 +63,7 @@ def _spec(index: int, fanout: int, max_tokens: int) -> pb.JobSpec:
     return pb.JobSpec(nodes=nodes)
 
 
-async def run_job(client: Client, spec: pb.JobSpec) -> Job:
+async def _run(client: Client, spec: pb.JobSpec) -> Job:
     async for event in client.run_job(spec):
         if isinstance(event, JobFinished):
             if event.job.state is not JobState.SUCCEEDED:
@@ -167,7 +167,7 @@ async def measure_share(
         jobs: dict[str, list[Job]] = {tenant: [] for tenant in WEIGHTS}
 
         async def one(tenant: str, index: int) -> None:
-            jobs[tenant].append(await run_job(clients[tenant], _spec(index, fanout, max_tokens)))
+            jobs[tenant].append(await _run(clients[tenant], _spec(index, fanout, max_tokens)))
 
         async with anyio.create_task_group() as tg:
             for index in range(jobs_per_tenant):

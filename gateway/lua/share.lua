@@ -14,8 +14,8 @@
 -- weight; negative: a refund)
 -- A job comes in the pool's order at its key, counter + offset: the service at which it would
 -- end were it its tenant's only job.
--- Returns {1, key}: granted (charged), the call's key | {0, lead}: the asking call's key leads the lowest key of
--- another waiting entry by more than the slack | {2}: nothing asked
+-- Returns {1, key}: granted (charged), at the call's key | {0, lead}: the asking call's key
+-- leads the lowest key of another waiting entry by more than the slack | {2}: nothing asked
 local counters, active, waiting, me = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[2])
