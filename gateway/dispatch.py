@@ -504,7 +504,7 @@ class Dispatcher(OwnsTasks):
 
     def _heads(self, lane: Lane) -> Heads:
         """What this replica publishes in the pool's share: nothing once it hands over."""
-        return Heads((), ()) if self.paused else Heads(*lane.core.heads(self.clock()))
+        return Heads((), {}) if self.paused else Heads(*lane.core.heads(self.clock()))
 
     async def _exchange(self, lane: Lane, ask: Ask | None = None) -> Grant:
         """One exchange with the pool's share: the heads published, what is owed paid."""

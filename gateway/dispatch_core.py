@@ -334,23 +334,23 @@ class DispatchCore(Generic[T]):
         else:
             entry.granted, entry.key = charge, key
 
-    def heads(self, now: float) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, float]]:
-        """The tenants with work here (ready, taken or running calls), those among them with a
-        ready call no quota holds, and for each of those the least offset of its jobs with such
-        a call: what this replica publishes in the pool's share."""
+    def heads(self, now: float) -> tuple[tuple[str, ...], dict[str, float]]:
+        """The tenants with work here (ready, taken or running calls), and those among them with
+        a ready call no quota holds, each with the least offset of its jobs with such a call:
+        what this replica publishes in the pool's share."""
         active = {
             e.call.tenant_id
             for calls in (self.ready, self.taking, self.running)
             for e in calls.values()
         }
         job_offsets = self.policy.fair_offsets()
-        offsets: dict[str, float] = {}
+        waiting: dict[str, float] = {}
         for e in self.ready.values():
             tenant = e.call.tenant_id
             if self._quota_held.get(tenant, -math.inf) <= now:
                 offset = job_offsets.get(e.call.job_id, 0.0)
-                offsets[tenant] = min(offset, offsets.get(tenant, offset))
-        return tuple(sorted(active)), tuple(sorted(offsets)), offsets
+                waiting[tenant] = min(offset, waiting.get(tenant, offset))
+        return tuple(sorted(active)), waiting
 
     def offset(self, entry: CoreCall[T]) -> float:
         """Where the taken call's tenant stands in the pool's order here beyond its service: the

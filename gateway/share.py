@@ -38,7 +38,7 @@ reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 
 from gateway.errors import ShareUnavailable
@@ -53,23 +53,20 @@ class Heads:
     """The tenants a replica has work for in one pool."""
 
     active: tuple[str, ...]  # ready, being sent or running calls
-    waiting: tuple[str, ...]  # a ready call not held by a quota: it could be sent now
-    # per waiting tenant, the least offset of its jobs with such a call (absent: 0)
-    offsets: Mapping[str, float] = field(default_factory=dict)
+    # the tenants with a ready call no quota holds (it could be sent now), each with the least
+    # offset of its jobs with such a call
+    waiting: Mapping[str, float]
 
     def outdated(self, published: Heads | None) -> bool:
         """Whether these heads must be published at once in place of `published`: a tenant
         came or went, or one of its jobs here now comes earlier in the pool's order. An offset
         that grew goes with the next exchange: meanwhile the others only defer a little longer
         to a tenant that asks for its calls as soon as it has room."""
-        if published is None or (self.active, self.waiting) != (
-            published.active,
-            published.waiting,
-        ):
+        if published is None or self.active != published.active:
             return True
-        return any(
-            offset < published.offsets.get(tenant, 0.0) for tenant, offset in self.offsets.items()
-        )
+        if self.waiting.keys() != published.waiting.keys():
+            return True
+        return any(offset < published.waiting[t] for t, offset in self.waiting.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +83,8 @@ class Grant:
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """A grant asked for one call: its tenant, its charge (worst-case cost / weight) and its
-    job's offset."""
+    """A grant asked for one call: its tenant, its charge (worst-case cost / weight) and the
+    offset its tenant asks at."""
 
     tenant_id: str
     charge: float
@@ -143,8 +140,8 @@ class RedisShare(RedisClient):
             *heads.active,
             len(heads.waiting),
         ]
-        for tenant in heads.waiting:
-            args += [tenant, repr(heads.offsets.get(tenant, 0.0))]
+        for tenant, offset in sorted(heads.waiting.items()):
+            args += [tenant, repr(offset)]
         for tenant, amount in owed.items():
             args += [tenant, repr(amount)]
         reply = await self._script(keys=self.keys(pool), args=args)

@@ -29,7 +29,7 @@ async def replicas(redis_prefix: str) -> AsyncIterator[tuple[RedisShare, RedisSh
 
 
 def waiting(*tenants: str) -> Heads:
-    return Heads(tenants, tenants)
+    return Heads(tenants, dict.fromkeys(tenants, 0.0))
 
 
 async def test_a_tenant_leading_by_more_than_the_slack_waits_for_the_other_replica(
@@ -57,7 +57,7 @@ async def test_only_waiting_tenants_hold_others_back(
 ) -> None:
     a, b = replicas
     # t2 runs calls on b but has none to send (held by its quota): it holds nobody back
-    assert not await b.exchange(POOL, Heads(("t2",), ()), {})
+    assert not await b.exchange(POOL, Heads(("t2",), {}), {})
     for _ in range(10):
         assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
 
@@ -72,8 +72,8 @@ async def test_a_tenant_that_becomes_active_is_lifted_to_the_least_served(
     assert await b.exchange(POOL, waiting("t2"), {}, Ask("t2", 10.0))
     assert await b.counters(POOL) == {"t1": 30.0, "t2": 40.0}
     # t1 leaves every replica; t3 arrives with nobody active: it starts at the most served
-    await a.exchange(POOL, Heads((), ()), {})
-    await b.exchange(POOL, Heads((), ()), {})
+    await a.exchange(POOL, Heads((), {}), {})
+    await b.exchange(POOL, Heads((), {}), {})
     assert await a.exchange(POOL, waiting("t3"), {}, Ask("t3", 1.0))
     assert (await a.counters(POOL))["t3"] == 41.0
 
@@ -118,15 +118,15 @@ async def test_a_job_comes_in_the_pool_s_order_at_its_tenant_s_service_plus_its_
     a, b = replicas
     # t1 and t2 start level (t2 lifted to t1's 10); b's t2 has a job due 15 past its service
     assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
-    await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {})
+    await b.exchange(POOL, Heads(("t2",), {"t2": 15.0}), {})
     # a's t1 job due 50 past: 10 + 50 leads 10 + 15 by 35 > 2 x the mean 10: it waits
-    t1_long = Heads(("t1",), ("t1",), {"t1": 50.0})
+    t1_long = Heads(("t1",), {"t1": 50.0})
     assert not await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 50.0))
     # a job of t1 due 30 past leads by 15 only: granted, though t1 was served as much as t2,
     # at its key: t1's service then plus the offset
     assert await a.exchange(POOL, t1_long, {}, Ask("t1", 10.0, 30.0)) == Grant(True, 40.0)
     # b's t2 is now behind by more than the slack in the pool's order: granted
-    assert await b.exchange(POOL, Heads(("t2",), ("t2",), {"t2": 15.0}), {}, Ask("t2", 10.0, 15.0))
+    assert await b.exchange(POOL, Heads(("t2",), {"t2": 15.0}), {}, Ask("t2", 10.0, 15.0))
     assert await a.counters(POOL) == {"t1": 20.0, "t2": 20.0}
 
 
@@ -134,21 +134,21 @@ async def test_a_tenant_s_shorter_job_on_another_replica_comes_first(
     replicas: tuple[RedisShare, RedisShare],
 ) -> None:
     a, b = replicas
-    await b.exchange(POOL, Heads(("t1",), ("t1",), {"t1": 5.0}), {})
+    await b.exchange(POOL, Heads(("t1",), {"t1": 5.0}), {})
     # a's own entry for t1 (its job due 100 past) is its own choice: only b's holds it back
-    mine = Heads(("t1",), ("t1",), {"t1": 100.0})
+    mine = Heads(("t1",), {"t1": 100.0})
     assert not await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
-    assert await b.exchange(POOL, Heads(("t1",), ()), {}, Ask("t1", 10.0, 5.0))
+    assert await b.exchange(POOL, Heads(("t1",), {}), {}, Ask("t1", 10.0, 5.0))
     # b has nothing of t1 waiting any more: a's job goes
     assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
 
 
 def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
-    published = Heads(("t1", "t2"), ("t1",), {"t1": 10.0})
-    assert Heads(("t1", "t2"), ("t1",), {"t1": 5.0}).outdated(published)
-    assert not Heads(("t1", "t2"), ("t1",), {"t1": 20.0}).outdated(published)
-    assert Heads(("t1", "t2"), ("t1", "t2"), {"t1": 20.0, "t2": 0.0}).outdated(published)
-    assert Heads(("t1",), ("t1",), {"t1": 10.0}).outdated(published)
+    published = Heads(("t1", "t2"), {"t1": 10.0})
+    assert Heads(("t1", "t2"), {"t1": 5.0}).outdated(published)
+    assert not Heads(("t1", "t2"), {"t1": 20.0}).outdated(published)
+    assert Heads(("t1", "t2"), {"t1": 20.0, "t2": 0.0}).outdated(published)
+    assert Heads(("t1",), {"t1": 10.0}).outdated(published)
     assert published.outdated(None)
 
 
