@@ -343,13 +343,16 @@ class DispatchCore(Generic[T]):
             for calls in (self.ready, self.taking, self.running)
             for e in calls.values()
         }
-        job_offsets = self.policy.fair_offsets()
+        shown = [
+            e.call
+            for e in self.ready.values()
+            if self._quota_held.get(e.call.tenant_id, -math.inf) <= now
+        ]
+        job_offsets = self.policy.fair_offsets({call.job_id for call in shown})
         waiting: dict[str, float] = {}
-        for e in self.ready.values():
-            tenant = e.call.tenant_id
-            if self._quota_held.get(tenant, -math.inf) <= now:
-                offset = job_offsets.get(e.call.job_id, 0.0)
-                waiting[tenant] = min(offset, waiting.get(tenant, offset))
+        for call in shown:
+            offset = job_offsets.get(call.job_id, 0.0)
+            waiting[call.tenant_id] = min(offset, waiting.get(call.tenant_id, offset))
         return tuple(sorted(active)), waiting
 
     def offset(self, entry: CoreCall[T]) -> float:
@@ -358,13 +361,10 @@ class DispatchCore(Generic[T]):
         with a ready call. The tenant asks at the place it is published at, so that it never
         holds the pool back at a key it does not ask at; which of its own jobs goes first is
         its own affair, as it is in the policy."""
-        job_offsets = self.policy.fair_offsets()
         tenant = entry.call.tenant_id
-        return min(
-            job_offsets.get(e.call.job_id, 0.0)
-            for e in (entry, *self.ready.values())
-            if e.call.tenant_id == tenant
-        )
+        jobs = {e.call.job_id for e in (entry, *self.ready.values()) if e.call.tenant_id == tenant}
+        job_offsets = self.policy.fair_offsets(jobs)
+        return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 
     def take_owed(self) -> dict[str, float]:
         """What is owed to the pool's share, handed to the caller to pay (`owe` it back if

@@ -13,6 +13,7 @@ Cost unit: KV token-time (docs/ARCHITECTURE.md §3), `kv_token_time(p, d)`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,10 +115,11 @@ class Policy(Protocol):
 
     def priority(self, call_id: str) -> float: ...
 
-    def fair_offsets(self) -> dict[str, float]:
-        """Per active job, the service its tenant must still receive (KV token-time per unit of
-        weight) before the job would end under the fair share, by this policy's estimates; a
-        job absent has none. A pool shared by several gateways orders jobs across them by their
-        tenant's service plus this (gateway/share.py); a policy that orders tenants only, or
-        jobs by anything else, gives none, so only its tenants' service counts there."""
+    def fair_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """For each of these active jobs, the service its tenant must still receive (KV
+        token-time per unit of weight) before the job would end under the fair share, by this
+        policy's estimates; a job absent has none. A pool shared by several gateways orders jobs
+        across them by their tenant's service plus this (gateway/share.py); a policy that orders
+        tenants only, or jobs by anything else, gives none, so only its tenants' service counts
+        there. Asked for the jobs with a ready call on every dispatch pass: only those."""
         ...

@@ -244,7 +244,7 @@ class BookPolicy:
     def priority(self, call_id: str) -> float:
         return self._job_priority(self._owner(call_id))
 
-    def fair_offsets(self) -> dict[str, float]:
+    def fair_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
         return {}
 
     # --- hooks and order, for subclasses ----------------------------------------------------

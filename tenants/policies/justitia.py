@@ -83,7 +83,7 @@ class JustitiaPolicy(BookPolicy):
         """The job's ideal finish in virtual time (comparable across all active jobs)."""
         return self._clock.tag(job_id)
 
-    def fair_offsets(self) -> dict[str, float]:
+    def fair_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
         """Each job's predicted cost of its calls not yet dispatched, per unit of its tenant's
         weight: added to its tenant's service it is the job's fair-share finish were it its
         tenant's only job. A dispatched call is in its tenant's service already where the
@@ -91,7 +91,8 @@ class JustitiaPolicy(BookPolicy):
         The share of its tenant's part among the tenant's other jobs is left out: they may sit
         on other gateways, so no gateway sees them all, while its own cost each one knows."""
         offsets: dict[str, float] = {}
-        for job_id, job in self._jobs.items():
+        for job_id in job_ids:
+            job = self._jobs[job_id]
             running = {run.call.node_id for run in job.running.values()}
             cost = sum(
                 kv_token_time(p, d)

@@ -314,16 +314,18 @@ def test_a_job_s_offset_is_its_cost_not_yet_dispatched_per_unit_of_weight() -> N
     submit(policy, make_job("heavy", "t2", [make_node("d", predicted=40)], weight=2.0))
     call, heavy = kv_token_time(100, 10), kv_token_time(100, 40) / 2.0
     big = kv_token_time(100, 30)
-    assert policy.fair_offsets() == pytest.approx({"two": 2 * call, "one": big, "heavy": heavy})
+    jobs = ("two", "one", "heavy")
+    assert policy.fair_offsets(["one"]) == pytest.approx({"one": big})  # only those asked for
+    assert policy.fair_offsets(jobs) == pytest.approx({"two": 2 * call, "one": big, "heavy": heavy})
     policy.mark_dispatched("two/a", 0.0)  # dispatched: in its tenant's service, not its offset
-    assert policy.fair_offsets() == pytest.approx({"two": call, "one": big, "heavy": heavy})
+    assert policy.fair_offsets(jobs) == pytest.approx({"two": call, "one": big, "heavy": heavy})
     policy.on_finished("two/a", 100, 10, 1.0)
     policy.mark_dispatched("two/b", 1.0)
-    assert policy.fair_offsets() == pytest.approx({"one": big, "heavy": heavy})
+    assert policy.fair_offsets(jobs) == pytest.approx({"one": big, "heavy": heavy})
 
 
 @pytest.mark.parametrize("name", ["fcfs", "vtc", "las"])
 def test_policies_that_order_tenants_only_give_no_offsets(name: str) -> None:
     policy = make_policy(name)
     submit(policy, make_job("a", "t1"))
-    assert policy.fair_offsets() == {}
+    assert policy.fair_offsets(["a"]) == {}
