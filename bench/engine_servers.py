@@ -79,8 +79,8 @@ async def _stop(process: Process) -> None:
 
 
 async def server_metric(url: str, name: str) -> float:
-    """A metric the server (any vLLM-compatible one) at `url` reports now, summed over its
-    series; LookupError when it reports none."""
+    """A metric the server at `url` (a vLLM-compatible one, or a gateway's metrics port)
+    reports now on /metrics, summed over its series; LookupError when it reports none."""
     async with httpx.AsyncClient(base_url=url, trust_env=False) as http:
         text = (await http.get("/metrics")).text
     samples = [

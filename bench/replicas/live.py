@@ -86,11 +86,11 @@ async def _run(
             hidden_refine=False,
         )
         targets = await start_replicas(stack, settings, replicas, directory)
-        steps = await server_metric(backend.url, STEPS)
+        steps_before = await server_metric(backend.url, STEPS)
         start = time.monotonic()
         results, _ = await drive(targets, ADMIN_KEY, jobs, scale, ceiling)
         wall = time.monotonic() - start
-        steps = await server_metric(backend.url, STEPS) - steps
+        steps = await server_metric(backend.url, STEPS) - steps_before
     return _Run({job_id: _jct(result) for job_id, result in results.items()}, steps, wall)
 
 

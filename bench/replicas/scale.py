@@ -21,11 +21,10 @@ from pathlib import Path
 
 import anyio
 import grpc
-import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.backends.process import free_port
+from bench.engine_servers import server_metric
 from bench.gateway_overhead import one_call
 from bench.replicas import ADMIN_KEY
 from bench.replicas.gateways import GatewayReplica
@@ -56,15 +55,8 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _round_trips(metrics_ports: list[int]) -> float:
-    total = 0.0
-    async with httpx.AsyncClient() as http:
-        for port in metrics_ports:
-            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == "fairgate_redis_round_trips_total":
-                        total += sample.value
-    return total
+    name = "fairgate_redis_round_trips_total"
+    return sum([await server_metric(f"http://127.0.0.1:{port}", name) for port in metrics_ports])
 
 
 async def measure_scale(
