@@ -30,6 +30,7 @@ from bench.sim.study import Study, StudyConfig, StudyResult
 from bench.sim.summary import summary_json
 from bench.sim.targets import check_targets
 from bench.workloads.build import DEFAULT_CONTEXT, DEFAULT_MAX_THINK_S, build_workload
+from bench.workloads.families import FAMILIES, family_tenants
 from bench.workloads.format import Job, read_workload, write_workload
 from tenants.policies import POLICY_NAMES
 
@@ -45,6 +46,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_data_flag(p)
     p.add_argument("--workload", type=Path, help="a JSONL workload (docs/WORKLOADS.md)")
+    p.add_argument(
+        "--family", choices=list(FAMILIES), default="servegen", help="the tenants to build"
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--json", type=Path, help="write the summary JSON here")
     p.add_argument("--quick", action="store_true", help="a smaller grid, under 5 minutes")
@@ -72,7 +76,8 @@ def base_workload(args: argparse.Namespace) -> list[Job]:
     if args.workload is not None:
         return read_workload(args.workload)
     jobs = args.jobs or (QUICK_JOBS if args.quick else FULL_JOBS)
-    return build_workload(args.data, jobs, args.seed, args.context, args.max_think_s)
+    tenants = family_tenants(args.family, args.data)
+    return build_workload(args.data, jobs, args.seed, args.context, args.max_think_s, tenants)
 
 
 def details_json(out: StudyResult) -> dict[str, Any]:

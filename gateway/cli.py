@@ -19,6 +19,7 @@ from tenants.policies import PolicyError, check_servable
 BENCHES = {
     "engine": "bench.engine_speed.throughput",
     "sched": "bench.sched",
+    "sweep": "bench.sweep",
     "predictor": "bench.prediction.evaluate",
     "gateway": "bench.gateway_overhead",
     "overload": "bench.overload",

@@ -1,27 +1,25 @@
-"""The issue's goals 1 to 6, evaluated on a study's outcomes (numbers as in `summary.py`).
+"""The robust-scheduling goals (issue 20, points 1 to 4) on a study's outcomes (as `summary.py`).
 
-Each target is a measured value, its limit as text, and pass / fail / not measured. "No
-regression" compares justitia in every grid cell with the better (lower average JCT) of fcfs and
-vtc, for JCT and throughput; the reported value is the worst cell's ratio. The sjf-oracle check
-counts its bound violations among the heavy tenant's jobs (the tenant with the most offered
-work). Invariant: pure functions of the outcomes.
+Each target is a measured value, its limit as text, and pass / fail / not measured (None). At the
+headline point: justitia's average queueing (JCT less the job alone, the part an order changes)
+over vtc's, fcfs's and sjf-oracle's; the share of its jobs past `gps_finish + Δ` with exact and
+with noisy predictions; the honest tenants' slowdown when a tenant lies. "No regression" compares
+justitia in every grid cell with the better (lower average JCT) of fcfs and vtc, for JCT and
+throughput (the worst cell's ratio), and the `cpu` knee keeps its gain over fcfs. Weighted
+fairness (point 5) needs its own saturated run (`bench.sim.weighted`). Invariant: pure
+functions of the outcomes.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from bench.sim.study import NOISY, ORACLE, Outcome, StudyResult
 from bench.sim.summary import Target, attack_slowdown, cell_outcomes, knee_ratios, make_target
 from bench.sim.summary import ratio as jct_ratio
-from bench.workloads.build import job_work
 
-
-def heavy_tenant(outcome: Outcome) -> str:
-    work: dict[str, float] = defaultdict(float)
-    for job in outcome.jobs:
-        work[job.tenant] += job_work(job)
-    return max(work, key=work.__getitem__)
+# justitia's average queueing at most these times each baseline's (issue 20, point 1)
+QUEUEING_LIMITS = (("vtc", 0.7), ("fcfs", 0.5), ("sjf-oracle", 1.1))
+EXACT_SHARE, NOISY_SHARE = 0.002, 0.005  # of the jobs past the bound (point 2)
+ATTACK_LIMIT = 0.05  # the honest tenants' average JCT slowdown under attack (point 3)
 
 
 def _headline_targets(out: StudyResult) -> list[Target]:
@@ -29,38 +27,29 @@ def _headline_targets(out: StudyResult) -> list[Target]:
     head = cell_outcomes(out, regime, load, ORACLE)
     noisy = cell_outcomes(out, regime, load, NOISY)
     targets = []
-    for other, limit in (("vtc", 0.6), ("fcfs", 0.5), ("sjf-oracle", 1.1)):
-        value = jct_ratio(head, "justitia", other)
-        name = f"1. headline avg JCT justitia / {other}"
+    for other, limit in QUEUEING_LIMITS:
+        value = jct_ratio(head, "justitia", other, "avg_queueing")
+        name = f"1. queueing justitia / {other}"
         targets.append(
             make_target(name, value, f"<= {limit}", value is not None and value <= limit)
         )
-    violations = head["justitia"].metrics.bound_violations if "justitia" in head else None
-    targets.append(
-        make_target("4. headline bound violations, justitia", violations, "== 0", violations == 0)
-    )
-    sjf = head.get("sjf-oracle")
-    if sjf is not None:
-        broken = sjf.metrics.violations_by_tenant.get(heavy_tenant(sjf), 0)
+    for label, cell, limit in (("exact", head, EXACT_SHARE), ("noisy", noisy, NOISY_SHARE)):
+        share = _violation_share(cell)
         targets.append(
             make_target(
-                "4. sjf-oracle breaks the bound for the heavy tenant", broken, "> 0", broken > 0
-            )
-        )
-    value = jct_ratio(noisy, "justitia", "vtc")
-    targets.append(
-        make_target(
-            "5. noisy avg JCT justitia / vtc", value, "<= 0.7", value is not None and value <= 0.7
-        )
-    )
-    if "justitia" in noisy:
-        share = noisy["justitia"].metrics.bound_violations / len(noisy["justitia"].jobs)
-        targets.append(
-            make_target(
-                "5. noisy bound-violation share, justitia", share, "<= 0.005", share <= 0.005
+                f"2. past the bound, {label}",
+                share,
+                f"<= {limit}",
+                share is not None and share <= limit,
             )
         )
     return targets
+
+
+def _violation_share(cell: dict[str, Outcome]) -> float | None:
+    if "justitia" not in cell:
+        return None
+    return cell["justitia"].metrics.bound_violations / len(cell["justitia"].jobs)
 
 
 def _regression_targets(out: StudyResult) -> list[Target]:
@@ -78,13 +67,13 @@ def _regression_targets(out: StudyResult) -> list[Target]:
             worst_thr = thr if worst_thr is None else min(worst_thr, thr)
     return [
         make_target(
-            "2. worst cell: justitia avg JCT / best of fcfs, vtc",
+            "4. worst cell JCT / best of fcfs, vtc",
             worst_jct,
             "<= 1.03",
             worst_jct is not None and worst_jct <= 1.03,
         ),
         make_target(
-            "2. worst cell: justitia throughput / best of fcfs, vtc",
+            "4. worst cell throughput / best of fcfs, vtc",
             worst_thr,
             ">= 0.97",
             worst_thr is not None and worst_thr >= 0.97,
@@ -100,19 +89,17 @@ def check_targets(out: StudyResult) -> list[Target]:
     return [
         *_headline_targets(out),
         *_regression_targets(out),
+        make_target("4. cpu knee JCT / fcfs", jct, "<= 0.8", jct is not None and jct <= 0.8),
         make_target(
-            "3. cpu knee: justitia avg JCT / fcfs", jct, "<= 0.8", jct is not None and jct <= 0.8
-        ),
-        make_target(
-            "3. cpu knee: justitia throughput / fcfs",
+            "4. cpu knee throughput / fcfs",
             thr,
             ">= 0.95",
             thr is not None and thr >= 0.95,
         ),
         make_target(
-            "6. attack: honest tenants' avg JCT slowdown",
+            "3. attack: honest tenants' slowdown",
             attack,
-            "<= 0.10",
-            attack is not None and attack <= 0.10,
+            f"<= {ATTACK_LIMIT}",
+            attack is not None and attack <= ATTACK_LIMIT,
         ),
     ]

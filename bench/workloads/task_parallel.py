@@ -11,7 +11,11 @@ few jobs are wide and most narrow):
   Azure code row's, mostly short), n in 3..8;
 - `plan_execute`: a plan call (Azure conversation row), k execute calls (prompt: the plan's
   output plus an Azure code row's input; output: that row's output), then a call that combines
-  the results, k up to 16.
+  the results, k up to 16;
+- `chain`: k calls one after another (the first an Azure conversation row; each next one's
+  prompt is the previous output plus an Azure code row's input, its output that row's), k up
+  to 8; `short_chain`: exactly 2;
+- `wide_map_reduce`: `map_reduce` with k up to 64; `small_map_reduce`: exactly 3 maps.
 Prompts of Azure rows are kept (their window is the serving model's order of size); Mooncake
 prompts are scaled by `context / 131_072` (Kimi's window). Every call is then fitted with
 `fit_to_context`. Invariant: every job is a valid DAG; draws come only from the given rng.
@@ -24,6 +28,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +80,11 @@ def _width(rng: np.random.Generator, widest: int) -> int:
     return round(2 ** rng.uniform(1.0, math.log2(widest)))
 
 
+def _count(rng: np.random.Generator, fixed: int | None, widest: int) -> int:
+    """`fixed` when given, else a log-uniform width up to `widest`."""
+    return fixed if fixed is not None else _width(rng, widest)
+
+
 def _node(node_id: str, parents: tuple[str, ...], prompt: int, output: int, context: int) -> Node:
     fitted_prompt, fitted_output, max_tokens = fit_to_context(prompt, output, context)
     return Node(node_id, parents, fitted_prompt, fitted_output, max_tokens)
@@ -93,13 +103,15 @@ def _join(node_id: str, parents: list[Node], output: int, context: int) -> Node:
     return _node(node_id, tuple(p.node_id for p in parents), prompt, output, context)
 
 
-def map_reduce_job(rng: np.random.Generator, lengths: TraceLengths) -> tuple[Node, ...]:
-    maps = [
+def map_reduce_job(
+    rng: np.random.Generator, lengths: TraceLengths, widest: int = 32, maps: int | None = None
+) -> tuple[Node, ...]:
+    mapped = [
         _node(f"map{i}", (), *_row(rng, lengths.mooncake), lengths.context)
-        for i in range(_width(rng, 32))
+        for i in range(_count(rng, maps, widest))
     ]
-    reduce = _join("reduce", maps, _row(rng, lengths.conv)[1], lengths.context)
-    return (*maps, reduce)
+    reduce = _join("reduce", mapped, _row(rng, lengths.conv)[1], lengths.context)
+    return (*mapped, reduce)
 
 
 def sample_vote_job(rng: np.random.Generator, lengths: TraceLengths) -> tuple[Node, ...]:
@@ -124,6 +136,25 @@ def plan_execute_job(rng: np.random.Generator, lengths: TraceLengths) -> tuple[N
     return (plan, *steps, combine)
 
 
+def chain_job(
+    rng: np.random.Generator, lengths: TraceLengths, deepest: int = 8, depth: int | None = None
+) -> tuple[Node, ...]:
+    calls = [_node("step0", (), *_row(rng, lengths.conv), lengths.context)]
+    for i in range(1, _count(rng, depth, deepest)):
+        prompt, output = _row(rng, lengths.code)
+        previous = calls[-1]
+        calls.append(
+            _node(
+                f"step{i}",
+                (previous.node_id,),
+                previous.output_tokens + prompt,
+                output,
+                lengths.context,
+            )
+        )
+    return tuple(calls)
+
+
 JobMaker = Callable[[np.random.Generator, TraceLengths], tuple[Node, ...]]
 
 TASK_KINDS: dict[str, JobMaker] = {
@@ -132,4 +163,8 @@ TASK_KINDS: dict[str, JobMaker] = {
     "map_reduce": map_reduce_job,
     "sample_vote": sample_vote_job,
     "plan_execute": plan_execute_job,
+    "chain": chain_job,
+    "short_chain": partial(chain_job, depth=2),
+    "wide_map_reduce": partial(map_reduce_job, widest=64),
+    "small_map_reduce": partial(map_reduce_job, maps=3),
 }

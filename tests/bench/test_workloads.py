@@ -1,4 +1,5 @@
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from bench.workloads.arrivals import default_tenants, gamma_arrivals, load_clien
 from bench.workloads.attack import ATTACKER, ATTACKER_SHARE, attacker_jobs
 from bench.workloads.build import build_workload, job_work
 from bench.workloads.errors import LoadUnreachable, WorkloadInvalid
+from bench.workloads.families import FAMILIES, family_tenants
 from bench.workloads.format import (
     Job,
     Node,
@@ -107,10 +109,59 @@ def test_task_parallel_jobs_join_their_branches(data: Path, kind: str) -> None:
     validate_workload_job(job)
     leaves = {n.node_id for n in nodes} - {p for n in nodes for p in n.parents}
     assert len(leaves) == 1  # one call ends the job
-    if len(nodes) > 1:
-        (last,) = [n for n in nodes if n.node_id in leaves]
-        parents = [n for n in nodes if n.node_id in last.parents]
+    (last,) = [n for n in nodes if n.node_id in leaves]
+    parents = [n for n in nodes if n.node_id in last.parents]
+    if len(parents) > 1:  # a join reads its parents' outputs and an instruction
         assert last.prompt_tokens == 64 + sum(p.output_tokens for p in parents)
+
+
+@pytest.mark.parametrize("kind", ["chain", "short_chain"])
+def test_chains_run_one_call_after_another(data: Path, kind: str) -> None:
+    lengths = load_trace_lengths(data, 8192)
+    depths = set()
+    for seed in range(20):
+        nodes = TASK_KINDS[kind](np.random.default_rng(seed), lengths)
+        depths.add(len(nodes))
+        assert nodes[0].parents == ()
+        for previous, node in pairwise(nodes):
+            assert node.parents == (previous.node_id,)
+            assert node.prompt_tokens > previous.output_tokens  # it reads the previous output
+    assert depths == {2} if kind == "short_chain" else (min(depths) >= 2 and max(depths) <= 8)
+
+
+def test_fan_out_widths(data: Path) -> None:
+    lengths = load_trace_lengths(data, 8192)
+    small = TASK_KINDS["small_map_reduce"](np.random.default_rng(0), lengths)
+    assert len(small) == 4  # three maps and the reduce
+    widths = [
+        len(TASK_KINDS["wide_map_reduce"](np.random.default_rng(seed), lengths)) - 1
+        for seed in range(40)
+    ]
+    assert max(widths) <= 64 and max(widths) > 32  # wider than the default's 32
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - {"servegen"}))
+def test_families_build_valid_deterministic_workloads(data: Path, family: str) -> None:
+    tenants = family_tenants(family, data)
+    assert sum(t.share for t in tenants) == pytest.approx(1.0)
+    kinds = {k for t in tenants for k, _ in t.kinds}
+    assert kinds <= set(TASK_KINDS) | {"agent"}
+    jobs = build_workload(data, 60, 3, context=8192, max_think_s=60.0, tenants=tenants)
+    assert jobs == build_workload(data, 60, 3, context=8192, max_think_s=60.0, tenants=tenants)
+    weights = {t.name: t.weight for t in tenants}
+    for job in jobs:
+        validate_workload_job(job)
+        assert job.weight == weights[job.tenant]
+    assert {j.tenant for j in jobs} == set(weights)
+
+
+def test_the_weighted_family_has_weights_one_two_four(data: Path) -> None:
+    assert sorted(t.weight for t in family_tenants("weighted", data)) == [1.0, 2.0, 4.0]
+
+
+def test_an_unknown_family_is_named(data: Path) -> None:
+    with pytest.raises(KeyError, match="known: servegen"):
+        family_tenants("nope", data)
 
 
 def test_mooncake_prompts_are_scaled_to_the_context(data: Path) -> None:
