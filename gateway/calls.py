@@ -94,9 +94,10 @@ class CallPlanner:
         features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text, model)
         predicted = self.predictor.predict(features)
         policy_output, reserve, cap_reason = predicted.mean, min(predicted.p90, max_tokens), ""
-        conservative = self.tracker is not None and self.tracker.conservative(_kind(features))
-        if conservative:  # its mean keeps being wrong: order by the p90 the engine reserves
-            policy_output = min(predicted.p90, max_tokens)
+        widened = self._conservative_length(features, predicted)
+        conservative = widened is not None
+        if widened is not None:  # its mean keeps being wrong: order by what it reserves
+            policy_output = reserve = widened
         refine = self.refiner is not None
         if self.guard is not None:
             verdict = self.guard.assess(features, predicted, self.predictor.profile(tenant_id))
@@ -132,11 +133,22 @@ class CallPlanner:
             conservative,
         )
 
-    def observe(self, plan: CallPlan, produced: int) -> None:
-        """A call finished with `produced` tokens: history and the error tracker learn it."""
+    def observe(self, plan: CallPlan, produced: int, overran: bool = False) -> None:
+        """A call finished with `produced` tokens: history and the error tracker learn it.
+        `overran`: `overran` said so for it while it ran."""
         self.predictor.observe(plan.features, produced)
         if self.tracker is not None and plan.prediction is not None:
-            self.tracker.record(_kind(plan.features), plan.prediction, produced)
+            cap = plan.params.max_tokens if overran else None
+            self.tracker.record(tracker_key(plan.features), plan.prediction, produced, cap)
+
+    def overran(self, plan: CallPlan, produced: int) -> bool:
+        """Whether a running call that has produced `produced` tokens is past its predicted
+        p90; if so the error tracker counts it now. Its caller asks until the answer is True
+        and passes `overran=True` to `observe`."""
+        if self.tracker is None or plan.prediction is None or produced <= plan.prediction.p90:
+            return False
+        self.tracker.overrun(tracker_key(plan.features), plan.params.max_tokens)
+        return True
 
     def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
         """The plan once the call is prefilled: its output predicted again from the prompt and
@@ -144,14 +156,27 @@ class CallPlanner:
         if self.refiner is None or not plan.refinable:
             raise ValueError("refine needs a refiner and a call planned for refinement")
         predicted = self.refiner.refine(plan.features, hidden)
-        max_tokens = plan.params.max_tokens
-        reserve = math.ceil(min(predicted.p90, max_tokens))
-        output = min(predicted.p90, max_tokens) if plan.conservative else predicted.mean
+        output, reserve = predicted.mean, min(predicted.p90, plan.params.max_tokens)
+        widened = self._conservative_length(plan.features, predicted) if plan.conservative else None
+        if widened is not None:
+            output = reserve = widened
         return dataclasses.replace(
-            plan, policy_output=output, reserve_output=reserve, prediction=predicted
+            plan, policy_output=output, reserve_output=math.ceil(reserve), prediction=predicted
         )
 
+    def _conservative_length(
+        self, features: CallFeatures, predicted: LengthDistribution
+    ) -> float | None:
+        """None unless the call's kind is in conservative mode; then the length to order and
+        reserve it by: its p90, widened to what calls of its kind were seen to produce, within
+        its max_tokens."""
+        kind = tracker_key(features)
+        if self.tracker is None or not self.tracker.conservative(kind):
+            return None
+        return min(self.tracker.planning_length(kind, predicted), features.max_tokens)
 
-def _kind(features: CallFeatures) -> str:
-    """The error tracker's key: a tenant's kind of call (its node name) on one model."""
+
+def tracker_key(features: CallFeatures) -> str:
+    """The error tracker's key for a call: its tenant's kind of call (its node name) on one
+    model."""
     return f"{features.tenant_id}\x00{features.model}\x00{features.node_name}"

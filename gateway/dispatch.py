@@ -677,6 +677,8 @@ class Dispatcher(OwnsTasks):
         ticket = entry.payload
         if delta.hidden is not None and ticket.plan.refinable and not ticket.run.ended:
             self._refine(entry, delta.hidden)
+        if not ticket.overran:
+            ticket.overran = self.planner.overran(ticket.plan, produced)
         core = self._lane(ticket).core
         self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
 
@@ -767,7 +769,7 @@ class Dispatcher(OwnsTasks):
     def _observe(self, entry: Entry, produced: int) -> None:
         """A call finished: the predictor learns its length, the router its backend's speed."""
         ticket = entry.payload
-        self.planner.observe(ticket.plan, produced)
+        self.planner.observe(ticket.plan, produced, ticket.overran)
         node = ticket.run.nodes[ticket.call.node_id]
         ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
         if ttft is not None and tpot is not None:

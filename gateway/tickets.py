@@ -45,6 +45,7 @@ class Ticket:
     model_name: str
     held: bool = False  # reserved in the quota store with its job's admission
     attempt: int = 1  # a call lost with its backend runs again once (a second attempt)
+    overran: bool = False  # ran past its predicted p90; the error tracker has counted it
 
     @property
     def quota_id(self) -> str:

@@ -1,12 +1,19 @@
 """Per-tenant prediction error over a sliding window, and the conservative-mode switch.
 
-For each tenant the tracker keeps the last `window` finished calls' absolute log error
-`|log1p(true) - log1p(p50)|` and whether the true length fell at or under the predicted p90,
-with running sums so an update and a query are O(1). A tenant whose window holds at least
-`min_samples` calls is *conservative* when its mean log error exceeds `error_threshold` or its
-p90 coverage falls below `coverage_floor`; policies then plan with the p90 instead of the p50.
-Tenants are kept in LRU order and dropped past `max_tenants`. Invariant: each running sum
-equals the sum over its window.
+For each tenant (in the gateway: a tenant's kind of call) the tracker keeps the last `window`
+finished calls' absolute log error `|log1p(true) - log1p(p50)|`, whether the true length fell at
+or under the predicted p90, and the true length, with running sums so an update and a query are
+O(1). A tenant is *conservative* when its window holds at least `min_samples` calls and its mean
+log error exceeds `error_threshold` or its p90 coverage falls below `coverage_floor`, or at once
+when its last `streak` calls all ran past their p90 (for a calibrated p90 a 0.1 ** streak
+event). A call counts as past its p90 the moment it gets there (`overrun`), not when it ends:
+a tenant whose calls are predicted short and run long is caught after `streak` such calls have
+started, not after `min_samples` have finished. A conservative tenant is planned at the larger
+of the predicted p90 and the p90 of what its calls in the window produced, a call still running
+past its p90 counting at its max_tokens (what it may yet use): predictions that keep missing
+are widened to what the tenant is seen to run, so a lie loses its head start. Tenants are kept
+in LRU order and dropped past `max_tenants`. Invariant: each running sum equals the sum over
+its window.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+
+import numpy as np
 
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
@@ -25,24 +34,52 @@ class ErrorStats:
     mean_abs_log_error: float  # 0 with no samples; 0.69 means typically a factor 2 off
     p90_coverage: float  # share of true lengths <= predicted p90; 1 with no samples
     conservative: bool
+    overrunning: int = 0  # calls running past their p90 now (counted by `overrun`)
 
 
 class _Window:
-    __slots__ = ("covered", "errors", "items")
+    __slots__ = ("_p90", "covered", "errors", "items", "misses", "open")
 
     def __init__(self, size: int) -> None:
-        self.items: deque[tuple[float, bool]] = deque(maxlen=size)
+        self.items: deque[tuple[float, bool, int]] = deque(maxlen=size)
         self.errors = 0.0
         self.covered = 0
+        self.misses = 0  # calls past their p90 in a row, the latest last
+        # the max_tokens of calls running past their p90 (bounded: a call that never ends
+        # ages out instead of staying forever)
+        self.open: deque[int] = deque(maxlen=size)
+        self._p90: float | None = None  # cached until the window changes
 
-    def add(self, error: float, covered: bool) -> None:
+    def add(self, error: float, covered: bool, true_len: int, counted: bool) -> None:
+        """A finished call; `counted` when it was counted past its p90 while it ran."""
         if len(self.items) == self.items.maxlen:
-            old_error, old_covered = self.items[0]
+            old_error, old_covered, _ = self.items[0]
             self.errors -= old_error
             self.covered -= old_covered
-        self.items.append((error, covered))
+        self.items.append((error, covered, true_len))
         self.errors += error
         self.covered += covered
+        if covered:
+            self.misses = 0
+        elif not counted:
+            self.misses += 1
+        self._p90 = None
+
+    def overrun(self, max_tokens: int) -> None:
+        self.misses += 1
+        self.open.append(max_tokens)
+        self._p90 = None
+
+    def close(self, max_tokens: int) -> None:
+        if max_tokens in self.open:
+            self.open.remove(max_tokens)
+            self._p90 = None
+
+    def observed_p90(self) -> float:
+        if self._p90 is None:
+            lengths = [n for _, _, n in self.items] + list(self.open)
+            self._p90 = float(np.quantile(lengths, 0.9)) if lengths else 0.0
+        return self._p90
 
 
 class ErrorTracker:
@@ -53,18 +90,40 @@ class ErrorTracker:
         min_samples: int = 20,
         error_threshold: float = 0.9,
         coverage_floor: float = 0.75,
+        streak: int = 3,
         max_tenants: int = 100_000,
     ) -> None:
         if window < 1 or not 1 <= min_samples <= window or max_tenants < 1:
             raise InvalidCall("need window >= 1, 1 <= min_samples <= window, max_tenants >= 1")
-        self.window, self.min_samples = window, min_samples
+        if not 1 <= streak <= window:
+            raise InvalidCall("need 1 <= streak <= window")
+        self.window, self.min_samples, self.streak = window, min_samples, streak
         self.error_threshold, self.coverage_floor = error_threshold, coverage_floor
         self.max_tenants = max_tenants
         self._tenants: OrderedDict[str, _Window] = OrderedDict()
 
-    def record(self, tenant_id: str, prediction: LengthDistribution, true_len: int) -> None:
+    def record(
+        self,
+        tenant_id: str,
+        prediction: LengthDistribution,
+        true_len: int,
+        overran_max_tokens: int | None = None,
+    ) -> None:
+        """A call finished with `true_len` tokens; `overran_max_tokens`: its max_tokens, when
+        `overrun` counted it while it ran (it is not counted twice)."""
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
+        win = self._window(tenant_id)
+        if overran_max_tokens is not None:
+            win.close(overran_max_tokens)
+        error = abs(math.log1p(true_len) - math.log1p(prediction.p50))
+        win.add(error, true_len <= prediction.p90, true_len, overran_max_tokens is not None)
+
+    def overrun(self, tenant_id: str, max_tokens: int) -> None:
+        """A call still running has just produced more than its predicted p90."""
+        self._window(tenant_id).overrun(max_tokens)
+
+    def _window(self, tenant_id: str) -> _Window:
         win = self._tenants.get(tenant_id)
         if win is None:
             win = self._tenants[tenant_id] = _Window(self.window)
@@ -72,19 +131,21 @@ class ErrorTracker:
                 self._tenants.popitem(last=False)
         else:
             self._tenants.move_to_end(tenant_id)
-        error = abs(math.log1p(true_len) - math.log1p(prediction.p50))
-        win.add(error, true_len <= prediction.p90)
+        return win
 
     def stats(self, tenant_id: str) -> ErrorStats:
         win = self._tenants.get(tenant_id)
-        if win is None or not win.items:
+        if win is None:
             return ErrorStats(0, 0.0, 1.0, False)
+        if not win.items:
+            return ErrorStats(0, 0.0, 1.0, win.misses >= self.streak, len(win.open))
         n = len(win.items)
         error, coverage = max(win.errors, 0.0) / n, win.covered / n
-        conservative = n >= self.min_samples and (
-            error > self.error_threshold or coverage < self.coverage_floor
+        conservative = win.misses >= self.streak or (
+            n >= self.min_samples
+            and (error > self.error_threshold or coverage < self.coverage_floor)
         )
-        return ErrorStats(n, error, coverage, conservative)
+        return ErrorStats(n, error, coverage, conservative, len(win.open))
 
     def conservative(self, tenant_id: str) -> bool:
         return self.stats(tenant_id).conservative
@@ -94,4 +155,8 @@ class ErrorTracker:
         return 0.9 if self.conservative(tenant_id) else 0.5
 
     def planning_length(self, tenant_id: str, prediction: LengthDistribution) -> float:
-        return prediction.p90 if self.conservative(tenant_id) else prediction.p50
+        """The p50 normally; when conservative, the p90 widened to what the tenant's calls
+        in the window produced (the p90 of their true lengths) where that is more."""
+        if not self.conservative(tenant_id):
+            return prediction.p50
+        return max(prediction.p90, self._tenants[tenant_id].observed_p90())

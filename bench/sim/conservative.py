@@ -7,10 +7,11 @@ after (`FrozenHistory`), so the drifting tenant's predictions keep its short his
 is sized and probed on the workload (`bench.sim.setup.prepare`), arrivals are rescaled to the
 load, and the same jobs run twice through the simulator under one policy: with the planner's
 `ErrorTracker` at the gateway's thresholds (a tenant's kind of call whose predictions keep
-missing is ordered by its p90 instead of its mean; the engine reserves the p90 in both runs) and
-without a tracker. Figures: the honest tenants' bound violations (`finish > gps_finish + Δ`) and
-worst slowdown (JCT over GPS JCT) in each run, and the switch: when the first drifted call was
-planned by its p90, and how many drifted calls had finished by then (at most one tracker
+missing is ordered and reserved by its p90 widened to what its calls were seen to produce;
+otherwise a call is ordered by its mean and reserved at its p90) and without a tracker.
+Figures: the honest tenants' bound violations (`finish > gps_finish + Δ`) and worst slowdown
+(JCT over GPS JCT) in each run, and the switch: when the first drifted call was planned in
+conservative mode, and how many drifted calls had finished by then (at most one tracker
 window). Each seed is a workload of its own. Invariant: both runs of a seed see the same jobs,
 engine, history and GPS reference; only the tracker differs.
 
@@ -21,29 +22,26 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from bench.sim.metrics import RunMetrics, run_metrics
-from bench.sim.predictions import CallEstimate
+from bench.sim.planned import PlanLog, PlannerPredictor, features
 from bench.sim.regime import cpu_regime, gpu_regime
 from bench.sim.setup import Prepared, prepare
 from bench.sim.simulator import Simulation
 from bench.sim.study import Yardstick, yardstick
 from bench.workloads.drift import LONG, SHORT, DriftWorkload
-from bench.workloads.format import Job, Node
+from bench.workloads.format import Job
 from bench.workloads.load import at_load
-from gateway.calls import CallDefaults, CallPlan, CallPlanner
-from gateway.jobs.model import NodeSpec, SamplingSpec
+from gateway.calls import CallDefaults, CallPlanner
 from gateway.server import LENGTH_PRIOR
 from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
-from tenants import TenantQuota
 from tenants.policies import POLICY_NAMES, kv_token_time, make_policy
 
 WITH, WITHOUT = "conservative", "plain"
@@ -63,54 +61,6 @@ class FrozenHistory(HistoryPredictor):
 
     def observe(self, call: CallFeatures, true_len: int) -> None:
         pass
-
-
-@dataclass(slots=True)
-class PlanLog:
-    """What the planner did, by job kind (`bench.workloads.drift`)."""
-
-    conservative: Counter[str] = field(default_factory=Counter)  # ordered by the p90
-    finished: Counter[str] = field(default_factory=Counter)
-    switch_s: float | None = None  # when the first drifted call was ordered by its p90
-    drifted_before: int = 0  # drifted calls finished by then
-
-
-class PlannerPredictor:
-    """The simulation's `CallPredictor` through the gateway's `CallPlanner`: a node's arrival
-    estimate is its predicted mean (as `gateway.tickets.job_info` has it); a ready call is
-    planned and a finished one observed, as the dispatcher does."""
-
-    def __init__(self, planner: CallPlanner, context: int) -> None:
-        self.planner = planner
-        self.quota = TenantQuota(
-            max_prompt_tokens=0, max_tokens_ceiling=context, default_max_tokens=context
-        )
-        self.plans: dict[tuple[str, str], CallPlan] = {}
-        self.log = PlanLog()
-
-    def estimate(self, job: Job, node: Node) -> float:
-        return self.planner.predictor.predict(features(job, node)).mean
-
-    def plan(self, job: Job, node: Node, now: float) -> CallEstimate:
-        spec = NodeSpec(node.node_id, "", sampling=SamplingSpec(node.max_tokens), name=node.node_id)
-        plan = self.planner.plan(job.tenant, spec, "", node.prompt_tokens, self.quota)
-        assert plan.params.max_tokens == node.max_tokens, "the quota and context cap nothing"
-        self.plans[job.job_id, node.node_id] = plan
-        if plan.conservative:
-            self.log.conservative[job.kind] += 1
-            if job.kind == LONG and self.log.switch_s is None:
-                self.log.switch_s = now
-                self.log.drifted_before = self.log.finished[LONG]
-        return CallEstimate(plan.policy_output, plan.reserve_output)
-
-    def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
-        self.planner.observe(self.plans.pop((job.job_id, node.node_id)), produced)
-        self.log.finished[job.kind] += 1
-
-
-def features(job: Job, node: Node) -> CallFeatures:
-    """The call as `CallPlanner.plan` shows it to the predictor (no prompt text here)."""
-    return CallFeatures(job.tenant, node.node_id, node.prompt_tokens, node.max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +119,8 @@ def run_seed(workload: DriftWorkload, exp: Experiment) -> dict[str, Any]:
     worst = {r: max(runs[r].metrics.worst_slowdown[t] for t in honest) for r in RUNS}
     drift_s = min(j.arrival for j in jobs if j.kind == LONG)
     log = runs[WITH].log
-    before = None if log.switch_s is None else log.drifted_before
+    switch_s = log.first_conservative.get(LONG)
+    before = log.finished_before.get(LONG)
     window = ErrorTracker().window
     return {
         "seed": workload.seed,
@@ -180,8 +131,8 @@ def run_seed(workload: DriftWorkload, exp: Experiment) -> dict[str, Any]:
         "others_violations": violations,
         "others_worst_slowdown": worst,
         "switch": {
-            "at_s": log.switch_s,
-            "after_drift_s": None if log.switch_s is None else log.switch_s - drift_s,
+            "at_s": switch_s,
+            "after_drift_s": None if switch_s is None else switch_s - drift_s,
             "drifted_calls_before": before,
             "conservative_before_drift": log.conservative[SHORT],
         },

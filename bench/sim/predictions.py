@@ -43,6 +43,10 @@ class CallPredictor(Protocol):
         """The call's prediction when it becomes ready."""
         ...
 
+    def progressed(self, job: Job, node: Node, produced: int, now: float) -> None:
+        """The running call has produced `produced` output tokens so far."""
+        ...
+
     def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
         """The call finished with `produced` output tokens."""
         ...
@@ -61,6 +65,9 @@ class FixedPredictions:
     def plan(self, job: Job, node: Node, now: float) -> CallEstimate:
         predicted = self.predictions[job.job_id, node.node_id]
         return CallEstimate(predicted, math.ceil(min(predicted, node.max_tokens)))
+
+    def progressed(self, job: Job, node: Node, produced: int, now: float) -> None:
+        pass
 
     def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
         pass

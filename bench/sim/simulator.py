@@ -11,7 +11,7 @@ engine jumps the clock to the next event. There is no quota store, so every call
 at once. The real scheduler and block manager decide batching, KV and preemption. A
 `CallPredictor` (`predictions.py`; a fixed mapping for the study) predicts each node when its job
 arrives and each call again when it becomes ready (what the policy orders it by, what the engine
-reserves), and hears each call's true length when it finishes. Invariant:
+reserves), and hears each call's progress and its true length when it finishes. Invariant:
 every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
 the policy when its last call finishes.
 """
@@ -226,6 +226,7 @@ class Simulation:
                 self._node_done(state, node_id, now)
             else:
                 self.produced[call_id] = produced
+                self.predictor.progressed(state.job, state.nodes[node_id], produced, now)
                 self._reprioritize(self.core.progress(call_id, produced, now))
         if self.core.blocked:
             self.result.saturated_work += step_work

@@ -4,7 +4,9 @@ For each regime the engine is sized and its capacity probed on the base workload
 for each load the base workload's arrival pattern is rescaled to offer that load
 (`bench.workloads.load`), and every policy runs on it with oracle predictions. At the headline
 point every policy also runs with noisy predictions (`noise_sigma`), and the attack pair runs
-(an attacker added, lying, then telling the truth) for `attack_policies`; at the knee point
+(an attacker added, lying, then telling the truth) for `attack_policies`, both through the
+gateway's own planner (`bench.sim.planned`: its residual correction and error tracker learn
+from what the attacker's calls really produce, as they would in the gateway); at the knee point
 justitia also runs without the knee. Runs are independent simulations: with `workers > 1` they
 go to a process pool. Invariant: within a cell every policy sees the same jobs, arrival times,
 predictions and engine.
@@ -19,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from bench.sim.metrics import RunMetrics, run_metrics
+from bench.sim.planned import PlannerPredictor, table_planner
 from bench.sim.predictions import Predictions, lying, noisy, oracle
 from bench.sim.reference import bound_slack, gps_finish, solo_call_seconds
 from bench.sim.regime import Regime
@@ -62,6 +65,7 @@ class Run:
     predictions: Predictions
     setup: EngineSetup
     record_s: float | None = None
+    planned: bool = False  # through the gateway's planner, which learns (else the table as is)
 
 
 @dataclass(slots=True)
@@ -107,7 +111,10 @@ def without_think(job: Job) -> Job:
 def execute(run: Run) -> SimResult:
     policy = make_policy(run.key[3])
     started = time.monotonic()
-    result = Simulation(run.jobs, policy, run.setup, run.predictions, run.record_s).run()
+    predictor: Predictions | PlannerPredictor = run.predictions
+    if run.planned:
+        predictor = table_planner(run.predictions, run.setup.config.max_model_len)
+    result = Simulation(run.jobs, policy, run.setup, predictor, run.record_s).run()
     regime, load, variant, name = run.key
     print(
         f"  {regime} load {load} {variant:8s} {name:10s} {result.steps:8d} steps "
@@ -177,5 +184,6 @@ class Study:
         attackers, claimed = attacker_jobs(jobs, prepared.context, c.seed)
         attacked = tuple(sorted([*jobs, *attackers], key=lambda j: (j.arrival, j.job_id)))
         for policy in c.attack_policies:
-            yield Run((regime, load, TRUTH, policy), attacked, oracle(attacked), setup)
-            yield Run((regime, load, LIE, policy), attacked, lying(attacked, claimed), setup)
+            honest, lie = oracle(attacked), lying(attacked, claimed)
+            yield Run((regime, load, TRUTH, policy), attacked, honest, setup, planned=True)
+            yield Run((regime, load, LIE, policy), attacked, lie, setup, planned=True)

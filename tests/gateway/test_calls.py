@@ -96,3 +96,17 @@ def test_a_kind_of_call_that_keeps_running_long_is_ordered_by_its_p90() -> None:
     other_kind = NodeSpec(id="m", prompt_template="x", name="translate")
     assert not calls.plan("liar", other_kind, "Translate this.", 20, quota).conservative
     assert not calls.plan("honest", summarise, "Summarise this.", 20, quota).conservative
+
+
+def test_a_kind_of_call_predicted_short_that_runs_long_is_widened_after_a_streak() -> None:
+    calls = CallPlanner(HistoryPredictor(LENGTH_PRIOR), None, CallDefaults(), None, ErrorTracker())
+    quota = TenantQuota(max_tokens_ceiling=1024, default_max_tokens=1024)
+    chat = NodeSpec(id="n", prompt_template="x", name="chat")
+    first = calls.plan("liar", chat, "Hi.", 20, quota)
+    for _ in range(3):  # planned from the prior's p90 of 320, ran to its max_tokens
+        calls.observe(first, 1024)
+    plan = calls.plan("liar", chat, "Hi.", 20, quota)
+    assert plan.conservative
+    assert plan.policy_output == 1024 and plan.reserve_output == 1024
+    honest = calls.plan("honest", chat, "Hi.", 20, quota)
+    assert not honest.conservative and honest.policy_output == pytest.approx(LENGTH_PRIOR.mean)

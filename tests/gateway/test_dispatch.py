@@ -7,19 +7,21 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import pytest
 
 from engine import AsyncEngine, LLMEngine, SimulatedRunner
 from gateway.backends import LocalBackend
-from gateway.calls import CallDefaults, CallPlanner
+from gateway.calls import CallDefaults, CallPlan, CallPlanner, tracker_key
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.lanes import make_lane
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
+from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
@@ -114,6 +116,20 @@ class RecordingJustitia(JustitiaPolicy):
         self.refined.append((call_id, predicted_output, before, self.tag(job_id)))
 
 
+class RecordingPlanner(CallPlanner):
+    """The real planner, noting when each call is counted past its p90 while it runs."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.overruns: list[tuple[str, int]] = []  # (error tracker key, tokens so far)
+
+    def overran(self, plan: CallPlan, produced: int) -> bool:
+        counted = super().overran(plan, produced)
+        if counted:
+            self.overruns.append((tracker_key(plan.features), produced))
+        return counted
+
+
 @dataclass
 class Env:
     engine: RecordingEngine
@@ -135,6 +151,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             steps: bool = True,
             knee_calls: int | None = None,
             refiner: PromptModel | None = None,
+            tracker: ErrorTracker | None = None,
         ) -> Env:
             hidden_size = 0 if refiner is None else refiner.hidden_size
             engine = RecordingEngine(sim_core(num_blocks=num_blocks, hidden_size=hidden_size))
@@ -142,7 +159,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
                 await stack.enter_async_context(engine)
             await store.create_tenant("acme", "Acme", QUOTA)
             history = HistoryPredictor(LENGTH_PRIOR)
-            planner = CallPlanner(history, AnomalyGuard(), CallDefaults(), refiner)
+            planner = RecordingPlanner(history, AnomalyGuard(), CallDefaults(), refiner, tracker)
             backends = [LocalBackend(engine, "sim")]
             tokenizer, policy = engine.core.tokenizer, RecordingJustitia()
             lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls)
@@ -245,6 +262,23 @@ async def test_without_a_refiner_no_call_is_refined(make_env: MakeEnv) -> None:
     policy = env.dispatcher.core.policy
     assert isinstance(policy, RecordingJustitia) and policy.refined == []
     assert env.engine.predictions == []
+
+
+async def test_a_call_past_its_p90_is_counted_once_while_it_runs(make_env: MakeEnv) -> None:
+    tracker = ErrorTracker(streak=3)  # two calls counted twice each would make four in a row
+    env = await make_env(MemoryQuotaStore(), tracker=tracker)
+    run = job("j", ("a", 400), ("b", 400))  # the prior's p90 is 320; each call runs to 400
+    await admit(env.dispatcher, run)
+    async for _ in run.watch():
+        pass
+    planner = env.dispatcher.planner
+    assert isinstance(planner, RecordingPlanner)
+    first_past = math.floor(LENGTH_PRIOR.p90) + 1
+    [(key, at_a), (same_key, at_b)] = planner.overruns  # both are the tenant's unnamed calls
+    assert key == same_key and at_a == at_b == first_past
+    stats = tracker.stats(key)
+    assert (stats.count, stats.p90_coverage, stats.overrunning) == (2, 0.0, 0)
+    assert not stats.conservative
 
 
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:

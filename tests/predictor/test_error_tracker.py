@@ -1,6 +1,7 @@
 import math
 import random
 
+import numpy as np
 import pytest
 
 from predictor.distribution import LengthDistribution
@@ -31,10 +32,11 @@ def test_accurate_predictions_keep_normal_mode() -> None:
 
 def test_large_error_switches_to_p90_after_min_samples() -> None:
     tracker = ErrorTracker(min_samples=5, error_threshold=0.9, coverage_floor=0.0)
-    for i in range(5):
+    for i in range(5):  # never three misses in a row: the window's statistics decide
         tracker.record("t", PRED, 10 if i % 2 else 1000)
         assert tracker.conservative("t") is (i == 4)
-    assert tracker.planning_length("t", PRED) == 200
+    # the p90 widened to what its calls produced: 1000, 10, 1000, 10, 1000
+    assert tracker.planning_length("t", PRED) == 1000
     assert tracker.planning_quantile("t") == 0.9
     assert not tracker.conservative("other")
 
@@ -65,6 +67,44 @@ def test_window_slides_and_running_sums_match_a_recount() -> None:
     assert not tracker.conservative("t")  # the bad past has slid out
 
 
+def test_calls_past_their_p90_in_a_row_switch_at_once() -> None:
+    tracker = ErrorTracker(min_samples=20, streak=3)
+    for n in (150, 900, 900):
+        tracker.record("liar", PRED, n)
+        assert not tracker.conservative("liar")
+    tracker.record("liar", PRED, 900)  # a 1-in-1000 event for a calibrated p90
+    assert tracker.conservative("liar")
+    assert tracker.planning_length("liar", PRED) == pytest.approx(900)
+    tracker.record("liar", PRED, 150)  # covered: the streak is broken, too few calls to judge
+    assert not tracker.conservative("liar")
+
+
+def test_calls_still_running_past_their_p90_switch_before_any_finishes() -> None:
+    tracker = ErrorTracker(min_samples=20, streak=3)
+    for _ in range(3):
+        tracker.overrun("liar", 4096)
+    stats = tracker.stats("liar")
+    assert stats.conservative and stats.count == 0 and stats.overrunning == 3
+    assert tracker.planning_length("liar", PRED) == 4096  # what they may still use
+    for n in (3000, 4096, 2000):  # they finish: counted past the p90 once, not twice
+        tracker.record("liar", PRED, n, overran_max_tokens=4096)
+    stats = tracker.stats("liar")
+    assert stats.overrunning == 0 and stats.count == 3 and stats.p90_coverage == 0.0
+    assert tracker.planning_length("liar", PRED) == pytest.approx(
+        np.quantile([3000, 4096, 2000], 0.9)
+    )
+    tracker.record("liar", PRED, 150)
+    assert not tracker.conservative("liar")  # one covered call ends the streak of three
+
+
+def test_a_conservative_tenant_that_runs_short_keeps_its_p90() -> None:
+    tracker = ErrorTracker(min_samples=5, coverage_floor=0.0, error_threshold=0.5)
+    for _ in range(5):
+        tracker.record("t", PRED, 5)  # far under the p50: wrong, yet never past the p90
+    assert tracker.conservative("t")
+    assert tracker.planning_length("t", PRED) == PRED.p90
+
+
 def test_tenants_are_bounded() -> None:
     tracker = ErrorTracker(max_tenants=3)
     for i in range(10):
@@ -77,3 +117,5 @@ def test_bad_settings_are_refused() -> None:
         ErrorTracker(window=5, min_samples=6)
     with pytest.raises(InvalidCall):
         ErrorTracker().record("t", PRED, -3)
+    with pytest.raises(InvalidCall):
+        ErrorTracker(window=5, min_samples=5, streak=6)
