@@ -3,8 +3,9 @@
 For each family (`bench/workloads/families.py`) and seed it builds the workload, runs the study
 (`bench.sim.study`: by default only the headline point, `gpu` at load 0.9, with every policy on
 exact and noisy predictions and the attack pair) and judges the robust-scheduling targets
-(`bench.sim.targets`); then, on the `weighted` family (weights 1, 2, 4) of each seed, each
-tenant's share of a saturated engine under justitia and vtc (`bench.sim.weighted`). Writes a
+(`bench.sim.targets`); then, on the `weighted` family (weights 1, 2, 4) of each seed
+(`--weighted-jobs`), each tenant's share of an engine saturated by a closed loop of clients,
+under justitia and vtc (`bench.sim.weighted`). Writes a
 Markdown table of every target on every family and seed (`--out`/sweep.md) and the numbers
 (`--json`).
 
@@ -59,6 +60,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--jobs", type=int, default=600, help="jobs per workload")
+    p.add_argument(
+        "--weighted-jobs", type=int, default=1200, help="jobs of the saturated weighted run"
+    )
     p.add_argument("--loads", type=float, nargs="+", default=[0.9])
     p.add_argument("--workers", type=int, default=1, help="simulations run in parallel")
     p.add_argument("--out", type=Path, default=OUT_DIR / "sweep")
@@ -66,13 +70,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def workload(args: argparse.Namespace, family: str, seed: int) -> list[Job]:
+def workload(args: argparse.Namespace, family: str, seed: int, jobs: int) -> list[Job]:
     tenants = family_tenants(family, args.data)
-    return build_workload(args.data, args.jobs, seed, DEFAULT_CONTEXT, DEFAULT_MAX_THINK_S, tenants)
+    return build_workload(args.data, jobs, seed, DEFAULT_CONTEXT, DEFAULT_MAX_THINK_S, tenants)
 
 
 def run_family(args: argparse.Namespace, family: str, seed: int) -> FamilyRun:
-    jobs = workload(args, family, seed)
+    jobs = workload(args, family, seed, args.jobs)
     config = StudyConfig(
         regimes=(gpu_regime(),),
         loads=tuple(args.loads),
@@ -130,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{family} seed {seed}", file=sys.stderr, flush=True)
             runs.append(run_family(args, family, seed))
     weighted = [
-        (seed, saturated_shares(workload(args, "weighted", seed), gpu_regime(), policy))
+        (seed, saturated_shares(saturating, gpu_regime(), policy))
         for seed in args.seeds
+        for saturating in [workload(args, "weighted", seed, args.weighted_jobs)]
         for policy in WEIGHTED_POLICIES
     ]
     command = "python -m bench.sweep " + shlex.join(sys.argv[1:] if argv is None else argv)

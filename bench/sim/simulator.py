@@ -11,7 +11,9 @@ engine jumps the clock to the next event. There is no quota store, so every call
 at once. The real scheduler and block manager decide batching, KV and preemption. A
 `CallPredictor` (`predictions.py`; a fixed mapping for the study) predicts each node when its job
 arrives and each call again when it becomes ready (what the policy orders it by, what the engine
-reserves), and hears each call's progress and its true length when it finishes. Invariant:
+reserves), and hears each call's progress and its true length when it finishes. A closed loop
+(`followers`): a job named there is followed by its follower, which arrives the moment it
+finishes (a client that sends its next job when the last one ends). Invariant:
 every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
 the policy when its last call finishes.
 """
@@ -59,6 +61,7 @@ class SimResult:
     saturated_steps: int = 0
     # (time, cumulative KV token-time served per tenant), at most one snapshot per `record_s`
     service: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    arrived: dict[str, float] = field(default_factory=dict)  # follower job id -> its arrival
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class Simulation:
         predictions: Predictions | CallPredictor,
         record_s: float | None = None,
         stop_after_work: float | None = None,
+        followers: Mapping[str, Job] | None = None,
     ) -> None:
         self.runner = TraceRunner(setup.step_model)
         self.engine = LLMEngine(setup.config, runner=self.runner)
@@ -90,6 +94,8 @@ class Simulation:
         self.record_s = record_s
         self.stop_after_work = stop_after_work  # a capacity probe stops once this much is done
         self.arrivals = sorted(jobs, key=lambda j: (j.arrival, j.job_id), reverse=True)
+        # closed loop: job id -> the job that arrives when it finishes (its own arrival unused)
+        self.followers = dict(followers or {})
         self.timers: list[tuple[float, int, str, str]] = []  # (due, seq, job id, node id)
         self.seq = 0
         self.states: dict[str, _JobState] = {}
@@ -98,7 +104,7 @@ class Simulation:
         self.result = SimResult(policy.name, {})
 
     def run(self) -> SimResult:
-        total = len(self.arrivals)
+        total = len(self.arrivals) + len(self.followers)
         while self.arrivals or self.timers or self.core.ready or self.engine.has_unfinished:
             if self.stop_after_work is not None and self.result.work >= self.stop_after_work:
                 break
@@ -249,6 +255,10 @@ class Simulation:
             self.core.remove_job(job_id, now)
             self.result.finish[job_id] = now
             del self.states[job_id]
+            follower = self.followers.pop(job_id, None)
+            if follower is not None:
+                self.result.arrived[follower.job_id] = now
+                self.arrivals.append(follower.at(now))  # the latest arrival: pops next
             return
         for child in state.children[node_id]:
             state.parents_left[child] -= 1

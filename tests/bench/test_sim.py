@@ -256,3 +256,18 @@ def test_the_solo_yardstick_splits_off_the_think_delays_on_the_critical_path() -
 
     assert stick.solo["j"] == pytest.approx(solo(plan) + 2.0 + solo(left) + 1.0 + solo(join))
     assert stick.solo_think["j"] == pytest.approx(3.0)
+
+
+def test_a_follower_arrives_when_the_job_before_it_finishes() -> None:
+    first, second = single("a", "t", 100, 30), single("b", "t", 100, 20, arrival=99.0)
+    other = single("c", "u", 100, 10, arrival=0.5)
+    sim = Simulation(
+        [first, other],
+        make_policy("fcfs"),
+        make_setup(),
+        oracle([first, second, other]),
+        followers={"a": second},
+    )
+    result = sim.run()
+    assert result.arrived == {"b": result.finish["a"]}  # not its own arrival of 99 s
+    assert set(result.finish) == {"a", "b", "c"} and result.finish["b"] < 99.0

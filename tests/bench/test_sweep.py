@@ -5,41 +5,59 @@ import numpy as np
 import pytest
 
 from bench.sim.regime import gpu_regime
-from bench.sim.weighted import saturated_shares
+from bench.sim.weighted import closed_loop, saturated_shares
 from bench.sweep import main as sweep_main
 from bench.workloads.format import Job, Node
 from tests.bench.fixture_data import write_data
 
 
-def stream(per_tenant: int = 120) -> list[Job]:
-    """Three tenants of weights 1, 2 and 4 sending alike one-call jobs at the same rate."""
+def alike(per_tenant: int = 150) -> list[Job]:
+    """Three tenants of weights 1, 2 and 4 with alike one-call jobs."""
     rng = np.random.default_rng(0)
     jobs = []
     for weight in (1, 2, 4):
-        times = np.cumsum(rng.exponential(1.0, size=per_tenant))
-        for k, t in enumerate(times):
+        for k in range(per_tenant):
             node = Node("n", (), int(rng.integers(80, 120)), int(rng.integers(40, 60)), 256)
-            jobs.append(
-                Job(f"w{weight}-{k:04d}", f"w{weight}", float(weight), float(t), "x", (node,))
-            )
-    return sorted(jobs, key=lambda j: (j.arrival, j.job_id))
+            job = Job(f"w{weight}-{k:04d}", f"w{weight}", float(weight), float(k), "x", (node,))
+            jobs.append(job)
+    return jobs
 
 
-def test_weighted_counters_split_a_saturated_engine_by_weight_and_fcfs_does_not() -> None:
-    vtc = saturated_shares(stream(), gpu_regime(), "vtc")
-    assert vtc.weight_share == pytest.approx({"w1": 1 / 7, "w2": 2 / 7, "w4": 4 / 7})
-    assert sum(vtc.share.values()) == pytest.approx(1.0)
-    assert vtc.error <= 0.1
-    fcfs = saturated_shares(stream(), gpu_regime(), "fcfs")
-    assert fcfs.error > 0.3  # alike arrivals, served in arrival order: about a third each
-    assert fcfs.period_s == vtc.period_s
+def test_a_closed_loop_deals_each_tenants_jobs_to_its_clients_in_order() -> None:
+    first, followers = closed_loop(alike(5), clients=2)
+    assert sorted(j.job_id for j in first) == [f"w{w}-000{k}" for w in (1, 2, 4) for k in (0, 1)]
+    assert all(j.arrival == 0.0 for j in first)
+    assert followers["w1-0000"].job_id == "w1-0002" and followers["w1-0002"].job_id == "w1-0004"
+    assert "w1-0004" not in followers and followers["w2-0001"].job_id == "w2-0003"
+
+
+@pytest.mark.parametrize("policy", ["vtc", "justitia"])
+def test_a_saturated_engine_is_split_by_weight(policy: str) -> None:
+    shares = saturated_shares(alike(300), gpu_regime(), policy)
+    assert shares.weight_share == pytest.approx({"w1": 1 / 7, "w2": 2 / 7, "w4": 4 / 7})
+    assert sum(shares.share.values()) == pytest.approx(1.0)
+    assert shares.error <= 0.1
+
+
+def test_fcfs_splits_a_saturated_engine_by_who_sends_not_by_weight() -> None:
+    fcfs = saturated_shares(alike(300), gpu_regime(), "fcfs")
+    assert fcfs.error > 0.3  # alike clients served in the order they send: about a third each
 
 
 def test_sweep_judges_every_family_and_seed(tmp_path: Path) -> None:
     data = write_data(tmp_path / "data")
     out_json = tmp_path / "sweep.json"
     args = ["--data", str(data), "--families", "weighted", "fanout", "--seeds", "1"]
-    args += ["--jobs", "60", "--out", str(tmp_path / "out"), "--json", str(out_json)]
+    args += [
+        "--jobs",
+        "60",
+        "--weighted-jobs",
+        "90",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        str(out_json),
+    ]
     assert sweep_main(args) == 0
     summary = json.loads(out_json.read_text())
     runs = [(r["family"], r["seed"]) for r in summary["runs"]]
