@@ -19,7 +19,8 @@ Chains: a job whose remaining critical path (the output estimates along its long
 unfinished calls, a running call counting its whole estimate; a token a step at best) exceeds
 `CHAIN_FACTOR` times the steps the engine needs to drain every active job's estimated remaining
 output at its current batch size (the engine's running calls, at least 1: on an idle or
-single-call engine no job qualifies) would end last whatever the order; held back by tag it only
+single-call engine no job qualifies), with at least `MIN_CHAIN_CALLS` calls on a path left,
+would end last whatever the order; held back by tag it only
 stretches the end (the makespan, hence throughput). Such a job goes before the tag order, with
 all its ready calls (a chain has one; a single long call qualifies too), below the knee; past
 it the tag alone orders the admitted jobs (admitting every chain there cost the `cpu` regime more
@@ -51,6 +52,12 @@ PAMPERED_JOBS = 12
 # gpu 0.9 with 1.0, against 1); 1.5 gives every gpu cell its tail back and keeps cpu 0.9's JCT
 # within target 3 (docs/notes/scheduling.md, "The chain rule").
 CHAIN_FACTOR = 1.5
+# ... and when at least this many calls remain on that path. What makes a job end last whatever
+# the order is a sequence of calls, each waiting its turn for room; a job with one or two calls
+# on its path (a long single call, maps and their reduce) waits for at most two turns, so held
+# back by tag it costs the makespan little, while promoted it goes before every smaller job
+# (out of sample, task-parallel families: docs/notes/scheduling.md, "Out of sample").
+MIN_CHAIN_CALLS = 3
 
 
 def _capped(predicted_output: float, max_tokens: int) -> float:
@@ -68,9 +75,10 @@ class JustitiaPolicy(BookPolicy):
         self._pampered_jobs = pampered_jobs
         self._clock = FairShareClock()
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
-        # job -> (critical path, total) of its unfinished nodes' predicted output tokens; a job
-        # in `_stale` is recomputed at the next peek, which also fixes `_drain` for its keys
-        self._remaining: dict[str, tuple[float, float]] = {}
+        # job -> (critical path, total) of its unfinished nodes' predicted output tokens and the
+        # most calls on a path of them; a job in `_stale` is recomputed at the next peek, which
+        # also fixes `_drain` for its keys
+        self._remaining: dict[str, tuple[float, float, int]] = {}
         self._remaining_total = 0.0  # the sum of the totals in `_remaining`
         self._stale: set[str] = set()
         self._drain = math.inf  # steps to drain the backlog: set by `_eligible_jobs`, read by keys
@@ -110,7 +118,12 @@ class JustitiaPolicy(BookPolicy):
         return (not self._is_chain(job), *self._rank(job))
 
     def _is_chain(self, job: ActiveJob) -> bool:
-        return self._drain < math.inf and self._path(job) > CHAIN_FACTOR * self._drain
+        path, _, calls = self._remaining[job.info.job_id]
+        return (
+            self._drain < math.inf
+            and path > CHAIN_FACTOR * self._drain
+            and calls >= MIN_CHAIN_CALLS
+        )
 
     def _path(self, job: ActiveJob) -> float:
         """The job's remaining critical path, as last measured."""
@@ -171,7 +184,7 @@ class JustitiaPolicy(BookPolicy):
                 self._re_estimate(job_id, node_id, prompt, used.get(node_id, 0))
         self._clock.release(job_id)
         del self._estimates[job_id]
-        self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0))[1]
+        self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0, 0))[1]
         self._stale.discard(job_id)
         if not self._remaining:
             self._remaining_total = 0.0  # no float drift outlives a backlog
@@ -189,21 +202,23 @@ class JustitiaPolicy(BookPolicy):
         """Recompute `_remaining` for the stale jobs."""
         for job_id in self._stale:
             fresh = self._measure_remaining(job_id)
-            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0))[1]
+            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0, 0))[1]
             self._remaining[job_id] = fresh
         self._stale.clear()
 
-    def _measure_remaining(self, job_id: str) -> tuple[float, float]:
-        """(longest path, total) of the output estimates of the job's unfinished nodes."""
+    def _measure_remaining(self, job_id: str) -> tuple[float, float, int]:
+        """(longest path, total) of the output estimates of the job's unfinished nodes, and the
+        most of them on one path."""
         job, estimates = self._jobs[job_id], self._estimates[job_id]
         left = {n: d for n, (_, d) in estimates.items() if n not in job.done}
-        return job.longest_path(left), sum(left.values())
+        calls = round(job.longest_path(dict.fromkeys(left, 1.0)))
+        return job.longest_path(left), sum(left.values()), calls
 
     def _check_order(self) -> None:
         self._clock.check_invariants()
         assert set(self._estimates) == set(self._jobs) == self._clock.live_jobs()
         assert set(self._remaining) | self._stale == set(self._jobs)
-        total = sum(left for _, left in self._remaining.values())
+        total = sum(left for _, left, _ in self._remaining.values())
         assert abs(total - self._remaining_total) <= 1e-6 * max(1.0, total)
         for job_id, cached in self._remaining.items():
             if job_id not in self._stale:

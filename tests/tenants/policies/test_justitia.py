@@ -242,6 +242,18 @@ def test_a_chain_that_outlasts_the_backlog_goes_first() -> None:
     assert peeked is not None and peeked.call_id == "s0/n"
 
 
+def test_a_long_job_of_two_calls_on_its_path_waits_for_its_tag() -> None:
+    policy = JustitiaPolicy()
+    for i in range(6):
+        submit(policy, make_job(f"s{i}", f"t{i}", [make_node("n", predicted=20)]))
+    pair = [make_node(f"p{k}", [f"p{k - 1}"] if k else [], predicted=150) for k in range(2)]
+    submit(policy, make_job("pair", "heavy", pair))
+    # 8 calls a step drain the 420 remaining tokens in 52.5 steps; its path of 300 is more than
+    # 1.5 x that, yet two calls wait for at most two turns: no precedence
+    wide = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None)
+    assert dispatch_all_at(policy, wide) == [*(f"s{i}/n" for i in range(6)), "pair/p0"]
+
+
 def test_a_chain_the_backlog_outlasts_waits_for_its_tag() -> None:
     policy = chain_setup()
     # 2 calls a step need 160 steps for the backlog: 200 is not 1.5 times that
@@ -274,23 +286,23 @@ def test_a_refined_prediction_can_make_a_job_a_chain() -> None:
     policy = JustitiaPolicy()
     for i in range(6):
         submit(policy, make_job(f"s{i}", f"t{i}", [make_node("n", predicted=20)]))
-    nodes = [make_node("r", predicted=20), make_node("c0", predicted=20)]
-    submit(policy, make_job("mix", "heavy", [*nodes, make_node("c1", ["c0"], predicted=20)]))
+    chain = [make_node(f"c{k}", [f"c{k - 1}"] if k else [], predicted=20) for k in range(3)]
+    submit(policy, make_job("mix", "heavy", [make_node("r", predicted=20), *chain]))
     four = EngineLoad(running_calls=4, batch_tokens=0, knee_calls=None)
-    peeked = policy.peek(0.0, four)  # path 40 against 180 / 4 = 45 steps of backlog
+    peeked = policy.peek(0.0, four)  # path 60 against 200 / 4 = 50 steps of backlog
     assert peeked is not None and peeked.call_id == "s0/n"
     policy.mark_dispatched("mix/c0", 0.0)
-    policy.on_refined("mix/c0", 500.0, 0.0)  # path 520 against 660 / 4 = 165 steps
+    policy.on_refined("mix/c0", 500.0, 0.0)  # path 540 against 680 / 4 = 170 steps
     peeked = policy.peek(0.0, four)
     assert peeked is not None and peeked.call_id == "mix/r"
     policy.check_invariants()
 
 
-def test_a_single_long_call_that_outlasts_the_backlog_goes_first() -> None:
+def test_a_single_long_call_that_outlasts_the_backlog_waits_for_its_tag() -> None:
     policy = knee_setup()  # small (5 + 50 in parallel), mid 100, big 400: 555 tokens in all
     three = EngineLoad(running_calls=3, batch_tokens=0, knee_calls=None)
-    peeked = policy.peek(0.0, three)  # big's 400 > 1.5 x 555 / 3
-    assert peeked is not None and peeked.call_id == "big/w"
+    # big's 400 > 1.5 x 555 / 3, but one call waits one turn at most
+    assert dispatch_all_at(policy, three) == ["small/x", "small/y", "mid/z", "big/w"]
     policy.check_invariants()
 
 
