@@ -170,10 +170,10 @@ class CallPlanner:
         """None unless the call's kind is in conservative mode; then the length to order and
         reserve it by: its p90, widened to what calls of its kind were seen to produce, within
         its max_tokens."""
-        kind = tracker_key(features)
-        if self.tracker is None or not self.tracker.conservative(kind):
+        if self.tracker is None:
             return None
-        return min(self.tracker.planning_length(kind, predicted), features.max_tokens)
+        widened = self.tracker.widened(tracker_key(features), predicted)
+        return None if widened is None else min(widened, features.max_tokens)
 
 
 def tracker_key(features: CallFeatures) -> str:

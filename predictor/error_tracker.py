@@ -155,8 +155,13 @@ class ErrorTracker:
         return 0.9 if self.conservative(tenant_id) else 0.5
 
     def planning_length(self, tenant_id: str, prediction: LengthDistribution) -> float:
-        """The p50 normally; when conservative, the p90 widened to what the tenant's calls
-        in the window produced (the p90 of their true lengths) where that is more."""
+        """The p50 normally; when conservative, `widened`."""
+        widened = self.widened(tenant_id, prediction)
+        return prediction.p50 if widened is None else widened
+
+    def widened(self, tenant_id: str, prediction: LengthDistribution) -> float | None:
+        """None unless the tenant is conservative; then the p90 widened to what its calls in
+        the window produced (the p90 of their true lengths) where that is more."""
         if not self.conservative(tenant_id):
-            return prediction.p50
+            return None
         return max(prediction.p90, self._tenants[tenant_id].observed_p90())

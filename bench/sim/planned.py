@@ -2,13 +2,12 @@
 
 `PlannerPredictor` is the simulation's `CallPredictor` over a `CallPlanner` (`gateway/calls.py`):
 a ready call is planned, a running one checked against its p90 and a finished one observed, as
-the dispatcher does, so the planner's
-history, residual correction and `ErrorTracker` (conservative mode, widening) act in the
-simulation as in the gateway. `table_planner` builds the gateway's stack around a fixed table of
-predictions: the table stands in for the prompt model (`TableModel`, a point prediction per
-call, found by the call's id passed as its prompt text), corrected online per tenant and node
-by the history predictor and judged by the tracker. Invariant: a call's plan is observed once,
-when it finishes.
+the dispatcher does, so the planner's history, residual correction and `ErrorTracker`
+(conservative mode, widening) act in the simulation as in the gateway. `table_planner` builds
+the gateway's stack around a fixed table of predictions: the table stands in for the prompt
+model (`TableModel`, a point prediction per call, found by the call's id passed as its prompt
+text), corrected online per tenant and node by the history predictor and judged by the tracker.
+Invariant: a call's plan is observed once, when it finishes.
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ class PlanLog:
 
 class PlannerPredictor:
     """A node's arrival estimate is its predicted mean (as `gateway.tickets.job_info` has it);
-    a ready call is planned and a finished one observed, as the dispatcher does."""
+    a ready call is planned, a running one checked against its p90 and a finished one
+    observed, as the dispatcher does."""
 
     def __init__(self, planner: CallPlanner, context: int) -> None:
         self.planner = planner
@@ -82,7 +82,11 @@ class PlannerPredictor:
 
 def call_text(job: Job, node: Node) -> str:
     """The call's stand-in prompt text: its id (the simulation has no text)."""
-    return f"{job.job_id}\x00{node.node_id}"
+    return _text(job.job_id, node.node_id)
+
+
+def _text(job_id: str, node_id: str) -> str:
+    return f"{job_id}\x00{node_id}"
 
 
 def features(job: Job, node: Node) -> CallFeatures:
@@ -96,7 +100,7 @@ class TableModel:
     """A static prompt model that knows each call's prediction from a table."""
 
     def __init__(self, table: Mapping[tuple[str, str], float]) -> None:
-        self.table = {f"{job}\x00{node}": value for (job, node), value in table.items()}
+        self.table = {_text(job, node): value for (job, node), value in table.items()}
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
         return LengthDistribution.point(min(self.table[call.prompt_text], call.max_tokens))
