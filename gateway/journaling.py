@@ -53,6 +53,9 @@ class Journaling(OwnsTasks):
         self._owned: dict[str, tuple[Owned, JobRun]] = {}
         self._pending: dict[str, list[JobEvent]] = {}
         self._wake = anyio.Event()
+        # one batch in flight at a time: a second writer would send later events of a job
+        # before its earlier ones landed, and hand_over must see what is still on its way
+        self._writing = anyio.Lock()
         self._stopping = False
 
     def _start_tasks(self, tg: TaskGroup) -> None:
@@ -89,6 +92,10 @@ class Journaling(OwnsTasks):
 
     async def _write(self) -> None:
         """Send every pending batch; on failure what was not written waits for the next try."""
+        async with self._writing:
+            await self._write_pending()
+
+    async def _write_pending(self) -> None:
         pending, self._pending = self._pending, {}
         batches = [(self._owned[j][0], events) for j, events in pending.items() if j in self._owned]
         try:
@@ -164,11 +171,14 @@ class Journaling(OwnsTasks):
         hand the jobs back."""
         self._stopping = True
         with anyio.move_on_after(self.flush_s):
-            while not (quiet() and self._only_deltas_pending()):
-                try:
-                    await self._write()
-                except JournalUnavailable:
-                    await anyio.sleep(BACKOFF_FIRST_S)
+            while True:
+                async with self._writing:  # no batch on its way: only `_pending` is unwritten
+                    if quiet() and self._only_deltas_pending():
+                        break
+                    try:
+                        await self._write_pending()
+                    except JournalUnavailable:
+                        await anyio.sleep(BACKOFF_FIRST_S)
                 if not self._pending and not quiet():
                     await anyio.sleep(QUIET_POLL_S)
         owned = [o for o, _ in self._owned.values()]

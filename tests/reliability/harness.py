@@ -160,7 +160,7 @@ class Reliable:
             prompt,
             output,
             calls,
-        ), tenant
+        ), (tenant, usage, prompt, output, calls)
 
 
 @contextlib.asynccontextmanager

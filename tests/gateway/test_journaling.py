@@ -1,0 +1,73 @@
+"""A replica's journal writer on a real Redis: a hand-over that starts while a batch is on its
+way waits for it, so every event lands once, in order, before the job is handed back (a second
+writer sent later events first, or handed the job back with its end still unwritten: the
+replica taking over ran a finished call again and charged it twice)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from gateway.job_run import JobEvent, JobRun, NodeState
+from gateway.journal import Owned, RedisJournal
+from gateway.journaling import Journaling
+from tests.conftest import REDIS_URL
+from tests.gateway.test_journal import two_calls
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+class HeldJournal(RedisJournal):
+    """Its first append waits until the test lets it go: a batch slow on its way."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.sending = anyio.Event()
+        self.go = anyio.Event()
+
+    async def append(self, batches: Sequence[tuple[Owned, Sequence[JobEvent], bool]]) -> list[bool]:
+        if not self.sending.is_set():
+            self.sending.set()
+            await self.go.wait()
+        return await super().append(batches)
+
+
+async def no_orphan(*_: object) -> None:
+    raise AssertionError("not expected")
+
+
+def no_loss(_: JobRun) -> None:
+    raise AssertionError("not expected")
+
+
+async def test_a_hand_over_waits_for_the_batch_on_its_way(redis_prefix: str) -> None:
+    journal = HeldJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    other = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    aborted: list[bool] = []
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        journaling.attach(owned, run)
+        run.start(101.0)
+        await journal.sending.wait()  # the started event is on its way, held
+        run.mark_running("a", 7, 102.0)
+        run.add_tokens("a", "hi", (1, 2), 103.0)
+        run.finish_node("a", NodeState.SUCCEEDED, 104.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(journaling.hand_over, lambda: True, lambda: aborted.append(True))
+            await anyio.wait_all_tasks_blocked()
+            assert not aborted  # it waits for the held batch
+            journal.go.set()
+    assert aborted == [True]
+    claimed = await other.claim("acme", "job-1")
+    assert claimed is not None
+    _, replayed, _ = claimed
+    assert [e.sequence for e in await other.read("acme", "job-1", 0)] == [
+        e.sequence for e in run.events
+    ]
+    assert replayed.nodes["a"].state == NodeState.SUCCEEDED  # not run again by the taker
+    await journal.aclose()
+    await other.aclose()
