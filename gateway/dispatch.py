@@ -162,6 +162,11 @@ class Dispatcher(OwnsTasks):
     def _wake_loop(self) -> None:
         self._wake.set()
 
+    def room_changed(self) -> None:
+        """A backend shows new room (a scrape landed): a call waiting for room looks again."""
+        if any(lane.core.blocked for lane in self.lanes.values()):
+            self._wake.set()
+
     @property
     def core(self) -> DispatchCore[Ticket]:
         """The default model's dispatch core."""

@@ -37,6 +37,7 @@ from engine import AsyncEngine, LLMEngine
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
 from gateway.auth import AuthInterceptor, FailureThrottle
+from gateway.backends import OpenAIBackend
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.genai_metrics import GenAiMetrics
@@ -47,6 +48,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
 from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
+from gateway.room_news import RoomNews
 from gateway.service import GatewayService
 from gateway.settings import DEFAULT_ADMIN_KEY, Settings
 from gateway.share import RedisShare
@@ -242,6 +244,11 @@ async def running_gateway(
             )
         )
         metrics.watch(dispatcher)
+        servers = [b for p in pools.pools for b in p.backends if isinstance(b, OpenAIBackend)]
+        for backend in servers:
+            backend.on_room = dispatcher.room_changed
+        if settings.store != "memory" and servers:  # other replicas may share the servers
+            await stack.enter_async_context(RoomNews(settings.store, settings.replica(), servers))
         metrics_port = None
         if settings.metrics_port is not None:
             metrics_port = await stack.enter_async_context(

@@ -10,6 +10,11 @@ hands them to the call's stream (call_stream.py). Closing that stream early, `ab
 the backend cancels the task, which closes the HTTP response: the disconnect is the abort the
 server understands. A failed connection, a 5xx or a cut stream is `BackendLost` (the call may run
 elsewhere) and counts against the breaker; a 4xx is `BackendRefused` (the call fails).
+Other replicas send calls to the same server, and room they free shows here only with a scrape:
+a call of this replica that ends while the server was full calls `on_freed` (the replicas'
+room news, gateway/room_news.py, tells the others), and `scrape_soon` (news from another
+replica) has the next scrape start at once. Each landed scrape calls `on_room`, so a call
+waiting for room is looked at again as soon as the room shows.
 Invariant: every call's task ends by sending its finished delta, an error, or nothing (aborted),
 and then frees its room (`UnseenCalls.ended`) and its breaker trial, whatever ended it.
 """
@@ -106,6 +111,9 @@ class OpenAIBackend(OwnsTasks):
         self._health_ok = False
         self._scrape_failure: str | None = None  # the last scrape's failure, logged once
         self._scraped = anyio.Event()
+        self._scrape_asked = anyio.Event()
+        self.on_room: Callable[[], None] | None = None  # a scrape landed
+        self.on_freed: Callable[[OpenAIBackend], None] | None = None  # full, and a call ended
         self._calls: dict[str, CallControl] = {}
         self._client: httpx.AsyncClient | None = None
 
@@ -176,9 +184,15 @@ class OpenAIBackend(OwnsTasks):
         """Wait until the next scrape has landed (or failed)."""
         await self._scraped.wait()
 
+    def scrape_soon(self) -> None:
+        """Start the next scrape now (another replica freed room on the server)."""
+        self._scrape_asked.set()
+
     async def _scrape_forever(self) -> None:
         while True:
-            await anyio.sleep(self.settings.scrape_interval_s)
+            with anyio.move_on_after(self.settings.scrape_interval_s):
+                await self._scrape_asked.wait()
+            self._scrape_asked = anyio.Event()
             await self._scrape()
 
     async def _scrape(self) -> None:
@@ -195,6 +209,8 @@ class OpenAIBackend(OwnsTasks):
         else:
             self._load = load
             self._unseen.scraped(mark)
+            if self.on_room is not None:
+                self.on_room()
         try:
             health = await self.client.get("/health", timeout=timeout)
             self._health_ok = health.status_code == 200
@@ -258,7 +274,10 @@ class OpenAIBackend(OwnsTasks):
         finally:
             if control.usage is None:
                 control.usage = attempt.decoder.counted_usage()
+            full = self.on_freed is not None and self._full_for(call)
             self._unseen.ended(call.call_id)
+            if full and self.on_freed is not None:
+                self.on_freed(self)
             del self._calls[call.call_id]
             control.ended.set()
             if attempt.verdict is _Verdict.WORKS:
@@ -267,6 +286,12 @@ class OpenAIBackend(OwnsTasks):
                 self._breaker.failed(attempt.trial)
             else:
                 self._breaker.abandoned(attempt.trial)
+
+    def _full_for(self, call: BackendCall) -> bool:
+        """Whether the server had no room for another call like `call` (its room is news)."""
+        room = self.capacity()
+        worst = room.blocks_for(len(call.prompt_ids) + call.params.max_tokens)
+        return room.free_slots == 0 or room.free_blocks < worst
 
     async def _stream(self, call: BackendCall, attempt: _Attempt) -> None:
         """Stream the call's deltas to its stream; raises what ends it otherwise."""

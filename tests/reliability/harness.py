@@ -172,12 +172,11 @@ async def reliable_gateway(
     **settings: Any,
 ) -> AsyncIterator[Reliable]:
     config = Settings(
+        **{"policy": "justitia"} | settings,
         port=0,
         admin_key=ADMIN_KEY,
-        policy="justitia",
         max_model_len=4096,
         store=store_url,
-        **settings,
     )
     async with (
         running_gateway(
