@@ -102,7 +102,7 @@ class Journaling(OwnsTasks):
             written = await self.journal.append(
                 [(o, e, isinstance(e[-1].body, JobEnded)) for o, e in batches]
             )
-        except JournalUnavailable:
+        except BaseException:  # unavailable, or cancelled on its way: sent again later
             for job_id, events in pending.items():
                 self._pending[job_id] = events + self._pending.get(job_id, [])
             raise
@@ -170,22 +170,34 @@ class Journaling(OwnsTasks):
         unjournaled after; the deltas left unwritten belong to calls that run again), and
         hand the jobs back."""
         self._stopping = True
-        with anyio.move_on_after(self.flush_s):
-            while True:
-                async with self._writing:  # no batch on its way: only `_pending` is unwritten
+        held = False  # `_writing`: no batch is on its way, only `_pending` is unwritten
+        try:
+            with anyio.move_on_after(self.flush_s):
+                while True:
+                    await self._writing.acquire()
+                    held = True
                     if quiet() and self._only_deltas_pending():
                         break
                     try:
                         await self._write_pending()
                     except JournalUnavailable:
                         await anyio.sleep(BACKOFF_FIRST_S)
-                if not self._pending and not quiet():
-                    await anyio.sleep(QUIET_POLL_S)
-        owned = [o for o, _ in self._owned.values()]
-        for _, run in self._owned.values():
-            run.detach()
-        self._owned.clear()
-        then()
+                    self._writing.release()
+                    held = False
+                    if not self._pending and not quiet():
+                        await anyio.sleep(QUIET_POLL_S)
+            if not held:  # out of time: a batch on its way still lands (or fails) first
+                with anyio.move_on_after(self.flush_s):
+                    await self._writing.acquire()
+                    held = True
+            owned = [o for o, _ in self._owned.values()]
+            for _, run in self._owned.values():
+                run.detach()
+            self._owned.clear()
+            then()
+        finally:
+            if held:
+                self._writing.release()
         try:
             await self.journal.hand_back(owned)
         except JournalUnavailable:

@@ -31,8 +31,9 @@ from gateway.owned import OwnsTasks
 from tenants.redis_client import RedisClient, fails_closed
 
 log = logging.getLogger(__name__)
-RETRY_S = 1.0  # a lost subscription is opened again after this
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0  # a lost subscription is opened again after this
 SOCKET_TIMEOUT_S = 2.0
+HEALTH_CHECK_S = 5.0  # a quiet subscription is pinged this often
 
 
 class NewsLost(Exception):
@@ -58,19 +59,24 @@ class RoomNews(OwnsTasks):
         super().__init__()
         self.replica_id = replica_id
         self._url = url
-        self._backends = {f"{prefix}:room:{b.settings.url}": b for b in backends}
-        self._channel = {b.name: channel for channel, b in self._backends.items()}
+        # backends of several models may share one server (and so its channel)
+        self._channel = {b.name: f"{prefix}:room:{b.settings.url}" for b in backends}
+        self._backends: dict[str, list[OpenAIBackend]] = {}
+        for backend in backends:
+            self._backends.setdefault(self._channel[backend.name], []).append(backend)
         self._news: set[str] = set()  # channels with news to publish
         self._has_news = anyio.Event()
+        self._subscribed = anyio.Event()
         self.published = 0  # news sent, for tests and benchmarks
         self.heard = 0  # news of other replicas taken
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         self._publisher = _Publisher(self._url)
         stack.push_async_callback(self._publisher.aclose)
-        for backend in self._backends.values():
-            backend.on_freed = self._freed
-            stack.callback(setattr, backend, "on_freed", None)
+        for on_server in self._backends.values():
+            for backend in on_server:
+                backend.on_freed = self._freed
+                stack.callback(setattr, backend, "on_freed", None)
 
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._publish_forever)
@@ -90,19 +96,39 @@ class RoomNews(OwnsTasks):
                 self.published += len(news)
 
     async def _listen_forever(self) -> None:
+        retry_s = RETRY_FIRST_S
         while True:
             try:
                 await self._listen()
             except (RedisError, OSError) as exc:
-                log.warning("room news: subscription lost (%r); scrapes go on", exc)
-            await anyio.sleep(RETRY_S)
+                if self._subscribed.is_set():  # it was listening: a new outage
+                    retry_s = RETRY_FIRST_S
+                if retry_s == RETRY_FIRST_S:  # logged once an outage
+                    log.warning("room news: no subscription (%r); scrapes go on", exc)
+            self._subscribed = anyio.Event()
+            await anyio.sleep(retry_s)
+            retry_s = min(retry_s * 2, RETRY_MAX_S)
+
+    async def subscribed(self) -> None:
+        """Return once this replica hears the others' news."""
+        await self._subscribed.wait()
 
     async def _listen(self) -> None:
-        # its own connection, without a read timeout: a quiet channel is not a failure
-        redis = Redis.from_url(self._url, decode_responses=True)
+        # A connection of its own without a read timeout (a quiet channel is no failure); the
+        # health check pings it while it waits, so a connection dropped unseen is found
+        redis = Redis.from_url(
+            self._url,
+            decode_responses=True,
+            socket_connect_timeout=SOCKET_TIMEOUT_S,
+            socket_keepalive=True,
+            health_check_interval=HEALTH_CHECK_S,
+        )
         async with redis, redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(*self._backends)
-            async for message in pubsub.listen():
-                if message["type"] == "message" and message["data"] != self.replica_id:
+            self._subscribed.set()
+            while True:
+                message = await pubsub.get_message(timeout=HEALTH_CHECK_S)
+                if message is not None and message["data"] != self.replica_id:
                     self.heard += 1
-                    self._backends[message["channel"]].scrape_soon()
+                    for backend in self._backends[message["channel"]]:
+                        backend.scrape_soon()

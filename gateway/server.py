@@ -84,6 +84,7 @@ class RunningGateway:
     health: health.aio.HealthServicer
     metrics_port: int | None  # where /metrics is served, when it is
     journaling: Journaling | None  # with a redis store: this replica's side of the journal
+    room_news: RoomNews | None  # with a redis store and servers: news of room they freed
 
 
 class UnsafeSettings(ValueError):
@@ -247,8 +248,11 @@ async def running_gateway(
         servers = [b for p in pools.pools for b in p.backends if isinstance(b, OpenAIBackend)]
         for backend in servers:
             backend.on_room = dispatcher.room_changed
+            stack.callback(setattr, backend, "on_room", None)  # before the dispatcher closes
+        room_news = None
         if settings.store != "memory" and servers:  # other replicas may share the servers
-            await stack.enter_async_context(RoomNews(settings.store, settings.replica(), servers))
+            room_news = RoomNews(settings.store, settings.replica(), servers)
+            await stack.enter_async_context(room_news)
         metrics_port = None
         if settings.metrics_port is not None:
             metrics_port = await stack.enter_async_context(
@@ -296,6 +300,7 @@ async def running_gateway(
                 health_servicer,
                 metrics_port,
                 journaling,
+                room_news,
             )
         finally:
             tg.cancel_scope.cancel()

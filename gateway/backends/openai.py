@@ -56,6 +56,7 @@ CONNECT_TIMEOUT_S = 5.0
 # an idle connection is closed before the server would close it (uvicorn, under vLLM among
 # others, does at 5 s): a request sent as the server closes its end fails unread
 KEEPALIVE_S = 2.0
+NEWS_GAP_S = 0.02  # the least time between two scrapes that news asked for
 RETRYABLE_STATUSES = (408, 429)  # the server is busy, not refusing the call: lost, not failed
 
 
@@ -112,6 +113,7 @@ class OpenAIBackend(OwnsTasks):
         self._scrape_failure: str | None = None  # the last scrape's failure, logged once
         self._scraped = anyio.Event()
         self._scrape_asked = anyio.Event()
+        self._scrape_started = -math.inf
         self.on_room: Callable[[], None] | None = None  # a scrape landed
         self.on_freed: Callable[[OpenAIBackend], None] | None = None  # full, and a call ended
         self._calls: dict[str, CallControl] = {}
@@ -192,12 +194,14 @@ class OpenAIBackend(OwnsTasks):
         while True:
             with anyio.move_on_after(self.settings.scrape_interval_s):
                 await self._scrape_asked.wait()
+                # however much news comes, the server is scraped at most every NEWS_GAP_S
+                await anyio.sleep(max(self._scrape_started + NEWS_GAP_S - self._clock(), 0.0))
             self._scrape_asked = anyio.Event()
             await self._scrape()
 
     async def _scrape(self) -> None:
         mark = self._unseen.scrape_started()
-        taken_at = self._clock()
+        taken_at = self._scrape_started = self._clock()
         timeout = max(self.stale_after_s, 1.0)
         failure = None
         try:
@@ -276,8 +280,6 @@ class OpenAIBackend(OwnsTasks):
                 control.usage = attempt.decoder.counted_usage()
             full = self.on_freed is not None and self._full_for(call)
             self._unseen.ended(call.call_id)
-            if full and self.on_freed is not None:
-                self.on_freed(self)
             del self._calls[call.call_id]
             control.ended.set()
             if attempt.verdict is _Verdict.WORKS:
@@ -286,6 +288,8 @@ class OpenAIBackend(OwnsTasks):
                 self._breaker.failed(attempt.trial)
             else:
                 self._breaker.abandoned(attempt.trial)
+            if full and self.on_freed is not None:
+                self.on_freed(self)
 
     def _full_for(self, call: BackendCall) -> bool:
         """Whether the server had no room for another call like `call` (its room is news)."""

@@ -71,3 +71,30 @@ async def test_a_hand_over_waits_for_the_batch_on_its_way(redis_prefix: str) -> 
     assert replayed.nodes["a"].state == NodeState.SUCCEEDED  # not run again by the taker
     await journal.aclose()
     await other.aclose()
+
+
+async def test_out_of_time_a_hand_over_still_waits_for_the_batch_on_its_way(
+    redis_prefix: str,
+) -> None:
+    """A call always being settled keeps the hand-over from its quiet moment until `flush_s`
+    runs out; the batch held on its way then still lands before the job is handed back."""
+    flush_s = 1.0
+    journal = HeldJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    other = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-2", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    journaling = Journaling(journal, no_orphan, no_loss, no_loss, flush_s=flush_s)
+    async with journaling, anyio.create_task_group() as tg:
+        journaling.attach(owned, run)
+        run.start(101.0)
+        run.mark_running("a", 7, 102.0)
+        run.finish_node("a", NodeState.SUCCEEDED, 103.0)
+        await journal.sending.wait()  # the node's end is on its way, held
+        tg.start_soon(journaling.hand_over, lambda: False, lambda: None)
+        await anyio.sleep(flush_s * 1.2)  # past the deadline of the flush
+        journal.go.set()
+    claimed = await other.claim("acme", "job-2")
+    assert claimed is not None
+    assert claimed[1].nodes["a"].state == NodeState.SUCCEEDED
+    await journal.aclose()
+    await other.aclose()
