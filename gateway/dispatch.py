@@ -410,8 +410,9 @@ class Dispatcher(OwnsTasks):
 
     async def _loop(self) -> None:
         while True:
-            # A remote backend's room shows up with its next scrape, which wakes nobody: while
-            # a call waits for room the loop looks again each BLOCKED_RETRY_S as well
+            # A landed scrape or a call's end wakes the loop, but room can come back with no
+            # event (a circuit breaker's cooldown ends): while a call waits for room the loop
+            # looks again each BLOCKED_RETRY_S as well
             blocked = any(lane.core.blocked for lane in self.lanes.values())
             with anyio.move_on_after(BLOCKED_RETRY_S if blocked else math.inf):
                 await self._wake.wait()

@@ -278,7 +278,8 @@ class OpenAIBackend(OwnsTasks):
         finally:
             if control.usage is None:
                 control.usage = attempt.decoder.counted_usage()
-            full = self.on_freed is not None and self._full_for(call)
+            # the room this call frees is news only if the server had none before its end
+            news = self.on_freed if self.on_freed is not None and self._full_for(call) else None
             self._unseen.ended(call.call_id)
             del self._calls[call.call_id]
             control.ended.set()
@@ -288,8 +289,8 @@ class OpenAIBackend(OwnsTasks):
                 self._breaker.failed(attempt.trial)
             else:
                 self._breaker.abandoned(attempt.trial)
-            if full and self.on_freed is not None:
-                self.on_freed(self)
+            if news is not None:
+                news(self)
 
     def _full_for(self, call: BackendCall) -> bool:
         """Whether the server had no room for another call like `call` (its room is news)."""
