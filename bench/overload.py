@@ -38,6 +38,7 @@ import numpy as np
 
 from bench.paths import OUT_DIR
 from engine import EngineConfig, LLMEngine, SimulatedRunner, StepTimeModel
+from engine.heap import freeze_startup_heap
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.server import running_gateway
@@ -113,6 +114,7 @@ async def run_load(schedule: Sequence[Arrival], slo: dict[str, float] | None) ->
     store = MemoryQuotaStore()
     outcomes = [Outcome(a) for a in schedule]
     async with running_gateway(settings, core=build_core(), store=store) as gateway:
+        freeze_startup_heap()  # as `fairgate serve` does
         keys = {}
         unbounded = TenantQuota(max_concurrent_calls=0, max_queued_jobs=0, max_streams=0)
         for tenant in (*PROTECTED, SHEDDABLE):

@@ -169,6 +169,7 @@ class AsyncEngine:
         if send is None:
             return
         send.close()
+        self._capacity = self._capacity_without(request_id)
         self._run(lambda: self._abort_core(request_id))
 
     def set_priority(self, request_id: str, priority: float) -> None:
@@ -211,6 +212,15 @@ class AsyncEngine:
             if self._stepping
             else cap
         )
+
+    def _capacity_without(self, request_id: str) -> Capacity:
+        """The capacity once a request aborted while a step runs is gone: its slot now, its
+        blocks when the step ends (the step in flight may be growing them: what it frees is
+        known only then)."""
+        cap = self._capacity
+        if not self._stepping or request_id not in self.core.scheduler.requests:
+            return cap
+        return dataclasses.replace(cap, free_seqs=cap.free_seqs + 1)
 
     @property
     def healthy(self) -> bool:

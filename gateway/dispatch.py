@@ -441,7 +441,7 @@ class Dispatcher(OwnsTasks):
                     self.tasks.start_soon(self._take, entry, dispatch.needs_grant)
                 else:
                     self._start(entry)
-            if (victim := lane.core.to_yield(lane.capacities())) is not None:
+            for victim in lane.core.to_yield(self.clock(), lane.capacities()):
                 self.backends[victim.backend].abort(victim.call.call_id)
                 if self.metrics is not None:
                     self.metrics.yielded(victim.call.tenant_id)

@@ -17,11 +17,12 @@ until a time) or `drop`ped unserved.
 
 A call of a sheddable job (negative priority) gives way to the calls of other jobs. Once a
 protected call has waited for room, sheddable calls are hidden from the policy until no
-protected call is left to show (or always, while `hold_sheddable`: the SLO monitor's first
-level); and the newest sheddable call running on a serving backend is chosen to yield its room
-(`to_yield`), one at a time and one for each waiting call (a backend may show the room an
-abort frees only a while later): the caller aborts it and hands it back (`yielded`), and it waits
-among the ready calls to run again from its prompt. The newest loses the least work; the
+protected call is left to show, and while no more slots are free than `sheddable_reserve` keeps
+for protected calls to come (the SLO monitor's first level); and the newest sheddable call
+running on a serving backend is chosen to yield its room (`to_yield`), one for each protected
+call waiting, all at once, and only one while that call waits (a backend may show the room an
+abort frees only a while later): the caller aborts it and hands it back (`yielded`), and it
+waits among the ready calls to run again from its prompt. The newest loses the least work; the
 waiting call's wait is what the SLO targets judge. With `share_slots`, a fair share of the
 backends is kept as well as a fair order: when the waiting call's tenant runs fewer calls than
 its weighted share of the serving slots (shared among the tenants with calls running or ready)
@@ -136,7 +137,9 @@ class DispatchCore(Generic[T]):
         # room an abort frees only a while after the aborted call's stream has ended
         self._yielded_to: set[str] = set()
         self._starved = False  # a protected call waited for room: sheddable calls are hidden
-        self.hold_sheddable = False  # hide sheddable calls even with room (set under overload)
+        # the share of the pool's slots kept free of sheddable calls for protected ones that
+        # may come (set under overload): a sheddable call runs only while more are free
+        self.sheddable_reserve = 0.0
         self.share_slots = share_slots  # over-share tenants yield to under-share ones
         self._weights: dict[str, float] = {}  # tenant -> its weight, as its last job said
         self._held_for: dict[str, str] = {}  # a call that yielded its share -> the call it was for
@@ -210,31 +213,58 @@ class DispatchCore(Generic[T]):
         self.waiting = None
         self._release_held_for()
         load = self.load(capacities)
-        self.policy.set_shedding(self.hold_sheddable or self._starved)
+        reserved = self._reserve_reached(capacities)
+        self.policy.set_shedding(reserved or self._starved)
         call = self.policy.peek(now, load)
-        if call is None and self._starved and not self.hold_sheddable:
+        if call is None and self._starved and not reserved:
             self._starved = False  # no protected call left to show: sheddable ones may run
             self.policy.set_shedding(False)
             call = self.policy.peek(now, load)
         if call is None:
             return None
         entry = self.ready[call.call_id]
-        rooms = self._rooms(capacities)
-        if entry.lost_on and len(rooms) > 1:
-            rooms.pop(entry.lost_on, None)
-        backend = self.router.route(entry.call, entry.kv_tokens, rooms)
+        backend = self._route(entry, capacities)
+        if backend is None and entry.sheddable:
+            # a protected call behind it is the one to wait for room (and be yielded to)
+            self.policy.set_shedding(True)
+            shown = self.policy.peek(now, load)
+            if shown is not None:
+                entry = self.ready[shown.call_id]
+                backend = self._route(entry, capacities)
         if backend is None:
             self.waiting = entry
             self._starved = not entry.sheddable
             return None
         entry.backend = backend
-        del self.ready[call.call_id]
+        del self.ready[entry.call.call_id]
         if entry.reserved and not self.gated:
             self._dispatched(entry, now)
             return Dispatch(entry, needs_reserve=False)
-        self.policy.hold(call.call_id)
-        self.taking[call.call_id] = entry
+        self.policy.hold(entry.call.call_id)
+        self.taking[entry.call.call_id] = entry
         return Dispatch(entry, needs_reserve=not entry.reserved, needs_grant=self.gated)
+
+    def _route(self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity]) -> str | None:
+        """A backend with room for the call now (another than the one it was lost on, where
+        there is another), or None."""
+        rooms = self.rooms(capacities)
+        if entry.lost_on and len(rooms) > 1:
+            rooms.pop(entry.lost_on, None)
+        return self.router.route(entry.call, entry.kv_tokens, rooms)
+
+    def reserve_slots(self, capacities: Mapping[str, BackendCapacity]) -> int:
+        """How many of the serving backends' slots `sheddable_reserve` keeps from sheddable
+        calls."""
+        serving = [room for room in capacities.values() if room.healthy]
+        slots = sum(room.running + room.waiting + room.free_slots for room in serving)
+        return math.ceil(self.sheddable_reserve * slots)
+
+    def _reserve_reached(self, capacities: Mapping[str, BackendCapacity]) -> bool:
+        """Whether no more slots are free than the reserve (so sheddable calls wait)."""
+        if self.sheddable_reserve <= 0:
+            return False
+        free = sum(room.free_slots for room in self.rooms(capacities).values() if room.healthy)
+        return free <= self.reserve_slots(capacities)
 
     def starts_at_once(
         self, call: ReadyCall, reserve_output: int, capacities: Mapping[str, BackendCapacity]
@@ -246,34 +276,74 @@ class DispatchCore(Generic[T]):
         if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
             return False  # busy as the pass counts it: calls being taken count as running
         needs = [call.prompt_tokens + reserve_output, *(e.kv_tokens for e in self.ready.values())]
-        for room in self._rooms(capacities).values():
+        for room in self.rooms(capacities).values():
             if room.healthy and room.free_slots > ready:
                 free = room.free_blocks - sum(room.blocks_for(n) for n in needs)
                 if free >= 0:
                     return True
         return False
 
-    def to_yield(self, capacities: Mapping[str, BackendCapacity]) -> CoreCall[T] | None:
-        """The running call that gives its room to the call the last `next` left waiting: the
-        newest sheddable call on a serving backend, when the waiting call is not sheddable
-        itself; None while another is still yielding (its room is not seen free yet)."""
+    def to_yield(self, now: float, capacities: Mapping[str, BackendCapacity]) -> list[CoreCall[T]]:
+        """The running calls that give their room to calls the last `next` left waiting.
+
+        While the waiting call is protected: one sheddable call (the newest on a serving
+        backend, not yielding already) for it and for each protected call the policy would
+        show after it, in its order, that has none yet: a burst of protected calls gets its
+        room from one abort each at once, not one per step. A call keeps the yield it was given
+        until it is dispatched (a backend may show the room an abort frees only a while later).
+        Else, with `share_slots`, the newest call of a tenant over its share, one at a time."""
         waiting = self.waiting
-        if waiting is None or self._yielding or waiting.call.call_id in self._yielded_to:
+        if waiting is None:
+            return []
+        if waiting.sheddable:
+            victim = self._over_share_victim(waiting, capacities)
+            return [] if victim is None else [victim]
+        victims: list[CoreCall[T]] = []
+        held: list[str] = []
+        load = self.load(capacities)
+        entry: CoreCall[T] | None = waiting
+        try:
+            while entry is not None and not entry.sheddable:
+                call_id = entry.call.call_id
+                if call_id not in self._yielded_to:
+                    victim = self._newest(capacities, lambda e: e.sheddable and not e.yielding)
+                    if victim is None:
+                        break
+                    self._mark_yielding(victim, call_id)
+                    victims.append(victim)
+                self.policy.hold(call_id)
+                held.append(call_id)
+                shown = self.policy.peek(now, load)
+                entry = None if shown is None else self.ready[shown.call_id]
+        finally:
+            for call_id in held:
+                self.policy.unhold(call_id)
+        if not victims and not self._yielding:
+            victim = self._over_share_victim(waiting, capacities)
+            victims = [] if victim is None else [victim]
+        return victims
+
+    def _over_share_victim(
+        self, waiting: CoreCall[T], capacities: Mapping[str, BackendCapacity]
+    ) -> CoreCall[T] | None:
+        """With `share_slots`: the newest call of the tenant furthest over its share of the
+        slots, to yield to `waiting` and wait until it is sent; one at a time."""
+        call_id = waiting.call.call_id
+        if not self.share_slots or self._yielding or call_id in self._yielded_to:
             return None
-        victim = None
-        if not waiting.sheddable:
-            victim = self._newest(capacities, lambda entry: entry.sheddable)
-        if victim is None and self.share_slots:
-            over = self._over_share(waiting.call.tenant_id, capacities)
-            if over is not None:
-                victim = self._newest(capacities, lambda entry: entry.call.tenant_id == over)
-                if victim is not None:
-                    victim.yields_to = waiting.call.call_id
+        over = self._over_share(waiting.call.tenant_id, capacities)
+        if over is None:
+            return None
+        victim = self._newest(capacities, lambda entry: entry.call.tenant_id == over)
         if victim is not None:
-            victim.yielding = True
-            self._yielding.add(victim.call.call_id)
-            self._yielded_to.add(waiting.call.call_id)
+            victim.yields_to = call_id
+            self._mark_yielding(victim, call_id)
         return victim
+
+    def _mark_yielding(self, victim: CoreCall[T], beneficiary: str) -> None:
+        victim.yielding = True
+        self._yielding.add(victim.call.call_id)
+        self._yielded_to.add(beneficiary)
 
     def _newest(
         self, capacities: Mapping[str, BackendCapacity], which: Callable[[CoreCall[T]], bool]
@@ -303,12 +373,15 @@ class DispatchCore(Generic[T]):
         over = max(running, key=lambda t: running[t] - share[t])
         return over if running[over] - 1 >= share[over] else None
 
-    def _rooms(self, capacities: Mapping[str, BackendCapacity]) -> dict[str, BackendCapacity]:
+    def rooms(
+        self, capacities: Mapping[str, BackendCapacity], fraction: float = 1.0
+    ) -> dict[str, BackendCapacity]:
         """Each backend's room less what the calls being taken there were promised, and its
-        slots cut to `batch_fraction` of them."""
+        slots cut to `batch_fraction` of them (or to `fraction`, when that is less)."""
         rooms = dict(capacities)
-        if self.batch_fraction < 1.0:
-            rooms = {name: _shrunk(room, self.batch_fraction) for name, room in rooms.items()}
+        fraction = min(fraction, self.batch_fraction)
+        if fraction < 1.0:
+            rooms = {name: _shrunk(room, fraction) for name, room in rooms.items()}
         for entry in self.taking.values():
             room = rooms.get(entry.backend)
             if room is not None:

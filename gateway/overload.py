@@ -2,20 +2,25 @@
 
 The dispatcher reports each call's first token (its wait from ready) and its end (its time per
 output token); the monitor (`gateway/slo.py`) answers with a level, which this applies at once:
-level 1 and up hold sheddable jobs in every pool (`hold_sheddable`; at any level their running
-calls give their room to waiting protected calls, `gateway/dispatch_core.py`), level 2 and up
-let 3/4 of each backend's batch slots be busy while tokens are what comes slow, level 3 makes
-the service refuse new jobs while no slot is left for one more protected call (`refusing`). A
-task ticks the monitor every TICK_S with each waiting call's expected wait, so a level rises
-while a queue forms and falls when calls stop finishing. Each
-change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets the dispatch
-loop use the room a lower level gives back.
+level 1 and up keep a reserve of each pool's slots free of sheddable calls
+(`sheddable_reserve`, so a protected call that comes finds a slot without waiting for one to be
+given up; at any level running sheddable calls give their room to waiting protected calls,
+`gateway/dispatch_core.py`), level 2 and up let 7/8 of each backend's batch slots be busy while
+tokens are what comes slow, level 3 makes the service refuse new jobs while no slot is left for
+the job's first calls within 7/8 of the slots (`admission`). A task ticks the monitor every
+TICK_S with each waiting call's expected wait, so a level rises while a queue forms and falls
+when calls stop finishing, but not while it is still at work (`SloMonitor.acted`): a job
+refused, or a pool with no more free slots than the reserve (the load held back would fill it
+again). Each change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets
+the dispatch loop use the room a lower level gives back.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import anyio
 
@@ -25,9 +30,23 @@ from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
 from gateway.tickets import Ticket
 
 log = logging.getLogger(__name__)
-SHRUNK_BATCH = 0.75  # the share of batch slots level 2 leaves busy
+# the share of batch slots level 2 leaves busy while tokens come slow, and the share level 3
+# admits new jobs into (its refusals keep the queue empty, so a smaller batch only makes steps,
+# and so first tokens, faster; calls admitted before still run). With a step's fixed cost, the
+# last eighth of a batch is the cheapest throughput to give up: steps about a tenth shorter for
+# 2 to 3 % fewer tokens a second
+SHRUNK_BATCH = 7 / 8
+# the share of a pool's slots level 1 keeps free of sheddable calls: the protected calls that
+# come while a few steps run (a slot's turn, at the rate calls end, is about a step at a full
+# batch: a reserve of 8 slots of 64 covers a burst of 8); it costs the sheddable work that
+# share of the batch, a few percent of throughput on a step-time model with a fixed cost
+SHEDDABLE_RESERVE = 1 / 8
 REFUSE_LEVEL = 3
 TICK_S = 0.1  # how often waiting calls are judged and the level reconsidered
+
+
+class ShedJob(Exception):
+    """A new job refused at the refusing level: no slot is left for its first calls."""
 
 
 class OverloadControl:
@@ -46,21 +65,57 @@ class OverloadControl:
         self._metrics = metrics
         self._applied = 0  # the level the pools run at
         self._changed = anyio.Event()
+        # protected calls of jobs being admitted, by pool: slots they will want, not yet ready
+        self._admitting: Counter[str] = Counter()
 
     @property
     def level(self) -> int:
         """The level the pools run at."""
         return self._applied
 
-    @property
-    def refusing(self) -> bool:
-        """New jobs are refused: the protected classes miss their targets even so, and no
-        backend has a slot for one more protected call. A slot is free, or held by a
-        sheddable call (it yields), beyond those the protected calls already waiting will
-        take: admitting only then keeps their queue empty, since a call that waits for a
-        slot waits a call's length, while the backends stay busy (one is admitted as soon
-        as a slot comes free)."""
-        return self.level >= REFUSE_LEVEL and not any(map(_has_a_slot, self._lanes))
+    @contextmanager
+    def admission(self, needs: Counter[str], sheddable: bool) -> Iterator[None]:
+        """Admit a job whose first calls want `needs` slots (by pool), or refuse it: at the
+        refusing level, while some pool it needs has no slot for them, a job is refused
+        (`ShedJob`); otherwise its protected calls hold their slots in the count until the
+        block ends (the job submitted, its calls ready; or its admission failed), so that
+        jobs admitted at the same moment do not all count the same free slot.
+
+        A slot is free, or held by a sheddable call (it yields), beyond those the protected
+        calls already waiting (or being admitted) will take: admitting only then keeps their
+        queue empty, since a call that waits for a slot waits a call's length, while the
+        backends stay busy (one is admitted as soon as a slot comes free). A refusal also
+        keeps the level up (`SloMonitor.acted`): the load it turns away would queue again."""
+        if self.level >= REFUSE_LEVEL and any(
+            self._spare(lane, yielding=True, fraction=SHRUNK_BATCH) < n
+            for lane in self._lanes
+            if (n := needs[lane.model])
+        ):
+            self.monitor.acted(self._clock())
+            raise ShedJob
+        held = Counter() if sheddable else needs
+        self._admitting.update(held)
+        try:
+            yield
+        finally:
+            self._admitting.subtract(held)
+
+    def _spare(self, lane: Lane, yielding: bool, fraction: float = 1.0) -> int:
+        """Free slots of the pool's serving backends, within `fraction` of their slots and the
+        batch target (and, `yielding`, those of sheddable calls that would give theirs up),
+        left once the protected calls waiting for room, and those being admitted, take theirs."""
+        core = lane.core
+        rooms = core.rooms(lane.capacities(), fraction).values()
+        free = sum(room.free_slots for room in rooms if room.healthy)
+        if yielding:
+            free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
+        waiting = sum(not entry.sheddable for entry in core.ready.values())
+        return free - waiting - self._admitting[lane.model]
+
+    def _short(self, lane: Lane) -> bool:
+        """The pool has no more spare slots than level 1's reserve: letting in what the
+        level holds back would fill it."""
+        return self._spare(lane, yielding=False) <= lane.core.reserve_slots(lane.capacities())
 
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
         tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
@@ -90,6 +145,8 @@ class OverloadControl:
         for ticket, wait in self._expected_waits(now):
             call = ticket.call
             self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
+        if self.level >= 1 and any(map(self._short, self._lanes)):
+            self.monitor.acted(now)
         self._apply(self.monitor.update(now))
 
     def _expected_waits(self, now: float) -> Iterator[tuple[Ticket, float]]:
@@ -127,7 +184,7 @@ class OverloadControl:
             return
         shrink = level >= 2 and self.monitor.tokens_slow(self._clock())
         for lane in self._lanes:
-            lane.core.hold_sheddable = level >= 1
+            lane.core.sheddable_reserve = SHEDDABLE_RESERVE if level >= 1 else 0.0
             lane.core.batch_fraction = SHRUNK_BATCH if shrink else 1.0
         self._applied = level
         log.warning("overload level %d: %s", level, LEVEL_NAMES[level])
@@ -136,14 +193,6 @@ class OverloadControl:
         self._on_change()
         self._changed.set()
         self._changed = anyio.Event()
-
-
-def _has_a_slot(lane: Lane) -> bool:
-    core = lane.core
-    free = sum(room.free_slots for room in lane.capacities().values() if room.healthy)
-    free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
-    waiting = (*core.ready.values(), *core.taking.values())
-    return free > sum(not entry.sheddable for entry in waiting)
 
 
 def _sheddable(ticket: Ticket) -> bool:

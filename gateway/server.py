@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import make_asgi_app
 
 from engine import AsyncEngine, LLMEngine
+from engine.heap import freeze_startup_heap
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
 from gateway.auth import AuthInterceptor, FailureThrottle
@@ -427,6 +428,7 @@ async def serve(settings: Settings) -> None:
         async with running_gateway(
             settings, tracer_provider=provider, meter_provider=meters
         ) as gateway:
+            freeze_startup_heap()
             print(f"fairgate serving on {settings.host}:{gateway.port}", flush=True)
             if gateway.metrics_port is not None:
                 where = f"{settings.metrics_host}:{gateway.metrics_port}"

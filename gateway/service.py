@@ -59,6 +59,7 @@ from gateway.job_run import JobEnded, JobEvent, JobRun, TokensAdded
 from gateway.jobs import ChatMessage, JobLimits, JobSpec, NodeSpec, validate_job
 from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
+from gateway.overload import ShedJob
 from gateway.registry import JobRegistry
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
@@ -147,16 +148,35 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         validate_job(spec, limits, now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
+        run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
+        run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
+        async with self._slots(run):
+            return await self._admit_run(run, quota, key_id, epochs)
+
+    @asynccontextmanager
+    async def _slots(self, run: JobRun) -> AsyncIterator[None]:
+        """Under overload control, the job is refused (SLO_SHED) or holds the slots its first
+        calls want until it is submitted."""
         overload = self.dispatcher.overload
-        if overload is not None and overload.refusing:
+        if overload is None:
+            yield
+            return
+        needs = Counter(self.dispatcher.lane_of(run, n).model for n in run.dag.roots())
+        try:
+            with overload.admission(needs, sheddable=run.spec.priority < 0):
+                yield
+        except ShedJob:
             if self.dispatcher.metrics is not None:
-                self.dispatcher.metrics.shed(tenant_id)
+                self.dispatcher.metrics.shed(run.tenant_id)
             message = "the gateway misses its latency targets: new jobs are refused; retry later"
             retry = overload.monitor.config.hold_s
             add_shed_event(trace.get_current_span(), "SLO_SHED", retry_after_s=retry)
-            raise Overloaded(message, retry, reason="SLO_SHED")
-        run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
-        run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
+            raise Overloaded(message, retry, reason="SLO_SHED") from None
+
+    async def _admit_run(
+        self, run: JobRun, quota: TenantQuota, key_id: str, epochs: tuple[int, int]
+    ) -> JobRun:
+        tenant_id = run.tenant_id
         admitted = await self.dispatcher.admit(run, quota)
         if self.journaling is not None:  # journaled before anyone hears of it
             try:

@@ -14,18 +14,23 @@ The monitor keeps the verdicts of the last `window_s` seconds and, once `min_cal
 in, compares the share that missed with `threshold`:
 
     level 0  normal
-    level 1  hold sheddable work (negative-priority jobs wait while protected work runs)
-    level 2  also shrink the batch target (3/4 of the backends' slots) while most misses are
+    level 1  hold sheddable work back (negative-priority calls run only in slots beyond a
+             reserve kept free for protected calls to come)
+    level 2  also shrink the batch target (7/8 of the backends' slots) while most misses are
              per-token ones, so admitted calls stream faster (it would only lengthen the queue
              that slow first tokens come from)
     level 3  also refuse new jobs (UNAVAILABLE, ErrorInfo SLO_SHED, RetryInfo) while no
-             backend slot is left for one more protected call: admission held to what the
-             backends drain, with no queue for a slot
+             slot is left for their first calls within 7/8 of the backends' slots: admission
+             held to what the backends drain, with no queue for a slot, and a batch an eighth
+             smaller (with no queue, shorter steps are faster first tokens too)
 
 Over the threshold it escalates one level, at most once per `rise_s` (quickly: a queue that
 grows past the targets grows fast); under half the threshold, or with too few verdicts to tell
 (little is running), it steps back one level, at most once per `hold_s` (slowly: hysteresis, a
-level is held long enough for its effect to show in the window before the load is let back).
+level is held long enough for its effect to show in the window before the load is let back),
+and not within `hold_s` of the level's last act (`acted`: a job refused, or the work held back
+found to fill the room): while it acts, the load it holds back is still there, and letting it
+in would queue it again.
 Pure: `now` is passed in; the dispatcher applies the levels and ticks it while nothing ends.
 """
 
@@ -78,6 +83,7 @@ class SloMonitor:
         self._ends: deque[float] = deque()  # when calls ended, over the window
         self.level = 0
         self._changed_at = now - max(config.hold_s, config.rise_s)
+        self._acted_at = self._changed_at
 
     def first_token(
         self, call_id: str, tenant: str, sheddable: bool, ttft_s: float, now: float
@@ -128,11 +134,16 @@ class SloMonitor:
         config = self.config
         over = rate is not None and rate > config.threshold
         under = rate is None or rate < config.threshold / 2
+        idle = now - self._acted_at >= config.hold_s
         if over and self.level < MAX_LEVEL and since >= config.rise_s:
             self._set(self.level + 1, now)
-        elif under and self.level > 0 and since >= config.hold_s:
+        elif under and idle and self.level > 0 and since >= config.hold_s:
             self._set(self.level - 1, now)
         return self.level
+
+    def acted(self, now: float) -> None:
+        """The level just acted (held load back): it holds for `hold_s` more at least."""
+        self._acted_at = now
 
     def _set(self, level: int, now: float) -> None:
         self.level, self._changed_at = level, now

@@ -22,6 +22,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from engine.async_engine import AsyncEngine
+from engine.heap import freeze_startup_heap
 from engine.llm import LLMEngine
 from engine.openai_api.app import MAX_BODY_BYTES, MAX_PROMPT_CHARS, build_app
 
@@ -99,6 +100,7 @@ async def serve(
             listening_socket(host, port) as sock,
         ):
             async with running_server(app, sock, grace_s):
+                freeze_startup_heap()
                 on_listening(host, sock.getsockname()[1])
                 async for _ in signals:
                     return

@@ -1,16 +1,19 @@
 import logging
+import threading
 
 import anyio
 import pytest
 
 from engine.async_engine import AsyncEngine, RequestStream, TokenDelta
+from engine.config import EngineConfig
 from engine.errors import InvalidRequest
 from engine.llm import LLMEngine
 from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason
 from engine.sampling import SamplingParams
 from engine.scheduler import StepResult
-from tests.engine.factories import make_flaky_engine, make_sim_engine
+from engine.sim_runner import SimulatedRunner
+from tests.engine.factories import STEP_MODEL, make_flaky_engine, make_sim_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -90,6 +93,49 @@ async def test_capacity_counts_a_waiting_request_with_its_predicted_output() -> 
             assert engine.capacity.free_blocks == 4 and engine.capacity.free_seqs == slots - 1
             async with engine.add_request(prompt, params, predicted_output_len=100):
                 assert engine.capacity.free_blocks == 0  # capped at max_tokens: 4 blocks
+
+
+class GatedRunner:
+    """A simulated runner whose steps wait for `release` once `gate` is set: a step held in
+    flight for as long as a test needs."""
+
+    def __init__(self, runner: SimulatedRunner) -> None:
+        self.runner = runner
+        self.eos_token_ids = runner.eos_token_ids
+        self.hidden_size = runner.hidden_size
+        self.gate, self.entered, self.release = (threading.Event() for _ in range(3))
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        if self.gate.is_set():
+            self.entered.set()
+            self.release.wait(5)
+        return self.runner.execute(plan)
+
+
+async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=8, block_size=4, max_model_len=4096, max_num_seqs=4)
+    core = LLMEngine(config, runner=runner, num_blocks=8)
+    async with AsyncEngine(core) as engine:
+        stream = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=20))
+        async for _ in stream:  # admitted and stepping: its prompt's 2 blocks held
+            break
+        runner.gate.set()
+        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (3, 6)
+        engine.abort(stream.request_id)
+        await stream.aclose()
+        # before the step ends, its slot is one the next step has (its blocks, which the
+        # step may be growing, are counted when it ends)
+        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (4, 6)
+        other = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=4))
+        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (3, 4)
+        runner.release.set()
+        runner.gate.clear()
+        deltas = await collect(other)
+        assert sum(len(d.token_ids) for d in deltas) == 4
+        await until_idle(core)
+    assert_all_blocks_free(core)
 
 
 async def collect(stream: RequestStream) -> list[TokenDelta]:

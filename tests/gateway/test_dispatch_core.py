@@ -268,12 +268,12 @@ def test_a_waiting_protected_call_takes_the_room_of_the_newest_sheddable_call() 
     add_job(core, "fg", now=1.0, tenant="gold")
     full = {"x": room(free_slots=0, running=3)}
     assert core.next(1.0, full) is None and core.waiting is not None
-    victim = core.to_yield(full)
+    [victim] = core.to_yield(1.0, full)
     assert victim is not None and victim.call.call_id == "bg/n2"  # the newest loses least
-    assert core.to_yield(full) is None  # one at a time: its room is not seen free yet
+    assert core.to_yield(1.0, full) == []  # it has its one: its room is not seen free yet
     assert core.yielded("bg/n2", 1.5) is victim and victim.yields == 1
     # its backend does not show the room yet: the waiting call has had its one yield
-    assert core.next(1.5, full) is None and core.to_yield(full) is None
+    assert core.next(1.5, full) is None and core.to_yield(1.5, full) == []
     assert set(core.ready) == {"bg/n2", "fg/n0"}
     # the freed slot goes to the protected call although fcfs puts the older job first
     assert run_all(core, 2.0, slots=1, running=2) == ["fg/n0"]
@@ -283,24 +283,58 @@ def test_a_waiting_protected_call_takes_the_room_of_the_newest_sheddable_call() 
     assert core.lost("bg/n2", 4.0) is victim
 
 
+def test_a_burst_of_protected_calls_gets_one_yield_each_at_once() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", nodes=4, tenant="batch", priority=-1)
+    assert run_all(core, 0.0, slots=4) == ["bg/n0", "bg/n1", "bg/n2", "bg/n3"]
+    add_job(core, "g1", now=1.0, tenant="gold")
+    add_job(core, "g2", now=1.1, tenant="gold", nodes=2)
+    full = {"x": room(free_slots=0, running=4)}
+    assert core.next(1.2, full) is None
+    victims = core.to_yield(1.2, full)  # the three protected calls' rooms, newest first
+    assert [v.call.call_id for v in victims] == ["bg/n3", "bg/n2", "bg/n1"]
+    assert core.to_yield(1.2, full) == []  # each waiting call has its one
+    # the aborts sent, the backend shows their room (before their streams have ended here)
+    started = run_all(core, 1.3, slots=3, running=1)
+    assert started == ["g1/n0", "g2/n0", "g2/n1"]
+    assert core.to_yield(1.3, full) == []  # nobody else yields for the same calls
+    for victim in victims:  # their streams end: they wait among the ready calls
+        assert core.yielded(victim.call.call_id, 1.5) is victim
+        assert core.next(1.5, full) is None and core.to_yield(1.5, full) == []
+
+
+def test_a_protected_call_behind_a_waiting_sheddable_one_is_the_one_that_waits() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", nodes=5, tenant="batch", priority=-1)  # older: first in fcfs order
+    assert run_all(core, 0.0, slots=3) == ["bg/n0", "bg/n1", "bg/n2"]
+    add_job(core, "fg", now=1.0, tenant="gold")
+    full = {"x": room(free_slots=0, running=3)}
+    assert core.next(1.0, full) is None
+    assert core.waiting is not None and core.waiting.call.call_id == "fg/n0"
+    assert [v.call.call_id for v in core.to_yield(1.0, full)] == ["bg/n2"]
+
+
 def test_no_call_yields_to_a_sheddable_call_or_on_a_backend_that_does_not_serve() -> None:
     core = make_core("fcfs")
     add_job(core, "bg", nodes=2, tenant="batch", priority=-1)
     assert run_all(core, 0.0, slots=1) == ["bg/n0"]
     assert core.next(0.0, {"x": room(free_slots=0, running=1)}) is None
-    assert core.to_yield({"x": room(free_slots=0, running=1)}) is None  # bg/n1 is sheddable
+    assert core.to_yield(0.0, {"x": room(free_slots=0, running=1)}) == []  # bg/n1 is sheddable
     add_job(core, "fg", now=1.0, tenant="gold")
     assert core.next(1.0, {"x": room(free_slots=0, running=1)}) is None
-    assert core.to_yield({"x": room(free_slots=0, running=1, healthy=False)}) is None
+    assert core.to_yield(1.0, {"x": room(free_slots=0, running=1, healthy=False)}) == []
 
 
-def test_held_sheddable_calls_wait_even_with_room() -> None:
+def test_sheddable_calls_leave_the_reserve_of_slots_free_and_protected_ones_take_it() -> None:
     core = make_core("fcfs")
-    add_job(core, "bg", tenant="batch", priority=-1)
-    core.hold_sheddable = True
-    assert core.next(0.0, {"x": room()}) is None and not core.blocked
-    core.hold_sheddable = False
-    assert run_all(core, 0.0, slots=8) == ["bg/n0"]
+    add_job(core, "bg", nodes=14, tenant="batch", priority=-1)
+    core.sheddable_reserve = 0.25  # 4 of 16 slots
+    assert len(run_all(core, 0.0, slots=16)) == 12  # 4 left free, 2 calls left waiting
+    assert core.next(0.0, {"x": room(free_slots=4, running=12)}) is None and not core.blocked
+    add_job(core, "fg", nodes=4, now=1.0, tenant="gold")
+    assert run_all(core, 1.0, slots=4, running=12) == [f"fg/n{i}" for i in range(4)]
+    core.sheddable_reserve = 0.0  # the level falls: the waiting sheddable calls may run
+    assert run_all(core, 2.0, slots=2, running=16) == ["bg/n12", "bg/n13"]
 
 
 def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> None:
@@ -311,10 +345,10 @@ def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> No
     add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=4)}
     # fcfs shows heavy/n4 first: a call of the tenant over its share waits, and takes nothing
-    assert core.next(1.0, full) is None and core.to_yield(full) is None
+    assert core.next(1.0, full) is None and core.to_yield(1.0, full) == []
     core.drop("heavy/n4", 1.0)
     assert core.next(1.0, full) is None  # now the light call waits: 2 slots are its share
-    victim = core.to_yield(full)
+    [victim] = core.to_yield(1.0, full)
     assert victim is not None and victim.call.call_id == "heavy/n3"
     core.yielded("heavy/n3", 1.5)
     # the freed slot is the light call's, though fcfs would put the heavy job's call first
@@ -330,11 +364,11 @@ def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() 
     assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "other/n0"]
     add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=4)}
-    assert core.next(1.0, full) is None and core.to_yield(full) is None  # share_slots off
+    assert core.next(1.0, full) is None and core.to_yield(1.0, full) == []  # share_slots off
     core.share_slots = True
     # 4 slots among 3 tenants, 4/3 each: h runs 3 and would keep 2: it yields
     assert core.next(1.0, full) is None
-    victim = core.to_yield(full)
+    [victim] = core.to_yield(1.0, full)
     assert victim is not None and victim.call.call_id == "heavy/n2"
 
     even = make_core("fcfs")
@@ -344,7 +378,7 @@ def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() 
     assert len(run_all(even, 0.0, slots=4)) == 4
     add_job(even, "light", now=1.0, tenant="l")
     # h and o run 2 each: either would keep 1, under its share of 4/3: nobody yields
-    assert even.next(1.0, full) is None and even.to_yield(full) is None
+    assert even.next(1.0, full) is None and even.to_yield(1.0, full) == []
 
 
 def test_weights_size_the_shares() -> None:
@@ -358,10 +392,10 @@ def test_weights_size_the_shares() -> None:
     add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=3)}
     # weights 3:1 over 3 slots: the light tenant's share is 3/4 of a slot, under one call
-    assert core.next(1.0, full) is None and core.to_yield(full) is None
+    assert core.next(1.0, full) is None and core.to_yield(1.0, full) == []
     core.add_job(JobInfo("heavy4", "h", 1.0, 2.0, costs), 2.0)  # weights 1:1: 1.5 slots each
     assert core.next(2.0, full) is None
-    victim = core.to_yield(full)
+    [victim] = core.to_yield(2.0, full)
     assert victim is not None and victim.call.tenant_id == "h"
 
 

@@ -42,6 +42,18 @@ def test_the_level_falls_when_misses_fall_below_half_the_threshold_or_calls_stop
     assert m.update(30.0) == 0  # nothing in the window: nothing to show overload
 
 
+def test_a_level_that_still_acts_does_not_step_down() -> None:
+    m = monitor()
+    for i in range(10):
+        m.first_token("c", "t", False, 3.0, now=0.01 * i)
+    assert m.level == 1
+    m.acted(15.0)  # it refused a job (or found the room full) with no miss in the window
+    assert m.update(15.5) == 1 and m.update(15.9) == 1  # within hold_s of its last act
+    m.acted(16.5)
+    assert m.update(17.0) == 1
+    assert m.update(17.6) == 0  # idle for hold_s: the load it held back has gone
+
+
 def test_each_tenant_is_judged_by_its_own_target_and_sheddable_calls_not_at_all() -> None:
     m = monitor(min_calls=1)
     m.first_token("c", "vip", False, 0.5, now=0.0)  # vip's target is 0.2 s

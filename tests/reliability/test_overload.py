@@ -33,7 +33,7 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
         with anyio.fail_after(10):
             await overload.until(lambda level: level == 3)  # one step per first token
         lanes = h.gateway.dispatcher.lanes.values()
-        assert all(lane.core.hold_sheddable for lane in lanes)
+        assert all(lane.core.sheddable_reserve > 0 for lane in lanes)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await h.submit("acme", roots(1))
         code, details = status_of(refused.value)
@@ -44,8 +44,43 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
         assert (await h.finished("acme", running.job_id)).state == pb.JOB_STATE_SUCCEEDED
         with anyio.fail_after(10):
             await overload.until(lambda level: level == 0)  # the window empties
-        assert not any(lane.core.hold_sheddable for lane in lanes)
+        assert not any(lane.core.sheddable_reserve for lane in lanes)
         await h.unharmed()  # new jobs are taken again
+
+
+async def test_jobs_submitted_at_once_at_the_refusing_level_never_count_the_same_slot() -> None:
+    held = {"slo_min_calls": 1, "slo_hold_s": 600.0, "slo_rise_s": 0.0, "slo_window_s": 600.0}
+    async with reliable_gateway(core=sim_core(0.05), slo_targets=MISSED_BY_ALL, **held) as h:
+        await h.tenant("acme", max_concurrent_calls=0)
+        await h.tenant("gold", max_concurrent_calls=0)
+        running = await h.submit("acme", roots(100, 500))  # no call ends during the test
+        overload = h.gateway.dispatcher.overload
+        assert overload is not None
+        with anyio.fail_after(10):
+            await overload.until(lambda level: level == 3)
+        [lane] = h.gateway.dispatcher.lanes.values()
+        [room] = lane.capacities().values()
+        assert room.running + room.waiting == 100 and not lane.core.ready
+        # this level admits into 7/8 of the 128 slots: room for 12 more calls
+        outcomes: list[str] = []
+
+        async def submit_one() -> None:
+            try:
+                job = await h.submit("gold", roots(1, 500))
+                outcomes.append("admitted")
+                await h.stub.CancelJob(
+                    pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("gold")
+                )
+            except grpc.aio.AioRpcError as refused:
+                _, details = status_of(refused)
+                reasons = [d.reason for d in details if isinstance(d, error_details_pb2.ErrorInfo)]
+                outcomes.extend(reasons)
+
+        async with anyio.create_task_group() as tg:  # all admitted at once, each awaiting its
+            for _ in range(20):  # quota in the store between the check and its call's start
+                tg.start_soon(submit_one)
+        assert sorted(outcomes) == ["SLO_SHED"] * 8 + ["admitted"] * 12
+        await h.stub.CancelJob(pb.CancelJobRequest(job_id=running.job_id), metadata=h.auth("acme"))
 
 
 async def test_a_sheddable_call_gives_its_slot_to_a_protected_call_and_runs_again() -> None:
