@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from engine.errors import DuplicateRequest, EngineClosed
 from engine.llm import LLMEngine, RequestOutput
-from engine.request import FinishReason, Request
+from engine.request import FinishReason, Request, RequestStatus
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity
 
@@ -201,16 +201,16 @@ class AsyncEngine:
             self._capacity = self.core.scheduler.capacity()
 
     def _capacity_after(self, request: Request) -> Capacity:
+        """The capacity once a request added while a step runs is waiting."""
         cap = self._capacity
-        return (
-            dataclasses.replace(
-                cap,
-                free_blocks=cap.free_blocks
-                - self.core.block_manager.blocks_for(self.core.scheduler.waiting_tokens(request)),
-                free_seqs=cap.free_seqs - 1,
-            )
-            if self._stepping
-            else cap
+        if not self._stepping:
+            return cap
+        blocks = self.core.block_manager.blocks_for(self.core.scheduler.waiting_tokens(request))
+        return dataclasses.replace(
+            cap,
+            free_blocks=cap.free_blocks - blocks,
+            free_seqs=cap.free_seqs - 1,
+            num_waiting=cap.num_waiting + 1,
         )
 
     def _capacity_without(self, request_id: str) -> Capacity:
@@ -218,9 +218,16 @@ class AsyncEngine:
         blocks when the step ends (the step in flight may be growing them: what it frees is
         known only then)."""
         cap = self._capacity
-        if not self._stepping or request_id not in self.core.scheduler.requests:
+        request = self.core.scheduler.requests.get(request_id)
+        if not self._stepping or request is None:
             return cap
-        return dataclasses.replace(cap, free_seqs=cap.free_seqs + 1)
+        running = request.status is RequestStatus.RUNNING
+        return dataclasses.replace(
+            cap,
+            free_seqs=cap.free_seqs + 1,
+            num_running=cap.num_running - running,
+            num_waiting=cap.num_waiting - (not running),
+        )
 
     @property
     def healthy(self) -> bool:

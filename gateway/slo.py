@@ -16,12 +16,12 @@ in, compares the share that missed with `threshold`:
     level 0  normal
     level 1  hold sheddable work back (negative-priority calls run only in slots beyond a
              reserve kept free for protected calls to come)
-    level 2  also shrink the batch target (7/8 of the backends' slots) while most misses are
+    level 2  also shrink the batch target (3/4 of the backends' slots) while most misses are
              per-token ones, so admitted calls stream faster (it would only lengthen the queue
              that slow first tokens come from)
     level 3  also refuse new jobs (UNAVAILABLE, ErrorInfo SLO_SHED, RetryInfo) while no
-             slot is left for their first calls within 7/8 of the backends' slots: admission
-             held to what the backends drain, with no queue for a slot, and a batch an eighth
+             slot is left for their first calls within 3/4 of the backends' slots: admission
+             held to what the backends drain, with no queue for a slot, and a batch a quarter
              smaller (with no queue, shorter steps are faster first tokens too)
 
 Over the threshold it escalates one level, at most once per `rise_s` (quickly: a queue that

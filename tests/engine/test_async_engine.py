@@ -122,14 +122,19 @@ async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
             break
         runner.gate.set()
         await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
-        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (3, 6)
+
+        def seen() -> tuple[int, int, int, int]:
+            cap = engine.capacity
+            return cap.free_seqs, cap.num_running, cap.num_waiting, cap.free_blocks
+
+        assert seen() == (3, 1, 0, 6)
         engine.abort(stream.request_id)
         await stream.aclose()
         # before the step ends, its slot is one the next step has (its blocks, which the
         # step may be growing, are counted when it ends)
-        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (4, 6)
+        assert seen() == (4, 0, 0, 6)
         other = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=4))
-        assert (engine.capacity.free_seqs, engine.capacity.free_blocks) == (3, 4)
+        assert seen() == (3, 0, 1, 4)  # waiting, with its prompt's 2 blocks
         runner.release.set()
         runner.gate.clear()
         deltas = await collect(other)
