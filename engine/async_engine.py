@@ -4,7 +4,10 @@ The step loop is a task in the engine's own task group; each model step runs in 
 thread so the event loop keeps serving while the model computes. Everything that changes the
 scheduler (add, abort, priority) happens on the event loop between steps: while a step is in
 flight such changes are queued and applied the moment it returns, so an abort frees the
-request's blocks at once, or at the end of the step that is using them.
+request's blocks at once, or at the end of the step that is using them. `capacity` counts what
+the next step will have: the requests added while a step runs (waiting) and the slots of those
+aborted meanwhile (free; they still run, with their blocks, until the step ends), so a gateway
+can send a call into the slot of one it aborts and the step's end takes both.
 
 A failing step never ends the loop. When the model runner raises, the core fails that step's
 requests with `FinishReason.ERROR`; when anything else in a step raises (the scheduler's update,
@@ -33,7 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from engine.errors import DuplicateRequest, EngineClosed
 from engine.llm import LLMEngine, RequestOutput
-from engine.request import FinishReason, Request, RequestStatus
+from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity
 
@@ -214,20 +217,13 @@ class AsyncEngine:
         )
 
     def _capacity_without(self, request_id: str) -> Capacity:
-        """The capacity once a request aborted while a step runs is gone: its slot now, its
-        blocks when the step ends (the step in flight may be growing them: what it frees is
-        known only then)."""
+        """The capacity once a request aborted while a step runs is gone: its slot is free for
+        the next step now; it still counts as running, with its blocks, until the step ends
+        (the step may be growing them: what it frees is known only then)."""
         cap = self._capacity
-        request = self.core.scheduler.requests.get(request_id)
-        if not self._stepping or request is None:
+        if not self._stepping or request_id not in self.core.scheduler.requests:
             return cap
-        running = request.status is RequestStatus.RUNNING
-        return dataclasses.replace(
-            cap,
-            free_seqs=cap.free_seqs + 1,
-            num_running=cap.num_running - running,
-            num_waiting=cap.num_waiting - (not running),
-        )
+        return dataclasses.replace(cap, free_seqs=cap.free_seqs + 1)
 
     @property
     def healthy(self) -> bool:

@@ -130,11 +130,11 @@ async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
         assert seen() == (3, 1, 0, 6)
         engine.abort(stream.request_id)
         await stream.aclose()
-        # before the step ends, its slot is one the next step has (its blocks, which the
-        # step may be growing, are counted when it ends)
-        assert seen() == (4, 0, 0, 6)
+        # before the step ends, its slot is one the next step has; it runs, holding its
+        # blocks (which the step may be growing), until the step ends
+        assert seen() == (4, 1, 0, 6)
         other = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=4))
-        assert seen() == (3, 0, 1, 4)  # waiting, with its prompt's 2 blocks
+        assert seen() == (3, 1, 1, 4)  # waiting, with its prompt's 2 blocks
         runner.release.set()
         runner.gate.clear()
         deltas = await collect(other)
