@@ -25,7 +25,16 @@ async def test_a_killed_replica_loses_no_job(redis: RedisServer, tmp_path: Path)
     async with engine_servers(tmp_path, 2, step_s=0.02) as servers:
         backends = [backend_of(s, tmp_path) for s in servers]
         run = await run_with_a_kill(redis.url, backends, tmp_path, jobs=30)
-    assert (run.lost_jobs, run.duplicate_events, run.gaps) == (0, 0, 0)
+    lost = [
+        (
+            w.job_id,
+            w.switches,
+            None if w.job is None else (w.job.state, [n.reason for n in w.job.nodes]),
+        )
+        for w in run.watchers
+        if w.job is None or w.job.state != pb.JOB_STATE_SUCCEEDED
+    ]
+    assert (run.lost_jobs, run.duplicate_events, run.gaps) == (0, 0, 0), lost
     for watcher in run.watchers:
         sequences = [e.sequence for e in watcher.events]
         assert sequences == list(range(1, len(sequences) + 1)), watcher.job_id
