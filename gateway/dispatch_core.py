@@ -255,9 +255,7 @@ class DispatchCore(Generic[T]):
     def reserve_slots(self, capacities: Mapping[str, BackendCapacity]) -> int:
         """How many of the serving backends' slots `sheddable_reserve` keeps from sheddable
         calls."""
-        serving = [room for room in capacities.values() if room.healthy]
-        slots = sum(room.running + room.waiting + room.free_slots for room in serving)
-        return math.ceil(self.sheddable_reserve * slots)
+        return math.ceil(self.sheddable_reserve * _serving_slots(capacities))
 
     def _reserve_reached(self, capacities: Mapping[str, BackendCapacity]) -> bool:
         """Whether no more slots are free than the reserve (so sheddable calls wait)."""
@@ -360,7 +358,7 @@ class DispatchCore(Generic[T]):
         weighted share of the serving slots, and the one furthest over its own share would
         still hold at least that share after giving one up; None when there is none."""
         serving = {name: room for name, room in capacities.items() if room.healthy}
-        slots = sum(room.running + room.waiting + room.free_slots for room in serving.values())
+        slots = _serving_slots(serving)
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
         backlogged = {*running, *(entry.call.tenant_id for entry in self.ready.values())}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}
@@ -632,6 +630,11 @@ def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
     return dataclasses.replace(
         room, free_blocks=room.free_blocks - blocks, free_slots=room.free_slots - 1
     )
+
+
+def _serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
+    """The batch slots of the backends that serve: busy or free."""
+    return sum(r.running + r.waiting + r.free_slots for r in capacities.values() if r.healthy)
 
 
 def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:
