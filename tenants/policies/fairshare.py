@@ -10,7 +10,9 @@ finish under this sharing if nothing more arrived: `F_j = V + S_j / w_T` with
 invariant while V advances; they change only when the tenant's own jobs change (arrival, re-keyed
 cost, weight). Invariants: a tenant's GPS-remaining costs g are >= 0 and refer to its `v_ref`; its
 `total` is their sum; a job that left the real system (a ghost) keeps its share until its g
-drains, as under GPS; every live job with g > 0 has the tag its tenant's state implies.
+drains, as under GPS; every live job with g > 0 has the tag its tenant's state implies. Each
+tenant's `lead` is the real system's service to its jobs less GPS's up to its `v_ref` (reset with
+the tenant's share when GPS holds nothing more of it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class _TenantShare:
     remaining: dict[str, float] = field(default_factory=dict)  # job id -> GPS-remaining cost
     ghosts: set[str] = field(default_factory=set)  # jobs gone from the real system
     total: float = 0.0
+    lead: float = 0.0  # the real system's service to the tenant's jobs less GPS's
 
     @property
     def last_finish(self) -> float:
@@ -109,9 +112,30 @@ class FairShareClock:
             self._tags[job_id] = min(self._tags[job_id], self.v)
         self._retag(share)
 
-    def serve(self, work: float) -> None:
-        """The real system did `work` KV token-time: GPS serves the same amount."""
-        self._pending_work += max(0.0, work)
+    def serve(self, job_id: str, work: float) -> None:
+        """The real system did `work` KV token-time for the job: GPS serves the same amount."""
+        work = max(0.0, work)
+        self._pending_work += work
+        self._shares[self._tenant_of[job_id]].lead += work
+
+    def lead(self, tenant_id: str) -> float:
+        """How far GPS lags the real system's service to the tenant, in virtual time: the KV
+        token-time served to its jobs beyond what GPS served them, over its weight (negative:
+        GPS is ahead); 0 for a tenant GPS holds nothing of (it starts afresh)."""
+        self._apply_work()
+        share = self._shares.get(tenant_id)
+        if share is None:
+            return 0.0
+        # what `_sync` would drain now: PS spreads it over the tenant's jobs, all of it while
+        # they have cost left
+        drained = min(share.weight * (self.v - share.v_ref), share.total)
+        return (share.lead - drained) / share.weight
+
+    def virtual_time(self, work: float) -> float:
+        """How far V moves while the real system serves `work` to the GPS-active tenants."""
+        self._apply_work()
+        weights = sum(s.weight for s in self._shares.values() if s.last_finish > self.v)
+        return work / weights if weights else 0.0
 
     def release(self, job_id: str) -> None:
         """The job left the real system; GPS keeps serving what it had left."""
@@ -143,7 +167,8 @@ class FairShareClock:
     def _sync(self, share: _TenantShare) -> None:
         _drain(share.remaining, share.weight * (self.v - share.v_ref))
         share.v_ref = self.v
-        share.total = sum(share.remaining.values())
+        before, share.total = share.total, sum(share.remaining.values())
+        share.lead -= before - share.total
         self._drop_finished_ghosts(share)
 
     def _drop_finished_ghosts(self, share: _TenantShare) -> None:

@@ -8,7 +8,14 @@ the call becomes ready, a prediction refined once it is prefilled replaces that 
 it has produced), and the truth replaces all when it finishes. A call that runs past its
 estimate is charged the excess at once, token by token, so its job's tag moves later while it runs
 and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
-its ready calls, then the next (work-conserving). Knee: when the engine reports one and already
+its ready calls, then the next (work-conserving). Shares: the jobs of a tenant ahead of its
+share go after every other tenant's (chains, below, aside), as WF2Q serves only packets GPS has
+started; ahead means that the real system has served and committed (the estimated rest of its
+running calls) more than GPS has served it, by more than the virtual time the engine takes to
+serve the backlog's largest call. Tags are finish times, and by them alone a backlogged tenant
+of large weight with many jobs runs far ahead of its share, since a tenant's tags spread by its
+job count over its weight (a saturated engine, weights 1:2:4, 32 jobs each: 0.655 of the service
+to weight 4's 0.571). Knee: when the engine reports one and already
 runs that many calls, only the first `pampered_jobs` active jobs by tag and the job with the
 longest remaining critical path (defined below; the first to arrive on a tie) may still be
 admitted, in tag order; both are chosen among all active jobs, so one that is thinking (no ready
@@ -75,13 +82,15 @@ class JustitiaPolicy(BookPolicy):
         self._pampered_jobs = pampered_jobs
         self._clock = FairShareClock()
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
-        # job -> (critical path, total) of its unfinished nodes' predicted output tokens and the
-        # most calls on a path of them; a job in `_stale` is recomputed at the next peek, which
-        # also fixes `_drain` for its keys
-        self._remaining: dict[str, tuple[float, float, int]] = {}
+        # job -> (critical path, total) of its unfinished nodes' predicted output tokens, the
+        # most calls on a path of them and the largest KV token-time of one of them; a job in
+        # `_stale` is recomputed at the next peek, which also fixes `_drain` and `_slack`
+        self._remaining: dict[str, tuple[float, float, int, float]] = {}
         self._remaining_total = 0.0  # the sum of the totals in `_remaining`
         self._stale: set[str] = set()
         self._drain = math.inf  # steps to drain the backlog: set by `_eligible_jobs`, read by keys
+        self._slack = 0.0  # the lead a tenant may take (virtual time): set by `_eligible_jobs`
+        self._committed: dict[str, float] = {}  # tenant -> its running calls' estimated cost left
 
     @property
     def pampered_jobs(self) -> int:
@@ -115,10 +124,20 @@ class JustitiaPolicy(BookPolicy):
         return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
 
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
-        return (not self._is_chain(job), *self._rank(job))
+        return (not self._is_chain(job), self._ahead(job), *self._rank(job))
+
+    def _ahead(self, job: ActiveJob) -> bool:
+        """Whether the job's tenant is ahead of its share. A lead of about one call is what
+        serving short jobs first needs (a job waits a call's turn, as the bound `gps_finish + Δ`
+        allows, Δ one longest call), while a lead of many lets a tenant's many short jobs take
+        the service a backlogged tenant is owed. Running calls count as committed: an engine
+        with free slots takes many calls in one pass, before any of them is served."""
+        tenant = job.info.tenant_id
+        committed = self._committed.get(tenant, 0.0) / job.info.weight
+        return self._clock.lead(tenant) + committed > self._slack
 
     def _is_chain(self, job: ActiveJob) -> bool:
-        path, _, calls = self._remaining[job.info.job_id]
+        path, _, calls, _ = self._remaining[job.info.job_id]
         return (
             self._drain < math.inf
             and path > CHAIN_FACTOR * self._drain
@@ -134,6 +153,7 @@ class JustitiaPolicy(BookPolicy):
 
     def _eligible_jobs(self, now: float, load: EngineLoad) -> Iterable[ActiveJob]:
         self._refresh_remaining()
+        self._measure_shares()
         if load.knee_calls is None or load.running_calls < load.knee_calls:
             self._drain = self._remaining_total / max(load.running_calls, 1)
             return self._ready_jobs.values()
@@ -143,6 +163,20 @@ class JustitiaPolicy(BookPolicy):
         if longest is not None and all(job is not longest for job in admitted):
             admitted.append(longest)
         return [job for job in admitted if job.ready]
+
+    def _measure_shares(self) -> None:
+        """Set `_slack` and `_committed` for this peek's keys."""
+        largest = max((call for *_, call in self._remaining.values()), default=0.0)
+        self._slack = self._clock.virtual_time(largest)
+        committed: dict[str, float] = {}
+        for job in self._jobs.values():
+            estimates = self._estimates[job.info.job_id]
+            for run in job.running.values():
+                prompt, output = estimates[run.call.node_id]
+                left = kv_token_time(prompt, output) - kv_token_time(prompt, run.output_tokens)
+                tenant = job.info.tenant_id
+                committed[tenant] = committed.get(tenant, 0.0) + max(0.0, left)
+        self._committed = committed
 
     def _job_added(self, job: ActiveJob, now: float) -> None:
         estimates = {
@@ -170,7 +204,7 @@ class JustitiaPolicy(BookPolicy):
         if run.output_tokens > output:  # charged before the work it explains is served
             self._re_estimate(call.job_id, call.node_id, prompt, run.output_tokens)
         served = kv_token_time(call.prompt_tokens, run.output_tokens)
-        self._clock.serve(served - kv_token_time(call.prompt_tokens, previous))
+        self._clock.serve(call.job_id, served - kv_token_time(call.prompt_tokens, previous))
 
     def _call_finished(self, job: ActiveJob, run: RunningCall, prompt: int, now: float) -> None:
         self._re_estimate(run.call.job_id, run.call.node_id, prompt, run.output_tokens)
@@ -184,7 +218,7 @@ class JustitiaPolicy(BookPolicy):
                 self._re_estimate(job_id, node_id, prompt, used.get(node_id, 0))
         self._clock.release(job_id)
         del self._estimates[job_id]
-        self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0, 0))[1]
+        self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0, 0, 0.0))[1]
         self._stale.discard(job_id)
         if not self._remaining:
             self._remaining_total = 0.0  # no float drift outlives a backlog
@@ -192,7 +226,7 @@ class JustitiaPolicy(BookPolicy):
     def _re_estimate(self, job_id: str, node_id: str, prompt: int, output: float) -> None:
         estimates = self._estimates[job_id]
         delta = kv_token_time(prompt, output) - kv_token_time(*estimates[node_id])
-        if estimates[node_id][1] != output:
+        if estimates[node_id] != (prompt, output):
             self._stale.add(job_id)
         estimates[node_id] = (prompt, output)
         if delta:
@@ -202,23 +236,24 @@ class JustitiaPolicy(BookPolicy):
         """Recompute `_remaining` for the stale jobs."""
         for job_id in self._stale:
             fresh = self._measure_remaining(job_id)
-            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0, 0))[1]
+            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0, 0, 0.0))[1]
             self._remaining[job_id] = fresh
         self._stale.clear()
 
-    def _measure_remaining(self, job_id: str) -> tuple[float, float, int]:
-        """(longest path, total) of the output estimates of the job's unfinished nodes, and the
-        most of them on one path."""
+    def _measure_remaining(self, job_id: str) -> tuple[float, float, int, float]:
+        """(longest path, total) of the output estimates of the job's unfinished nodes, the most
+        of them on one path and the largest KV token-time of one of them."""
         job, estimates = self._jobs[job_id], self._estimates[job_id]
         left = {n: d for n, (_, d) in estimates.items() if n not in job.done}
         calls = round(job.longest_path(dict.fromkeys(left, 1.0)))
-        return job.longest_path(left), sum(left.values()), calls
+        largest = max((kv_token_time(*estimates[n]) for n in left), default=0.0)
+        return job.longest_path(left), sum(left.values()), calls, largest
 
     def _check_order(self) -> None:
         self._clock.check_invariants()
         assert set(self._estimates) == set(self._jobs) == self._clock.live_jobs()
         assert set(self._remaining) | self._stale == set(self._jobs)
-        total = sum(left for _, left, _ in self._remaining.values())
+        total = sum(left for _, left, _, _ in self._remaining.values())
         assert abs(total - self._remaining_total) <= 1e-6 * max(1.0, total)
         for job_id, cached in self._remaining.items():
             if job_id not in self._stale:

@@ -14,7 +14,6 @@ from tenants.policies import (
 )
 from tests.tenants.policies.factories import (
     NO_KNEE,
-    dispatch_all,
     make_job,
     make_node,
     make_ready,
@@ -59,19 +58,48 @@ def as_gps_job(job: JobInfo) -> GpsJob:
     return GpsJob(job.job_id, job.tenant_id, job.weight, job.arrival, calls)
 
 
+CAPACITY = 50.0  # KV token-time a second: below every call's footprint, so each job could use
+# more than its fair share and the reference's per-call caps never bind
+
+
 @pytest.mark.parametrize("seed", range(8))
-def test_order_of_a_batch_equals_the_gps_reference_finish_order(seed: int) -> None:
+def test_the_tags_of_a_batch_order_it_as_the_gps_reference_finishes_it(seed: int) -> None:
     jobs = random_batch(seed)
-    # Capacity below every call's footprint: each job could use more than its fair share.
-    finish = gps_finish_times([as_gps_job(job) for job in jobs], capacity=50.0)
+    finish = gps_finish_times([as_gps_job(job) for job in jobs], capacity=CAPACITY)
     by_finish = sorted(finish, key=finish.__getitem__)
     gaps = [finish[b] - finish[a] for a, b in itertools.pairwise(by_finish)]
     assert min(gaps) > 1e-6  # a strict order to compare against
     policy = JustitiaPolicy()
     for job in jobs:
         submit(policy, job)
-    served = [call_id.split("/")[0] for call_id in dispatch_all(policy)]
-    assert list(dict.fromkeys(served)) == by_finish
+    assert sorted(finish, key=policy.tag) == by_finish
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_batch_served_a_call_at_a_time_finishes_every_job_by_its_gps_finish(seed: int) -> None:
+    jobs = {job.job_id: job for job in random_batch(seed)}
+    finish = gps_finish_times([as_gps_job(job) for job in jobs.values()], capacity=CAPACITY)
+    policy = JustitiaPolicy()
+    for job in jobs.values():
+        submit(policy, job)
+    done: dict[str, set[str]] = {job_id: set() for job_id in jobs}
+    now = 0.0
+    while (call := policy.peek(now, NO_KNEE)) is not None:
+        policy.mark_dispatched(call.call_id, now)
+        job = jobs[call.job_id]
+        node = next(n for n in job.nodes if n.node_id == call.node_id)
+        output = round(node.predicted_output)
+        now += kv_token_time(node.prompt_tokens, output) / CAPACITY
+        policy.on_finished(call.call_id, node.prompt_tokens, output, now)
+        done[job.job_id].add(node.node_id)
+        if len(done[job.job_id]) == len(job.nodes):
+            policy.remove_job(job.job_id, now)
+            assert now <= finish[job.job_id] * (1 + 1e-9), job.job_id
+            continue
+        for child in job.nodes:
+            if node.node_id in child.parents and set(child.parents) <= done[job.job_id]:
+                policy.add_ready(make_ready(job, child.node_id), now)
+    assert all(len(done[j]) == len(job.nodes) for j, job in jobs.items())
 
 
 def overrun_setup() -> JustitiaPolicy:
@@ -341,3 +369,27 @@ def test_policies_that_order_tenants_only_give_no_offsets(name: str) -> None:
     policy = make_policy(name)
     submit(policy, make_job("a", "t1"))
     assert policy.fair_offsets(["a"]) == {}
+
+
+def test_a_tenant_with_many_short_jobs_yields_once_it_leads_gps_by_more_than_a_call() -> None:
+    policy = JustitiaPolicy()
+    for i in range(20):
+        submit(policy, make_job(f"a{i}", "many", [make_node("n", prompt=100, predicted=20)]))
+    for i in range(3):
+        submit(policy, make_job(f"b{i}", "few", [make_node("n", prompt=100, predicted=120)]))
+    assert max(policy.tag(f"a{i}") for i in range(20)) < min(policy.tag(f"b{i}") for i in range(3))
+    order = []
+    for now in range(12):
+        call = policy.peek(float(now), NO_KNEE)
+        assert call is not None
+        order.append(call.tenant_id)
+        policy.mark_dispatched(call.call_id, float(now))
+        policy.on_finished(call.call_id, 100, 20 if call.tenant_id == "many" else 120, float(now))
+        policy.remove_job(call.job_id, float(now))
+        policy.check_invariants()
+    # Equal weights: serving k of the short jobs puts the tenant k * 2210 / 2 ahead of GPS in
+    # virtual time; it yields once that passes the virtual time of one of the long calls
+    # (19,260 / 2), i.e. after 9 jobs, though by tags all 20 go first.
+    assert kv_token_time(100, 20) == 2210 and kv_token_time(100, 120) == 19260
+    assert order[:10] == ["many"] * 9 + ["few"]
+    assert order[10:] == ["many", "many"]
