@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,7 +33,10 @@ def test_the_drift_workload_turns_one_tenant_long_half_way() -> None:
 
 
 def test_conservative_mode_shields_the_others_and_switches_within_a_window() -> None:
-    seed = run_seed(SMALL, Experiment(SMALL, seeds=(0,)))
+    # The default workload's job count: with half of it the drift is too short to push the
+    # others past their bound at all, justitia keeping the drifting tenant to its share.
+    workload = dataclasses.replace(SMALL, jobs_per_tenant=240)
+    seed = run_seed(workload, Experiment(workload, seeds=(0,)))
     assert seed["others_violations"][WITH] < seed["others_violations"][WITHOUT]
     assert seed["others_worst_slowdown"][WITH] < seed["others_worst_slowdown"][WITHOUT]
     switch = seed["switch"]
