@@ -358,7 +358,7 @@ class DispatchCore(Generic[T]):
         weighted share of the serving slots, and the one furthest over its own share would
         still hold at least that share after giving one up; None when there is none."""
         serving = {name: room for name, room in capacities.items() if room.healthy}
-        slots = _serving_slots(serving)
+        slots = _serving_slots(capacities)
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
         backlogged = {*running, *(entry.call.tenant_id for entry in self.ready.values())}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}

@@ -118,10 +118,11 @@ class FairShareClock:
         self._pending_work += work
         self._shares[self._tenant_of[job_id]].lead += work
 
-    def lead(self, tenant_id: str) -> float:
+    def lead(self, tenant_id: str, committed: float = 0.0) -> float:
         """How far GPS lags the real system's service to the tenant, in virtual time: the KV
-        token-time served to its jobs beyond what GPS served them, over its weight (negative:
-        GPS is ahead); 0 for a tenant GPS holds nothing of (it starts afresh)."""
+        token-time served to its jobs (and `committed` more, counted as served) beyond what GPS
+        served them, over its weight (negative: GPS is ahead); 0 for a tenant GPS holds nothing
+        of (it starts afresh)."""
         self._apply_work()
         share = self._shares.get(tenant_id)
         if share is None:
@@ -129,7 +130,7 @@ class FairShareClock:
         # what `_sync` would drain now: PS spreads it over the tenant's jobs, all of it while
         # they have cost left
         drained = min(share.weight * (self.v - share.v_ref), share.total)
-        return (share.lead - drained) / share.weight
+        return (share.lead + committed - drained) / share.weight
 
     def virtual_time(self, work: float) -> float:
         """How far V moves while the real system serves `work` to the GPS-active tenants."""

@@ -84,13 +84,12 @@ class JustitiaPolicy(BookPolicy):
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
         # job -> (critical path, total) of its unfinished nodes' predicted output tokens, the
         # most calls on a path of them and the largest KV token-time of one of them; a job in
-        # `_stale` is recomputed at the next peek, which also fixes `_drain` and `_slack`
+        # `_stale` is recomputed at the next peek, which also fixes `_drain` and `_ahead`
         self._remaining: dict[str, tuple[float, float, int, float]] = {}
         self._remaining_total = 0.0  # the sum of the totals in `_remaining`
         self._stale: set[str] = set()
         self._drain = math.inf  # steps to drain the backlog: set by `_eligible_jobs`, read by keys
-        self._slack = 0.0  # the lead a tenant may take (virtual time): set by `_eligible_jobs`
-        self._committed: dict[str, float] = {}  # tenant -> its running calls' estimated cost left
+        self._ahead: set[str] = set()  # tenants ahead of their share: set by `_eligible_jobs`
 
     @property
     def pampered_jobs(self) -> int:
@@ -124,17 +123,7 @@ class JustitiaPolicy(BookPolicy):
         return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
 
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
-        return (not self._is_chain(job), self._ahead(job), *self._rank(job))
-
-    def _ahead(self, job: ActiveJob) -> bool:
-        """Whether the job's tenant is ahead of its share. A lead of about one call is what
-        serving short jobs first needs (a job waits a call's turn, as the bound `gps_finish + Δ`
-        allows, Δ one longest call), while a lead of many lets a tenant's many short jobs take
-        the service a backlogged tenant is owed. Running calls count as committed: an engine
-        with free slots takes many calls in one pass, before any of them is served."""
-        tenant = job.info.tenant_id
-        committed = self._committed.get(tenant, 0.0) / job.info.weight
-        return self._clock.lead(tenant) + committed > self._slack
+        return (not self._is_chain(job), job.info.tenant_id in self._ahead, *self._rank(job))
 
     def _is_chain(self, job: ActiveJob) -> bool:
         path, _, calls, _ = self._remaining[job.info.job_id]
@@ -165,9 +154,15 @@ class JustitiaPolicy(BookPolicy):
         return [job for job in admitted if job.ready]
 
     def _measure_shares(self) -> None:
-        """Set `_slack` and `_committed` for this peek's keys."""
+        """Set `_ahead` for this peek's keys: the tenants with a ready call whose lead, with the
+        estimated rest of their running calls counted as served, passes the virtual time the
+        engine takes to serve the backlog's largest call. A lead of about one call is what
+        serving short jobs first needs (a job waits a call's turn, as the bound `gps_finish + Δ`
+        allows, Δ one longest call), while a lead of many lets a tenant's many short jobs take
+        the service a backlogged tenant is owed. Running calls count because an engine with free
+        slots takes many calls in one pass, before any of them is served."""
         largest = max((call for *_, call in self._remaining.values()), default=0.0)
-        self._slack = self._clock.virtual_time(largest)
+        slack = self._clock.virtual_time(largest)
         committed: dict[str, float] = {}
         for job in self._jobs.values():
             estimates = self._estimates[job.info.job_id]
@@ -176,7 +171,8 @@ class JustitiaPolicy(BookPolicy):
                 left = kv_token_time(prompt, output) - kv_token_time(prompt, run.output_tokens)
                 tenant = job.info.tenant_id
                 committed[tenant] = committed.get(tenant, 0.0) + max(0.0, left)
-        self._committed = committed
+        tenants = {job.info.tenant_id for job in self._ready_jobs.values()}
+        self._ahead = {t for t in tenants if self._clock.lead(t, committed.get(t, 0.0)) > slack}
 
     def _job_added(self, job: ActiveJob, now: float) -> None:
         estimates = {
