@@ -19,6 +19,9 @@ from bench.paths import REPO_ROOT
 from gateway.backends.settings import BackendSettings
 
 START_TIMEOUT_S = 120.0
+# how `fairgate serve`'s logging marks such lines (its stdout and stderr share one pipe, so a
+# line may begin with the end of another's)
+LOUD = ("WARNING:", "ERROR:", "CRITICAL:")
 
 
 def backends_toml(backends: Sequence[BackendSettings]) -> str:
@@ -75,6 +78,11 @@ class GatewayReplica:
 
     def start(self) -> None:
         self._process.start(START_TIMEOUT_S)
+
+    def warnings(self) -> list[str]:
+        """What it logged at WARNING or above, over every start, as far as its kept output
+        goes (bench/backends/process.py)."""
+        return [line for line in self._process.output if any(level in line for level in LOUD)]
 
     def kill(self) -> None:
         self._process.kill()

@@ -11,6 +11,7 @@ once the dead replica's reservations have run out, each tenant's usage and the j
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,7 @@ class KillRun:
     doomed: list[Watcher]  # those that watched through the killed replica
     usage: dict[str, admin_pb2.Usage]  # tenant -> its usage, reservations run out
     open_leases: int  # jobs still owned under a lease
+    warnings: dict[str, list[str]]  # replica -> what it logged at WARNING or above
 
     @property
     def lost_jobs(self) -> int:
@@ -114,13 +116,14 @@ async def run_with_a_kill(
                 tg.start_soon(anyio.to_thread.run_sync, replica.start)
         channels = [grpc.aio.insecure_channel(g.target) for g in gateways]
         try:
-            return await _drive(gateways, channels, jobs, redis_url)
+            run = await _drive(gateways, channels, jobs, redis_url)
         finally:
             for channel in channels:
                 await channel.close()
     finally:
         for replica in gateways:
             replica.stop()
+    return dataclasses.replace(run, warnings={g.name: g.warnings() for g in gateways})
 
 
 async def _drive(
@@ -155,7 +158,7 @@ async def _drive(
     usage = {tenant: await _usage_settled(admin, tenant) for tenant in TENANTS}
     async with Redis.from_url(redis_url) as client:
         open_leases = int(await client.zcard("fg:{jobs}:open"))
-    return KillRun(watchers, doomed, usage, open_leases)
+    return KillRun(watchers, doomed, usage, open_leases, {})
 
 
 async def _usage_settled(admin: admin_pb2_grpc.AdminStub, tenant: str) -> admin_pb2.Usage:

@@ -34,7 +34,7 @@ async def test_a_killed_replica_loses_no_job(redis: RedisServer, tmp_path: Path)
         for w in run.watchers
         if w.job is None or w.job.state != pb.JOB_STATE_SUCCEEDED
     ]
-    assert (run.lost_jobs, run.duplicate_events, run.gaps) == (0, 0, 0), lost
+    assert (run.lost_jobs, run.duplicate_events, run.gaps) == (0, 0, 0), (lost, run.warnings)
     for watcher in run.watchers:
         sequences = [e.sequence for e in watcher.events]
         assert sequences == list(range(1, len(sequences) + 1)), watcher.job_id
