@@ -8,7 +8,9 @@ real gateway and engine (`bench.live.replay`, greedy, prefix caching off) with t
 model or `--model`: `fcfs`, `justitia`, and `justitia` with `share_slots` (a tenant over its
 weighted share of the slots yields its newest call to a waiting call of a tenant under it).
 Reported per arm: the light tenants' average JCT, the heavy tenant's, the makespan, and each
-as a ratio to fcfs's.
+as a ratio to fcfs's; and how many light jobs ended past `gps_finish + Δ` of the run's own GPS
+reference (`bench.sim.reference`: the calls' live token counts, the engine's KV pool as the
+capacity, the run's mean step, Δ from the step model fitted on the run's steps).
 
     python -m bench.live.slots --json bench/out/slots.json
 """
@@ -16,6 +18,7 @@ as a ratio to fcfs's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from collections.abc import Sequence
@@ -25,12 +28,16 @@ from typing import Any
 import anyio
 
 from bench.live.replay import ADMIN_KEY, LiveRun, output_ceiling, replay
+from bench.live.steps import busy_step_s, fit_step_model
+from bench.sim.reference import bound_slack, gps_finish
 from bench.workloads.format import Job, Node
+from gateway.engine_setup import engine_config
 from gateway.settings import Settings
 
 HEAVY, LIGHT = "heavy", ("light-a", "light-b")
 ARMS = (("fcfs", False), ("justitia", False), ("justitia", True))
 MAPS, PROMPT_TOKENS, REDUCE_TOKENS = 8, 32, 16
+RATIOS = ("light_avg_jct_s", "heavy_avg_jct_s", "makespan_s")  # each arm's, over fcfs's
 
 
 def workload(args: argparse.Namespace) -> list[Job]:
@@ -53,7 +60,7 @@ def workload(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def summary(run: LiveRun, jobs: Sequence[Job]) -> dict[str, float]:
+def summary(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, float]:
     def avg(tenants: Sequence[str]) -> float:
         return statistics.fmean(run.jobs[j.job_id].jct for j in jobs if j.tenant in tenants)
 
@@ -62,7 +69,38 @@ def summary(run: LiveRun, jobs: Sequence[Job]) -> dict[str, float]:
         "light_avg_jct_s": avg(LIGHT),
         "heavy_avg_jct_s": avg((HEAVY,)),
         "makespan_s": max(ends),
+        **light_against_bound(run, jobs, settings),
     }
+
+
+def as_ran(job: Job, run: LiveRun) -> Job:
+    """The job with the token counts the gateway reported (a call may stop before its cap)."""
+    live = run.jobs[job.job_id]
+    nodes = tuple(
+        dataclasses.replace(
+            n,
+            prompt_tokens=live.prompt_tokens[n.node_id],
+            output_tokens=live.output_tokens[n.node_id],
+        )
+        for n in job.nodes
+    )
+    return dataclasses.replace(job, nodes=nodes)
+
+
+def light_against_bound(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, float]:
+    """How many light jobs ended past `gps_finish + Δ` of the run's own GPS reference, and the
+    latest light end against it in seconds (negative: every one within)."""
+    ran = [as_ran(j, run) for j in jobs]
+    config = engine_config(settings)
+    finish = gps_finish(ran, run.num_blocks * config.block_size, busy_step_s(run.steps))
+    model, _ = fit_step_model([run.steps])
+    delta = bound_slack(ran, model, config.max_num_batched_tokens)
+    over = [
+        j.arrival + run.jobs[j.job_id].jct - finish[j.job_id] - delta
+        for j in ran
+        if j.tenant in LIGHT
+    ]
+    return {"light_past_bound": sum(o > 0 for o in over), "light_worst_over_bound_s": max(over)}
 
 
 async def study(args: argparse.Namespace) -> dict[str, Any]:
@@ -79,10 +117,11 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
             default_temperature=0.0,
         )
         name = f"{policy}+share_slots" if share else policy
-        arms[name] = summary(await replay(settings, jobs, 1.0, ceiling), jobs)
+        run = await replay(settings, jobs, 1.0, ceiling)
+        arms[name] = summary(run, jobs, settings)
         print(name, {k: round(v, 2) for k, v in arms[name].items()}, flush=True)
     base = arms["fcfs"]
-    ratios = {name: {k: v / base[k] for k, v in arm.items()} for name, arm in arms.items()}
+    ratios = {name: {k: arm[k] / base[k] for k in RATIOS} for name, arm in arms.items()}
     return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model}
 
 
