@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import anyio
 import httpx
+from httpx_sse import EventSource
 
 from bench.backends.config import TEMPERATURE, TOP_P
 from bench.backends.records import ArmRun, CallRecord, JobRecord
 from bench.backends.workload import PlannedCall, PlannedJob
 from engine import SamplingParams
 from gateway.backends.base import BackendCall
-from gateway.backends.decoder import CompletionDecoder, SseLines
+from gateway.backends.decoder import CompletionDecoder
 from gateway.backends.errors import BackendError
 from gateway.backends.wire import completion_body
 from tenants.policies import kv_token_time
@@ -70,21 +71,15 @@ class _Run:
         self.streams[job_id, call.node_id] = (len(call.prompt_ids), stream)
         request_id = f"{self.label}-{job_id}-{call.node_id}"
         decoder = CompletionDecoder(request_id, len(call.prompt_ids))
-        lines = SseLines()
         body = request_body(call, request_id, self.model)
         try:
             async with self.http.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
                     await response.aread()
                     raise DirectCallFailed(f"{request_id}: {response.status_code} {response.text}")
-                async for line in response.aiter_lines():
-                    data = lines.feed(line)
-                    if data is not None:
-                        decoder.feed(data)
-                        self._streamed(len(call.prompt_ids), stream, decoder.counted)
-            data = lines.feed("")
-            if data is not None:
-                decoder.feed(data)
+                async for event in EventSource(response).aiter_sse():
+                    decoder.feed(event.data)
+                    self._streamed(len(call.prompt_ids), stream, decoder.counted)
             decoder.end()
         except BackendError as exc:
             raise DirectCallFailed(str(exc)) from exc

@@ -1,14 +1,15 @@
 """A streamed completion's server-sent events, turned into one call's token deltas and usage.
 
-Algorithm: `SseLines` joins an event's `data:` lines (a blank line ends the event; comments and
-other fields are skipped). `CompletionDecoder` reads each event's JSON: a chunk with a choice
+Algorithm: httpx-sse frames the events (lines end only at CR and LF, as the standard says: a
+model's text may hold U+0085, U+2028 or U+2029, which JSON leaves unescaped and `str.splitlines`
+takes for line ends). `CompletionDecoder` reads each event's data as JSON: a chunk with a choice
 becomes a delta (its token ids and text); the chunk with a `finish_reason` is the last one, but it
 is held back until the usage chunk that follows it (choices empty, `usage` set) or the end of the
 stream, so whoever sees the finished delta can also read the call's usage. The usage is the
 server's when it sent one (the quota settles on it), else the token ids counted. An error event
 (`{"error": {...}}`, as vLLM and fairgate send one mid-stream) ends the call: a 5xx (or none
 given) as lost, a 4xx as refused. A stream that ends with no finish was cut: lost.
-Pure: lines in, deltas out.
+Pure: events' data in, deltas out.
 Invariant: exactly one delta has `finished` True, and it is the last; `usage` is set before it is
 handed out.
 """
@@ -26,23 +27,6 @@ from gateway.backends.wire import finish_reason
 DONE = "[DONE]"
 
 
-class SseLines:
-    """Server-sent event framing: lines in, each event's data out."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-
-    def feed(self, line: str) -> str | None:
-        """The event's data when `line` ends one, else None."""
-        if not line:
-            data, self._data = self._data, []
-            return "\n".join(data) if data else None
-        if line.startswith("data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None  # a comment (":") or a field we do not use (event:, id:, retry:)
-
-
 class CompletionDecoder:
     def __init__(self, call_id: str, prompt_tokens: int) -> None:
         self.call_id = call_id
@@ -57,6 +41,8 @@ class CompletionDecoder:
         """The deltas one event's data makes (the held last one once the usage came)."""
         if data == DONE:
             self.done = True
+            return []
+        if not data:  # an event of other fields only (an id, a retry): nothing to read
             return []
         try:
             event: dict[str, Any] = json.loads(data)

@@ -35,12 +35,13 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
+from httpx_sse import EventSource
 
 from engine import TokenDelta
 from gateway.backends.base import BackendCall, BackendCapacity, CallStream, Capabilities
 from gateway.backends.breaker import CircuitBreaker
 from gateway.backends.call_stream import CallControl, Item, RemoteCallStream
-from gateway.backends.decoder import CompletionDecoder, SseLines
+from gateway.backends.decoder import CompletionDecoder
 from gateway.backends.errors import BackendError, BackendLost, BackendRefused
 from gateway.backends.server_load import ServerLoad, parse_load
 from gateway.backends.settings import BackendSettings
@@ -305,16 +306,10 @@ class OpenAIBackend(OwnsTasks):
             if response.status_code != 200:
                 await response.aread()
                 raise _refusal(call, response)
-            lines = SseLines()
-            async for line in response.aiter_lines():
-                data = lines.feed(line)
-                if data is not None:
-                    await attempt.hand_out(attempt.decoder.feed(data))
-                    if not attempt.shown:
-                        self._shown(call, attempt)
-            data = lines.feed("")  # an event the server did not end with a blank line
-            if data is not None:
-                await attempt.hand_out(attempt.decoder.feed(data))
+            async for event in EventSource(response).aiter_sse():
+                await attempt.hand_out(attempt.decoder.feed(event.data))
+                if not attempt.shown:
+                    self._shown(call, attempt)
         await attempt.hand_out(attempt.decoder.end())
 
     def _shown(self, call: BackendCall, attempt: _Attempt) -> None:

@@ -82,7 +82,7 @@ def _only_ours(text: str) -> str:
     """The lines of the four families read here: vLLM's whole exposition (histograms of every
     latency, bucket by bucket) is many times larger, and it is parsed several times a second."""
     kept = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # the format's only line end (a label may hold U+2028)
         if line.startswith("#"):
             parts = line.split(maxsplit=3)
             name = parts[2] if len(parts) > 2 else ""

@@ -37,7 +37,8 @@ class FakeServer:
         received = anyio.current_time()
         await anyio.sleep(CALL_S)
         self.spans[body["request_id"]] = (received, anyio.current_time())
-        return httpx.Response(200, content=sse(body["max_tokens"]))
+        events = sse(body["max_tokens"])
+        return httpx.Response(200, content=events, headers={"content-type": "text/event-stream"})
 
 
 def diamond(job_id: str, arrival: float) -> PlannedJob:

@@ -9,7 +9,7 @@ import pytest
 
 from engine import FinishReason, TokenDelta
 from gateway.backends.base import CallUsage
-from gateway.backends.decoder import CompletionDecoder, SseLines
+from gateway.backends.decoder import CompletionDecoder
 from gateway.backends.errors import BackendLost, BackendRefused
 
 
@@ -25,13 +25,6 @@ def usage(completion: int, prompt: int = 5) -> str:
 
 def feed(decoder: CompletionDecoder, *events: str) -> list[TokenDelta]:
     return [delta for event in events for delta in decoder.feed(event)]
-
-
-def test_sse_lines_join_an_events_data_and_skip_the_rest() -> None:
-    lines = SseLines()
-    received = [lines.feed(line) for line in [": ping", "data: {", "data:}", "id: 3", ""]]
-    assert received == [None, None, None, None, "{\n}"]
-    assert lines.feed("") is None  # a blank line with no event before it
 
 
 def test_the_finish_is_held_until_the_usage_which_wins_over_the_count() -> None:

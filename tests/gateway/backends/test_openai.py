@@ -50,6 +50,26 @@ async def test_a_call_streams_its_tokens_and_ends_with_the_servers_usage(
     assert "".join(d.text for d in deltas) == choice["text"]
 
 
+# The simulated server's tokens for this call id spell U+0085 (NEL) at the 61st character of its
+# text. JSON leaves NEL, U+2028 and U+2029 unescaped, and any model may write them; server-sent
+# events end lines only at CR and LF, while httpx's `aiter_lines` ends them at those too, which
+# cut the event in two: the call was lost, and lost again where it ran next (the same tokens).
+SEPARATOR_CALL = "call-5919"
+
+
+async def test_text_with_a_unicode_line_separator_streams_whole(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        stream = backend.submit(make_call(SEPARATOR_CALL, prompt_len=20, max_tokens=64))
+        deltas = [delta async for delta in stream]
+    body = {"prompt": list(range(1, 21)), "max_tokens": 64, "request_id": SEPARATOR_CALL}
+    text = (await server.http.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+    assert "\u0085" in text  # else the case is not exercised: pick another call id
+    assert "".join(d.text for d in deltas) == text
+    assert deltas[-1].finished and stream.usage == CallUsage(20, 64, reported=True)
+
+
 @pytest.mark.engine_step_s(SLOW_STEP_S)
 async def test_capacity_counts_a_call_as_sent_then_as_scraped_and_frees_it_after(
     server: Remote, tokenizer_dir: Path

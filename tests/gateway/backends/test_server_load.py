@@ -78,3 +78,10 @@ def test_other_families_are_skipped_before_parsing() -> None:
     )
     load = parse_load(histogram + exposition(running=2), MODEL, 0.0)
     assert load.running == 2
+
+
+def test_a_model_name_with_a_unicode_line_separator_is_one_line() -> None:
+    # the exposition format ends lines at LF only; `str.splitlines` also at U+2028 and U+0085
+    model = "served\u2028name\x85"
+    load = parse_load(exposition(running=4, model=model), model, taken_at=0.0)
+    assert (load.running, load.waiting) == (4, 1)
