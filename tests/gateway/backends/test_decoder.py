@@ -47,6 +47,12 @@ def test_a_stream_that_ends_after_the_finish_without_usage_settles_on_the_count(
     assert decoder.usage == CallUsage(5, 3, reported=False)
 
 
+def test_an_event_without_data_and_done_make_no_delta() -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5)
+    assert decoder.feed("") == [] and not decoder.done  # an event of an id or a retry only
+    assert decoder.feed("[DONE]") == [] and decoder.done
+
+
 def test_a_stream_cut_before_the_finish_is_lost_and_counts_what_came() -> None:
     decoder = CompletionDecoder("c", prompt_tokens=5)
     feed(decoder, chunk([1, 2]))
