@@ -264,9 +264,15 @@ class ErrorBody(BaseModel):
         return cls(error=ErrorInfo(message=message, type=type, param=param, code=status))
 
 
+# Legal unescaped in a JSON string, but a client that splits the stream with `str.splitlines`
+# (httpx's `aiter_lines` does) ends a line at each and cuts the event in two; escaped, the JSON
+# means the same and every client reads the event whole. Only strings can hold them.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def sse(event: BaseModel) -> str:
     """One server-sent event carrying `event` as JSON."""
-    return f"data: {event.model_dump_json()}\n\n"
+    return f"data: {event.model_dump_json().translate(_LINE_BREAKERS)}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"

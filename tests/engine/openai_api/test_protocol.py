@@ -8,7 +8,14 @@ import pytest
 
 from engine.errors import InvalidRequest
 from engine.openai_api.errors import BadRequest
-from engine.openai_api.protocol import DEFAULT_MAX_TOKENS, MAX_STOP_STRINGS, parse_request
+from engine.openai_api.protocol import (
+    DEFAULT_MAX_TOKENS,
+    MAX_STOP_STRINGS,
+    Choice,
+    Completion,
+    parse_request,
+    sse,
+)
 
 
 def parse(**fields: object) -> object:
@@ -76,3 +83,10 @@ def test_refusals_name_the_field(fields: dict[str, object], param: str) -> None:
 
 def test_fields_asking_for_nothing_and_unknown_fields_are_accepted() -> None:
     parse(n=1, echo=False, logprobs=None, presence_penalty=0, user="someone", future_field=1)
+
+
+def test_an_event_whose_text_holds_unicode_line_separators_is_one_line_for_any_client() -> None:
+    text = "a\x85b\u2028c\u2029d"
+    event = sse(Completion(id="cmpl-1", created=0, model="m", choices=[Choice(text=text)]))
+    (line, blank) = event.splitlines()  # as httpx's aiter_lines splits it: the event, its end
+    assert blank == "" and json.loads(line.removeprefix("data: "))["choices"][0]["text"] == text

@@ -2,8 +2,9 @@
 
 The app is the engine's own (`build_app`), over the simulated engine and the engine tests' small
 byte-level tokenizer, served by uvicorn on port 0, behind a `Gate`: an ASGI wrapper through which
-a test makes a route fail (503) or demands an API key. The tokenizer the backend checks against
-is the same tokenizer saved to a folder. The simulated engine's tokens are a hash of the request
+a test makes a route fail (503), demands an API key, or has the text's line separators sent raw
+(as vLLM sends them). The tokenizer the backend checks against is the same tokenizer saved to a
+folder. The simulated engine's tokens are a hash of the request
 id and position and never end-of-sequence: a call makes exactly max_tokens, and the same request
 id and prompt make the same tokens. `step_s` > 0 makes each engine step take that long, so a
 test can act while a call runs.
@@ -21,7 +22,7 @@ import anyio
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine import AsyncEngine, LLMEngine, SamplingParams
 from engine.openai_api import build_app, listening_socket, running_server
@@ -44,6 +45,8 @@ class Gate:
     app: ASGIApp
     failing: set[str] = field(default_factory=set)
     api_key: str | None = None
+    # send U+0085, U+2028 and U+2029 raw, as vLLM does (fairgate's server escapes them)
+    raw_separators: bool = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -53,7 +56,19 @@ class Gate:
                 return await _answer(send, 401, b'{"error": {"message": "bad key", "code": 401}}')
             if scope["path"] in self.failing:
                 return await _answer(send, 503, b'{"error": {"message": "down", "code": 503}}')
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, _unescaping(send) if self.raw_separators else send)
+
+
+def _unescaping(send: Send) -> Send:
+    async def unescaped(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            body = message.get("body", b"")
+            for code in ("0085", "2028", "2029"):
+                body = body.replace(f"\\u{code}".encode(), chr(int(code, 16)).encode())
+            message = {**message, "body": body}
+        await send(message)
+
+    return unescaped
 
 
 async def _answer(send: Send, status: int, body: bytes) -> None:

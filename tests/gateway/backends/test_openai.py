@@ -51,15 +51,16 @@ async def test_a_call_streams_its_tokens_and_ends_with_the_servers_usage(
 
 
 # The simulated server's tokens for this call id spell U+0085 (NEL) at the 61st character of its
-# text. JSON leaves NEL, U+2028 and U+2029 unescaped, and any model may write them; server-sent
-# events end lines only at CR and LF, while httpx's `aiter_lines` ends them at those too, which
-# cut the event in two: the call was lost, and lost again where it ran next (the same tokens).
+# text. JSON may carry NEL, U+2028 and U+2029 unescaped (vLLM does), and any model may write them;
+# server-sent events end lines only at CR and LF, while httpx's `aiter_lines` ends them at those
+# too, which cut the event in two: the call was lost, and lost again where it ran next.
 SEPARATOR_CALL = "call-5919"
 
 
 async def test_text_with_a_unicode_line_separator_streams_whole(
     server: Remote, tokenizer_dir: Path
 ) -> None:
+    server.gate.raw_separators = True
     async with backend_on(server.url, tokenizer_dir) as backend:
         stream = backend.submit(make_call(SEPARATOR_CALL, prompt_len=20, max_tokens=64))
         deltas = [delta async for delta in stream]
