@@ -73,7 +73,7 @@ def summary(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, 
     }
 
 
-def as_ran(job: Job, run: LiveRun) -> Job:
+def with_live_counts(job: Job, run: LiveRun) -> Job:
     """The job with the token counts the gateway reported (a call may stop before its cap)."""
     live = run.jobs[job.job_id]
     nodes = tuple(
@@ -90,7 +90,7 @@ def as_ran(job: Job, run: LiveRun) -> Job:
 def light_against_bound(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, float]:
     """How many light jobs ended past `gps_finish + Δ` of the run's own GPS reference, and the
     latest light end against it in seconds (negative: every one within)."""
-    ran = [as_ran(j, run) for j in jobs]
+    ran = [with_live_counts(j, run) for j in jobs]
     config = engine_config(settings)
     finish = gps_finish(ran, run.num_blocks * config.block_size, busy_step_s(run.steps))
     model, _ = fit_step_model([run.steps])

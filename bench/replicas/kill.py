@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -87,7 +87,8 @@ class KillRun:
     doomed: list[Watcher]  # those that watched through the killed replica
     usage: dict[str, admin_pb2.Usage]  # tenant -> its usage, reservations run out
     open_leases: int  # jobs still owned under a lease
-    warnings: dict[str, list[str]]  # replica -> what it logged at WARNING or above
+    # replica -> what it logged at WARNING or above, read once every replica has stopped
+    warnings: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def lost_jobs(self) -> int:
@@ -158,7 +159,7 @@ async def _drive(
     usage = {tenant: await _usage_settled(admin, tenant) for tenant in TENANTS}
     async with Redis.from_url(redis_url) as client:
         open_leases = int(await client.zcard("fg:{jobs}:open"))
-    return KillRun(watchers, doomed, usage, open_leases, {})
+    return KillRun(watchers, doomed, usage, open_leases)
 
 
 async def _usage_settled(admin: admin_pb2_grpc.AdminStub, tenant: str) -> admin_pb2.Usage:
