@@ -5,8 +5,11 @@ A heavy tenant submits `--heavy-jobs` map-reduce jobs at t=0 (8 parallel calls o
 slots); two light tenants then each submit a one-call job of `--light-tokens` tokens every
 `--light-every-s` seconds (`--light-jobs` each). Every arm runs the same jobs through a fresh
 real gateway and engine (`bench.live.replay`, greedy, prefix caching off) with the default
-model or `--model`: `fcfs`, `justitia`, and `justitia` with `share_slots` (a tenant over its
-weighted share of the slots yields its newest call to a waiting call of a tenant under it).
+model or `--model`: `fcfs`, `justitia`, `justitia` with `share_slots` (a tenant over its
+weighted share of the slots yields its newest call to a waiting call of a tenant under it), and
+that with the knee (`knee_calls`: past it only justitia's most urgent jobs add calls) where the
+engine's throughput reaches 80 % of its full batch's, by the step model fitted on the fcfs arm's
+steps and the workload's mean decoding context (`bench.sim.regime.knee_calls`).
 Reported per arm: the light tenants' average JCT, the heavy tenant's, the makespan, and each
 as a ratio to fcfs's; and how many light jobs ended past `gps_finish + Δ` of the run's own GPS
 reference (`bench.sim.reference`: the calls' live token counts, the engine's KV pool as the
@@ -30,12 +33,20 @@ import anyio
 from bench.live.replay import ADMIN_KEY, LiveRun, output_ceiling, replay
 from bench.live.steps import busy_step_s, fit_step_model
 from bench.sim.reference import bound_slack, gps_finish
+from bench.sim.regime import knee_calls
+from bench.sim.setup import mean_decode_context
 from bench.workloads.format import Job, Node
 from gateway.engine_setup import engine_config
 from gateway.settings import Settings
 
 HEAVY, LIGHT = "heavy", ("light-a", "light-b")
-ARMS = (("fcfs", False), ("justitia", False), ("justitia", True))
+# (policy, share_slots, knee): the first arm must be fcfs, whose steps give the knee
+ARMS = (
+    ("fcfs", False, False),
+    ("justitia", False, False),
+    ("justitia", True, False),
+    ("justitia", True, True),
+)
 MAPS, PROMPT_TOKENS, REDUCE_TOKENS = 8, 32, 16
 RATIOS = ("light_avg_jct_s", "heavy_avg_jct_s", "makespan_s")  # each arm's, over fcfs's
 
@@ -107,22 +118,27 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
     jobs = workload(args)
     ceiling = output_ceiling(jobs, 1.0)
     arms: dict[str, dict[str, float]] = {}
-    for policy, share in ARMS:
+    knee: int | None = None  # from the fcfs arm's steps, for the last arm
+    for policy, share, kneed in ARMS:
         settings = Settings(
             port=0,
             policy=policy,
             share_slots=share,
+            knee_calls=knee if kneed else None,
             model=args.model,
             admin_key=ADMIN_KEY,
             default_temperature=0.0,
         )
-        name = f"{policy}+share_slots" if share else policy
+        name = policy + ("+share_slots" if share else "") + (f"+knee {knee}" if kneed else "")
         run = await replay(settings, jobs, 1.0, ceiling)
         arms[name] = summary(run, jobs, settings)
         print(name, {k: round(v, 2) for k, v in arms[name].items()}, flush=True)
+        if knee is None:
+            model, _ = fit_step_model([run.steps])
+            knee = knee_calls(model, mean_decode_context(jobs), settings.max_num_seqs)
     base = arms["fcfs"]
     ratios = {name: {k: arm[k] / base[k] for k in RATIOS} for name, arm in arms.items()}
-    return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model}
+    return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model, "knee": knee}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -64,12 +64,18 @@ class Regime:
         return knee_calls(self.step_model, mean_context)
 
 
-def knee_calls(model: StepTimeModel, mean_context: float) -> int:
+def knee_calls(model: StepTimeModel, mean_context: float, max_batch: int | None = None) -> int:
+    """The decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote, or, for
+    an engine of `max_batch` slots, of the full batch's: `B / (o + B k) >= e S / (o + S k)`, i.e.
+    `B = ceil(e S o / (o + (1 - e) S k))` (the asymptote's as S grows). An engine whose slots
+    end well before the asymptote never reaches it: 80 % of it may lie past the full batch."""
     per_call = model.per_token_s + model.per_context_token_s * mean_context
     if per_call <= 0:
         return 1
-    ratio = KNEE_EFFICIENCY / (1.0 - KNEE_EFFICIENCY)
-    return max(1, math.ceil(model.overhead_s / per_call * ratio))
+    e, o = KNEE_EFFICIENCY, model.overhead_s
+    if max_batch is None:
+        return max(1, math.ceil(o / per_call * e / (1.0 - e)))
+    return max(1, math.ceil(e * max_batch * o / (o + (1.0 - e) * max_batch * per_call)))
 
 
 def gpu_regime() -> Regime:

@@ -44,10 +44,17 @@ def engine_setup(jobs: Sequence[Job], regime: Regime) -> tuple[EngineSetup, int]
     mean_call = float(np.mean([n.prompt_tokens + n.output_tokens for n in calls]))
     context = max(n.prompt_tokens + n.max_tokens for n in calls)
     num_blocks = regime.num_blocks(mean_call, context)
-    work = sum(kv_token_time(n.prompt_tokens, n.output_tokens) for n in calls)
-    mean_context = work / sum(n.output_tokens for n in calls)
     config = regime.engine_config(context, num_blocks)
-    return EngineSetup(config, regime.step_model, regime.knee_calls(mean_context)), context
+    knee = regime.knee_calls(mean_decode_context(jobs))
+    return EngineSetup(config, regime.step_model, knee), context
+
+
+def mean_decode_context(jobs: Sequence[Job]) -> float:
+    """The context a decoding call reads, on average over every output token of the jobs: their
+    KV token-time per output token."""
+    calls = [n for j in jobs for n in j.nodes]
+    work = sum(kv_token_time(n.prompt_tokens, n.output_tokens) for n in calls)
+    return work / sum(n.output_tokens for n in calls)
 
 
 def prepare(jobs: Sequence[Job], regime: Regime) -> Prepared:

@@ -9,7 +9,7 @@ from bench.sched import main as sched_main
 from bench.sim.metrics import jain_index, run_metrics
 from bench.sim.predictions import Predictions, noisy, oracle
 from bench.sim.reference import solo_call_seconds
-from bench.sim.regime import gpu_regime
+from bench.sim.regime import gpu_regime, knee_calls
 from bench.sim.setup import Prepared
 from bench.sim.simulator import EngineSetup, Simulation
 from bench.sim.study import yardstick
@@ -271,3 +271,16 @@ def test_a_follower_arrives_when_the_job_before_it_finishes() -> None:
     result = sim.run()
     assert result.arrived == {"b": result.finish["a"]}  # not its own arrival of 99 s
     assert set(result.finish) == {"a", "b", "c"} and result.finish["b"] < 99.0
+
+
+def test_the_knee_reaches_its_share_of_the_full_batch_where_the_slots_end_first() -> None:
+    model = StepTimeModel(overhead_s=0.052, per_token_s=0.001)
+
+    def rate(batch: int) -> float:
+        return batch / model.step_time(batch, 0)
+
+    asymptote = knee_calls(model, mean_context=0.0)  # 80 % of 1 / per_token_s: 4 o / k, 208
+    assert asymptote > 64  # past the slots of a 64-slot engine
+    full = knee_calls(model, mean_context=0.0, max_batch=64)
+    assert rate(full) >= 0.8 * rate(64) > rate(full - 1)  # the least batch with 80 % of 64's
+    assert abs(knee_calls(model, 0.0, max_batch=10**9) - asymptote) <= 1  # the same as S grows
