@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from tenants.policies.base import EngineLoad, ReadyCall, kv_token_time
 from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
@@ -67,6 +68,18 @@ CHAIN_FACTOR = 1.5
 MIN_CHAIN_CALLS = 3
 
 
+class _Remaining(NamedTuple):
+    """What is left of a job, from the estimates of its unfinished nodes."""
+
+    path: float  # predicted output tokens along its longest path
+    total: float  # predicted output tokens in all
+    calls: int  # the most of them on one path
+    largest_call: float  # the largest KV token-time of one of them
+
+
+NOTHING_LEFT = _Remaining(0.0, 0.0, 0, 0.0)
+
+
 def _capped(predicted_output: float, max_tokens: int) -> float:
     """An output prediction as justitia charges it: never past the enforced max_tokens."""
     return min(predicted_output, float(max_tokens))
@@ -82,10 +95,9 @@ class JustitiaPolicy(BookPolicy):
         self._pampered_jobs = pampered_jobs
         self._clock = FairShareClock()
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
-        # job -> (critical path, total) of its unfinished nodes' predicted output tokens, the
-        # most calls on a path of them and the largest KV token-time of one of them; a job in
-        # `_stale` is recomputed at the next peek, which also fixes `_drain` and `_ahead`
-        self._remaining: dict[str, tuple[float, float, int, float]] = {}
+        # job -> what is left of it; a job in `_stale` is recomputed at the next peek, which
+        # also fixes `_drain` and `_ahead`
+        self._remaining: dict[str, _Remaining] = {}
         self._remaining_total = 0.0  # the sum of the totals in `_remaining`
         self._stale: set[str] = set()
         self._drain = math.inf  # steps to drain the backlog: set by `_eligible_jobs`, read by keys
@@ -126,16 +138,16 @@ class JustitiaPolicy(BookPolicy):
         return (not self._is_chain(job), job.info.tenant_id in self._ahead, *self._rank(job))
 
     def _is_chain(self, job: ActiveJob) -> bool:
-        path, _, calls, _ = self._remaining[job.info.job_id]
+        left = self._remaining[job.info.job_id]
         return (
             self._drain < math.inf
-            and path > CHAIN_FACTOR * self._drain
-            and calls >= MIN_CHAIN_CALLS
+            and left.path > CHAIN_FACTOR * self._drain
+            and left.calls >= MIN_CHAIN_CALLS
         )
 
     def _path(self, job: ActiveJob) -> float:
         """The job's remaining critical path, as last measured."""
-        return self._remaining[job.info.job_id][0]
+        return self._remaining[job.info.job_id].path
 
     def _job_priority(self, job: ActiveJob) -> float:
         return self._clock.tag(job.info.job_id)
@@ -161,7 +173,7 @@ class JustitiaPolicy(BookPolicy):
         allows, Δ one longest call), while a lead of many lets a tenant's many short jobs take
         the service a backlogged tenant is owed. Running calls count because an engine with free
         slots takes many calls in one pass, before any of them is served."""
-        largest = max((call for *_, call in self._remaining.values()), default=0.0)
+        largest = max((left.largest_call for left in self._remaining.values()), default=0.0)
         slack = self._clock.virtual_time(largest)
         committed: dict[str, float] = {}
         for job in self._jobs.values():
@@ -214,7 +226,7 @@ class JustitiaPolicy(BookPolicy):
                 self._re_estimate(job_id, node_id, prompt, used.get(node_id, 0))
         self._clock.release(job_id)
         del self._estimates[job_id]
-        self._remaining_total -= self._remaining.pop(job_id, (0.0, 0.0, 0, 0.0))[1]
+        self._remaining_total -= self._remaining.pop(job_id, NOTHING_LEFT).total
         self._stale.discard(job_id)
         if not self._remaining:
             self._remaining_total = 0.0  # no float drift outlives a backlog
@@ -232,24 +244,23 @@ class JustitiaPolicy(BookPolicy):
         """Recompute `_remaining` for the stale jobs."""
         for job_id in self._stale:
             fresh = self._measure_remaining(job_id)
-            self._remaining_total += fresh[1] - self._remaining.get(job_id, (0.0, 0.0, 0, 0.0))[1]
+            self._remaining_total += fresh.total - self._remaining.get(job_id, NOTHING_LEFT).total
             self._remaining[job_id] = fresh
         self._stale.clear()
 
-    def _measure_remaining(self, job_id: str) -> tuple[float, float, int, float]:
-        """(longest path, total) of the output estimates of the job's unfinished nodes, the most
-        of them on one path and the largest KV token-time of one of them."""
+    def _measure_remaining(self, job_id: str) -> _Remaining:
+        """What is left of the job, from the estimates of its unfinished nodes."""
         job, estimates = self._jobs[job_id], self._estimates[job_id]
         left = {n: d for n, (_, d) in estimates.items() if n not in job.done}
         calls = round(job.longest_path(dict.fromkeys(left, 1.0)))
         largest = max((kv_token_time(*estimates[n]) for n in left), default=0.0)
-        return job.longest_path(left), sum(left.values()), calls, largest
+        return _Remaining(job.longest_path(left), sum(left.values()), calls, largest)
 
     def _check_order(self) -> None:
         self._clock.check_invariants()
         assert set(self._estimates) == set(self._jobs) == self._clock.live_jobs()
         assert set(self._remaining) | self._stale == set(self._jobs)
-        total = sum(left for _, left, _, _ in self._remaining.values())
+        total = sum(left.total for left in self._remaining.values())
         assert abs(total - self._remaining_total) <= 1e-6 * max(1.0, total)
         for job_id, cached in self._remaining.items():
             if job_id not in self._stale:
