@@ -36,6 +36,7 @@ from bench.sim.reference import bound_slack, gps_finish
 from bench.sim.regime import knee_calls
 from bench.sim.setup import mean_decode_context
 from bench.workloads.format import Job, Node
+from engine import StepTimeModel
 from gateway.engine_setup import engine_config
 from gateway.settings import Settings
 
@@ -71,7 +72,9 @@ def workload(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
-def summary(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, float]:
+def summary(
+    run: LiveRun, jobs: Sequence[Job], settings: Settings, model: StepTimeModel
+) -> dict[str, float]:
     def avg(tenants: Sequence[str]) -> float:
         return statistics.fmean(run.jobs[j.job_id].jct for j in jobs if j.tenant in tenants)
 
@@ -80,7 +83,7 @@ def summary(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, 
         "light_avg_jct_s": avg(LIGHT),
         "heavy_avg_jct_s": avg((HEAVY,)),
         "makespan_s": max(ends),
-        **light_against_bound(run, jobs, settings),
+        **light_against_bound(run, jobs, settings, model),
     }
 
 
@@ -98,13 +101,15 @@ def with_live_counts(job: Job, run: LiveRun) -> Job:
     return dataclasses.replace(job, nodes=nodes)
 
 
-def light_against_bound(run: LiveRun, jobs: Sequence[Job], settings: Settings) -> dict[str, float]:
-    """How many light jobs ended past `gps_finish + Δ` of the run's own GPS reference, and the
-    latest light end against it in seconds (negative: every one within)."""
+def light_against_bound(
+    run: LiveRun, jobs: Sequence[Job], settings: Settings, model: StepTimeModel
+) -> dict[str, float]:
+    """How many light jobs ended past `gps_finish + Δ` of the run's own GPS reference (Δ by
+    `model`, fitted on the run's steps), and the latest light end against it in seconds
+    (negative: every one within)."""
     ran = [with_live_counts(j, run) for j in jobs]
     config = engine_config(settings)
     finish = gps_finish(ran, run.num_blocks * config.block_size, busy_step_s(run.steps))
-    model, _ = fit_step_model([run.steps])
     delta = bound_slack(ran, model, config.max_num_batched_tokens)
     over = [
         j.arrival + run.jobs[j.job_id].jct - finish[j.job_id] - delta
@@ -131,10 +136,10 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
         )
         name = policy + ("+share_slots" if share else "") + (f"+knee {knee}" if kneed else "")
         run = await replay(settings, jobs, 1.0, ceiling)
-        arms[name] = summary(run, jobs, settings)
+        model, _ = fit_step_model([run.steps])
+        arms[name] = summary(run, jobs, settings, model)
         print(name, {k: round(v, 2) for k, v in arms[name].items()}, flush=True)
         if knee is None:
-            model, _ = fit_step_model([run.steps])
             knee = knee_calls(model, mean_decode_context(jobs), settings.max_num_seqs)
     base = arms["fcfs"]
     ratios = {name: {k: arm[k] / base[k] for k in RATIOS} for name, arm in arms.items()}
