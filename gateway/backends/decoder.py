@@ -7,8 +7,9 @@ becomes a delta (its token ids and text); the chunk with a `finish_reason` is th
 is held back until the usage chunk that follows it (choices empty, `usage` set) or the end of the
 stream, so whoever sees the finished delta can also read the call's usage. The usage is the
 server's when it sent one (the quota settles on it), else the token ids counted. An error event
-(`{"error": {...}}`, as vLLM and fairgate send one mid-stream) ends the call: a 5xx (or none
-given) as lost, a 4xx as refused. A stream that ends with no finish was cut: lost.
+(`{"error": {...}}`, as vLLM and fairgate send one mid-stream) ends the call as its code says
+(`answer_error`: a 4xx refused, a 5xx or none lost). A stream that ends with no finish was cut:
+lost.
 Pure: events' data in, deltas out.
 Invariant: exactly one delta has `finished` True, and it is the last; `usage` is set before it is
 handed out.
@@ -21,7 +22,7 @@ from typing import Any
 
 from engine import TokenDelta
 from gateway.backends.base import CallUsage
-from gateway.backends.errors import BackendLost, BackendRefused
+from gateway.backends.errors import BackendLost, answer_error
 from gateway.backends.wire import finish_reason
 
 DONE = "[DONE]"
@@ -108,6 +109,4 @@ def _error(call_id: str, error: Any) -> Exception:
     info = error if isinstance(error, dict) else {"message": str(error)}
     code = info.get("code")
     message = f"call {call_id}: the server failed it: {info.get('message', '?')}"
-    if isinstance(code, int) and 400 <= code < 500:
-        return BackendRefused(message, code)
-    return BackendLost(message)
+    return answer_error(message, code if isinstance(code, int) else None)

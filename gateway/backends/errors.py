@@ -2,7 +2,12 @@
 
 `BackendLost`: the backend failed while it held the call (no connection, a dropped stream, a 5xx):
 the call may run again elsewhere. `BackendRefused`: the backend answered and refused this call (a
-4xx): running it elsewhere would be refused too, so the call fails. `BackendMismatch`: at start-up
+4xx): running it elsewhere would be refused too, so the call fails. `answer_error` reads a server's
+error answer by its HTTP status: a 4xx refuses the call (but 408 and 429, which say the server is
+busy); 408, 429, 502, 503 and 504 say the server, or a proxy before it, is busy or away; any other
+5xx (500: the server failed this call) is a loss the server `answered`: it is up, and the failure
+may be the call's own, so it says nothing of the server's health (a tenant's calls that make the
+server fail must not stop it for every tenant). `BackendMismatch`: at start-up
 the server is not the one the settings describe (another model, another tokenizer).
 `BackendUnreachable`: at start-up the server could not be asked at all.
 """
@@ -15,7 +20,12 @@ class BackendError(Exception):
 
 
 class BackendLost(BackendError):
-    """The backend failed while it held the call: the call may run again elsewhere."""
+    """The backend failed while it held the call: the call may run again elsewhere. `answered`:
+    the server itself answered that the call failed (it is up)."""
+
+    def __init__(self, message: str, *, answered: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 class BackendRefused(BackendError):
@@ -32,3 +42,14 @@ class BackendMismatch(BackendError):
 
 class BackendUnreachable(BackendError):
     """The start-up check could not reach the server or read its answer."""
+
+
+BUSY = frozenset({408, 429})  # a 4xx that says the server is busy, not that the call is wrong
+AWAY = frozenset({502, 503, 504})  # the server, or a proxy before it, cannot serve now
+
+
+def answer_error(message: str, status: int | None) -> BackendError:
+    """The error a server's error answer of HTTP `status` (None: it gave none) stands for."""
+    if status is not None and 400 <= status < 500 and status not in BUSY:
+        return BackendRefused(message, status)
+    return BackendLost(message, answered=status not in BUSY | AWAY)

@@ -9,7 +9,8 @@ streams one `/v1/completions` request (wire.py), decodes its events into deltas 
 hands them to the call's stream (call_stream.py). Closing that stream early, `abort`, or closing
 the backend cancels the task, which closes the HTTP response: the disconnect is the abort the
 server understands. A failed connection, a 5xx or a cut stream is `BackendLost` (the call may run
-elsewhere) and counts against the breaker; a 4xx is `BackendRefused` (the call fails).
+elsewhere) and counts against the breaker, but for a failure the server answered for this call
+(a 500: errors.py), which counts neither way; a 4xx is `BackendRefused` (the call fails).
 Other replicas send calls to the same server, and room they free shows here only with a scrape:
 a call of this replica that ends while the server was full calls `on_freed` (the replicas'
 room news, gateway/room_news.py, tells the others), and `scrape_soon` (news from another
@@ -42,7 +43,7 @@ from gateway.backends.base import BackendCall, BackendCapacity, CallStream, Capa
 from gateway.backends.breaker import CircuitBreaker
 from gateway.backends.call_stream import CallControl, Item, RemoteCallStream
 from gateway.backends.decoder import CompletionDecoder
-from gateway.backends.errors import BackendError, BackendLost, BackendRefused
+from gateway.backends.errors import BackendError, BackendLost, answer_error
 from gateway.backends.server_load import ServerLoad, parse_load
 from gateway.backends.settings import BackendSettings
 from gateway.backends.startup import ServerInfo, check_server
@@ -58,15 +59,14 @@ CONNECT_TIMEOUT_S = 5.0
 # others, does at 5 s): a request sent as the server closes its end fails unread
 KEEPALIVE_S = 2.0
 NEWS_GAP_S = 0.02  # the least time between two scrapes that news asked for
-RETRYABLE_STATUSES = (408, 429)  # the server is busy, not refusing the call: lost, not failed
 
 
 class _Verdict(enum.Enum):
     """What a call's end says about the backend, for the breaker."""
 
-    NONE = "none"  # nothing (aborted before the server answered)
+    NONE = "none"  # nothing (aborted before the server answered, or it failed this call)
     WORKS = "works"  # the server answered
-    FAILED = "failed"  # no connection, a 5xx, a cut stream
+    FAILED = "failed"  # no connection, a cut stream, a busy or away answer (errors.py)
 
 
 @dataclass(slots=True)
@@ -270,9 +270,7 @@ class OpenAIBackend(OwnsTasks):
                     attempt.verdict = _Verdict.WORKS
                 except (BackendError, httpx.HTTPError) as exc:
                     error = self._as_backend_error(call, exc)
-                    # a refusal is an answer: the server works
-                    lost = isinstance(error, BackendLost)
-                    attempt.verdict = _Verdict.FAILED if lost else _Verdict.WORKS
+                    attempt.verdict = _verdict(error)
                     await attempt.send.send(error)
                 except anyio.BrokenResourceError:
                     pass  # the stream was closed: nobody listens, the response closes here
@@ -325,6 +323,14 @@ class OpenAIBackend(OwnsTasks):
         return BackendLost(f"backend {self.name}: call {call.call_id}: {exc!r}")
 
 
+def _verdict(error: BackendError) -> _Verdict:
+    if not isinstance(error, BackendLost):
+        return _Verdict.WORKS  # a refusal is an answer: the server works
+    # a server that failed this call and said so is up; the call may be what fails it, and one
+    # tenant's calls must not open the breaker for every tenant (/health says if it is sick)
+    return _Verdict.NONE if error.answered else _Verdict.FAILED
+
+
 def _refusal(call: BackendCall, response: httpx.Response) -> BackendError:
     """The error a non-200 answer to a completion request stands for."""
     try:
@@ -332,7 +338,4 @@ def _refusal(call: BackendCall, response: httpx.Response) -> BackendError:
     except (ValueError, KeyError, TypeError):
         message = response.text[:300]
     text = f"call {call.call_id}: the server answered {response.status_code}: {message}"
-    status = response.status_code
-    if status >= 500 or status in RETRYABLE_STATUSES:
-        return BackendLost(text)
-    return BackendRefused(text, status)
+    return answer_error(text, response.status_code)

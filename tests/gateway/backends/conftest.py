@@ -2,9 +2,9 @@
 
 The app is the engine's own (`build_app`), over the simulated engine and the engine tests' small
 byte-level tokenizer, served by uvicorn on port 0, behind a `Gate`: an ASGI wrapper through which
-a test makes a route fail (503), demands an API key, or has the text's line separators sent raw
-(as vLLM sends them). The tokenizer the backend checks against is the same tokenizer saved to a
-folder. The simulated engine's tokens are a hash of the request
+a test makes a route fail with the status it names, demands an API key, or has the text's line
+separators sent raw (as vLLM sends them). The tokenizer the backend checks against is the same
+tokenizer saved to a folder. The simulated engine's tokens are a hash of the request
 id and position and never end-of-sequence: a call makes exactly max_tokens, and the same request
 id and prompt make the same tokens. `step_s` > 0 makes each engine step take that long, so a
 test can act while a call runs.
@@ -12,6 +12,7 @@ test can act while a call runs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -40,10 +41,11 @@ SLOW_STEP_S = 0.02  # 500 tokens take 10 s: longer than any bounded wait here
 
 @dataclass
 class Gate:
-    """In front of the app: routes that answer 503, and an API key every request must carry."""
+    """In front of the app: routes that fail (with their status), and an API key every request
+    must carry."""
 
     app: ASGIApp
-    failing: set[str] = field(default_factory=set)
+    failing: dict[str, int] = field(default_factory=dict)
     api_key: str | None = None
     # send U+0085, U+2028 and U+2029 raw, as vLLM does (fairgate's server escapes them)
     raw_separators: bool = False
@@ -54,8 +56,10 @@ class Gate:
             wanted = f"Bearer {self.api_key}".encode()
             if self.api_key is not None and headers.get(b"authorization") != wanted:
                 return await _answer(send, 401, b'{"error": {"message": "bad key", "code": 401}}')
-            if scope["path"] in self.failing:
-                return await _answer(send, 503, b'{"error": {"message": "down", "code": 503}}')
+            status = self.failing.get(scope["path"])
+            if status is not None:
+                body = json.dumps({"error": {"message": "it failed", "code": status}})
+                return await _answer(send, status, body.encode())
         await self.app(scope, receive, _unescaping(send) if self.raw_separators else send)
 
 

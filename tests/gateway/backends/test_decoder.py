@@ -85,23 +85,40 @@ def test_empty_chunks_make_no_delta() -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "raised"),
+    ("error", "raised", "answered"),
     [
-        ({"message": "bad", "type": "BadRequestError", "code": 400}, BackendRefused),
-        ({"message": "engine failed", "type": "InternalServerError", "code": 500}, BackendLost),
-        ({"message": "no code"}, BackendLost),
+        ({"message": "bad", "type": "BadRequestError", "code": 400}, BackendRefused, None),
+        ({"message": "busy", "type": "RateLimitError", "code": 429}, BackendLost, False),
+        (
+            {"message": "engine failed", "type": "InternalServerError", "code": 500},
+            BackendLost,
+            True,
+        ),
+        (
+            {"message": "shut down", "type": "ServiceUnavailableError", "code": 503},
+            BackendLost,
+            False,
+        ),
+        ({"message": "no code"}, BackendLost, True),
     ],
 )
-def test_an_error_event_ends_the_call(error: dict[str, Any], raised: type[Exception]) -> None:
+def test_an_error_event_ends_the_call_as_its_code_says(
+    error: dict[str, Any], raised: type[Exception], answered: bool | None
+) -> None:
+    """`answered`: the server failed this call itself (it is up: the breaker ignores it)."""
     decoder = CompletionDecoder("c", 1)
     decoder.feed(chunk([1]))
-    with pytest.raises(raised, match=error["message"]):
+    with pytest.raises(raised, match=error["message"]) as ended:
         decoder.feed(json.dumps({"error": error}))
+    if answered is not None:
+        assert isinstance(ended.value, BackendLost)
+        assert ended.value.answered is answered
 
 
 @pytest.mark.parametrize("event", ["not json", chunk([9])])
 def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> None:
     decoder = CompletionDecoder("c", 1)
     decoder.feed(chunk([1], reason="length"))
-    with pytest.raises(BackendLost):
+    with pytest.raises(BackendLost) as lost:
         decoder.feed(event)
+    assert not lost.value.answered  # a broken stream is no answer: it counts against the server

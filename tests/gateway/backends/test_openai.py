@@ -149,7 +149,7 @@ async def test_stale_metrics_make_it_unhealthy_until_a_scrape_lands(
     clock = FakeClock()
     async with backend_on(server.url, tokenizer_dir, clock=clock) as backend:
         assert backend.capacity().healthy
-        server.gate.failing.add("/metrics")
+        server.gate.failing["/metrics"] = 503
         await backend.next_scrape()
         assert backend.capacity().healthy  # the last snapshot is still fresh
         clock.advance(backend.stale_after_s + 0.001)
@@ -162,22 +162,23 @@ async def test_a_failing_health_check_makes_it_unhealthy(
     server: Remote, tokenizer_dir: Path
 ) -> None:
     async with backend_on(server.url, tokenizer_dir) as backend:
-        server.gate.failing.add("/health")
+        server.gate.failing["/health"] = 503
         await scraped_until(backend, lambda: not backend.capacity().healthy)
         server.gate.failing.clear()
         await scraped_until(backend, lambda: backend.capacity().healthy)
 
 
-async def test_5xx_answers_are_lost_calls_that_open_the_breaker_until_a_trial_succeeds(
-    server: Remote, tokenizer_dir: Path
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+async def test_busy_or_away_answers_are_lost_calls_that_open_the_breaker_until_a_trial_succeeds(
+    server: Remote, tokenizer_dir: Path, status: int
 ) -> None:
     clock = FakeClock()
     overrides = {"breaker_failures": 2, "breaker_cooldown_s": 30.0}
     async with backend_on(server.url, tokenizer_dir, clock=clock, **overrides) as backend:
-        server.gate.failing.add("/v1/completions")
+        server.gate.failing["/v1/completions"] = status
         for i in range(2):
             assert backend.capacity().healthy
-            with pytest.raises(BackendLost, match="503"):
+            with pytest.raises(BackendLost, match=str(status)):
                 [delta async for delta in backend.submit(make_call(f"call-{i}"))]
         assert not backend.capacity().healthy
         server.gate.failing.clear()
@@ -188,6 +189,23 @@ async def test_5xx_answers_are_lost_calls_that_open_the_breaker_until_a_trial_su
         assert not backend.capacity().healthy  # only one
         assert [d async for d in trial][-1].finished
         assert backend.capacity().healthy
+
+
+async def test_calls_the_server_fails_are_lost_but_never_open_the_breaker(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A 500 says the server failed that call, which may be the call's doing: a tenant whose
+    calls all fail so must not stop the server for the others, however many it sends at once."""
+    async with backend_on(server.url, tokenizer_dir, breaker_failures=2) as backend:
+        server.gate.failing["/v1/completions"] = 500
+        streams = [backend.submit(make_call(f"poison-{i}")) for i in range(6)]
+        for stream in streams:
+            with pytest.raises(BackendLost, match="500") as lost:
+                [delta async for delta in stream]
+            assert lost.value.answered
+        assert backend.capacity().healthy
+        server.gate.failing.clear()
+        assert [d async for d in backend.submit(make_call("honest"))][-1].finished
 
 
 async def test_a_refused_call_fails_with_the_servers_reason_and_spares_the_breaker(

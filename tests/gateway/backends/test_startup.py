@@ -49,7 +49,7 @@ async def test_a_server_with_another_tokenizer_is_refused_saying_where_they_part
 async def test_a_server_without_tokenize_is_unreachable_for_the_check(
     server: Remote, tokenizer_dir: Path
 ) -> None:
-    server.gate.failing.add("/tokenize")
+    server.gate.failing["/tokenize"] = 503
     async with httpx.AsyncClient(base_url=server.url) as client:
         with pytest.raises(BackendUnreachable, match="POST /tokenize answered 503"):
             await check_server(client, "b", MODEL, tokenizer_dir)
