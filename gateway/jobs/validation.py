@@ -1,21 +1,24 @@
 """Job validation: every rule a job must keep before it is admitted, all violations at once.
 
-Algorithm: independent checks walk the spec — job fields, deadline and inputs, then each node
-(id, dependencies, prompt, template references, rendered size, sampling), then the graph
-(cycles, depth, fan-out) — and each yields FieldViolations whose `field` is a path relative to
-JobSpec, e.g. `nodes[3].depends_on[0]`. `validate_job` raises JobInvalid with the list, or
-returns. The list travels back in gRPC trailers, which clients cap at 8 KiB, so a violation
-quotes at most `_SHOWN_CHARS` of any text the client sent and the list stops at
-`_VIOLATION_BYTES`, its last violation counting the ones left out. Reference rule: a template
+Algorithm: first the counts that bound the graph checks' work (nodes, and each node's dependencies:
+those checks cost up to the nodes times the edges), so a job past one is refused with those
+violations alone, after one pass over its nodes. Then independent checks walk the spec — job
+fields, deadline and inputs, then each node (id, dependencies, prompt, template references,
+rendered size, sampling), then the graph (cycles, depth, fan-out) — and each yields FieldViolations
+whose `field` is a path relative to JobSpec, e.g. `nodes[3].depends_on[0]`. `validate_job` raises
+JobInvalid with the list, or returns. The list travels back in gRPC trailers, which clients cap at
+8 KiB, so a violation quotes at most `_SHOWN_CHARS` of any text the client sent and the list stops
+at `_VIOLATION_BYTES`, its last violation counting the ones left out. Reference rule: a template
 may use the output of any node it reaches through depends_on (a parent or a parent's ancestor);
-those are exactly the nodes that have finished when it renders. Size rule: a node's prompt,
-counting its inputs at their length and its parents' outputs as empty, is at most
-`max_prompt_chars`; it is computed from sizes, never rendered. Invariant: a job that passes has
-at least one node, unique well-formed ids, only known dependencies and references, no cycle,
-every limit of JobLimits kept, finite sampling values in the engine's ranges, a finite deadline
-(not yet passed at `now`, when given), and every node exactly one prompt (a non-blank template
-or at least one chat message) — so `Dag.of_job` cannot fail on it, nor can
-`template.render_node` once the node's ancestors have outputs.
+those are exactly the nodes that have finished when it renders (with a cycle the rule waits: the
+cycle is reported, and which nodes a node reaches is defined once it is broken). Size rule: a
+node's prompt, counting its inputs at their length and its parents' outputs as empty, is at most
+`max_prompt_chars`; it is computed from sizes, never rendered. Invariant: a job that passes has at
+least one node, unique well-formed ids, only known dependencies and references, no cycle, every
+limit of JobLimits kept, finite sampling values in the engine's ranges, a finite deadline (not yet
+passed at `now`, when given), and every node exactly one prompt (a non-blank template or at least
+one chat message) — so `Dag.of_job` cannot fail on it, nor can `template.render_node` once the
+node's ancestors have outputs.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine import MAX_TEMPERATURE, MIN_TEMPERATURE
-from gateway.jobs.dag import Dag, ancestors, find_cycles
+from gateway.jobs.dag import Dag, find_cycles
 from gateway.jobs.errors import FieldViolation, JobInvalid
 from gateway.jobs.model import CHAT_ROLES, JobSpec, NodeSpec, SamplingSpec
 from gateway.jobs.template import (
@@ -81,6 +84,8 @@ class _Job:
     # each node's rendered size, outputs counted as empty: the parents have not run, so this
     # is the least its prompt takes
     prompt_chars: Sequence[int]
+    cycles: Sequence[Sequence[str]]  # among the known dependencies
+    dag: Dag | None  # of the known dependencies; None with a cycle
 
     @classmethod
     def of(cls, spec: JobSpec, limits: JobLimits) -> _Job:
@@ -90,7 +95,10 @@ class _Job:
         edges = {node_id: spec.nodes[i].depends_on for node_id, i in first_index.items()}
         input_chars = input_sizes(spec.inputs)
         prompt_chars = [rendered_chars(node, input_chars, {}) for node in spec.nodes]
-        return cls(spec, limits, first_index, edges, input_chars, prompt_chars)
+        known = {node: [p for p in deps if p in edges] for node, deps in edges.items()}
+        cycles = find_cycles(known)
+        dag = None if cycles else Dag.build(known)
+        return cls(spec, limits, first_index, edges, input_chars, prompt_chars, cycles, dag)
 
 
 def input_sizes(inputs: Mapping[str, str]) -> dict[str, int]:
@@ -112,7 +120,11 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
     `now` (seconds since the epoch) is the submission time a deadline must still be ahead of;
     the caller reads the clock, so validation stays a pure function of its arguments.
     """
-    job = _Job.of(spec, limits or JobLimits())
+    limits = limits or JobLimits()
+    too_many = list(_check_counts(spec, limits))
+    if too_many:
+        raise JobInvalid(_bounded(too_many))
+    job = _Job.of(spec, limits)
     violations = [
         *_check_job_fields(spec, job.limits),
         *_check_deadline(spec.deadline_unix_s, now),
@@ -135,11 +147,23 @@ def _bounded(violations: list[FieldViolation]) -> list[FieldViolation]:
     return violations
 
 
+def _check_counts(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    """The counts that bound the graph checks' work: nodes, and each node's dependencies (it
+    cannot depend on more nodes than a job holds)."""
+    if len(spec.nodes) > limits.max_nodes:
+        yield FieldViolation("nodes", f"{len(spec.nodes)} nodes; at most {limits.max_nodes}")
+        return  # each node's count would be a pass over all of them
+    for index, node in enumerate(spec.nodes):
+        if len(node.depends_on) > limits.max_nodes:
+            yield FieldViolation(
+                f"nodes[{index}].depends_on",
+                f"{len(node.depends_on)} dependencies; at most {limits.max_nodes}",
+            )
+
+
 def _check_job_fields(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
     if not spec.nodes:
         yield FieldViolation("nodes", "a job needs at least one node")
-    if len(spec.nodes) > limits.max_nodes:
-        yield FieldViolation("nodes", f"{len(spec.nodes)} nodes; at most {limits.max_nodes}")
     yield from _check_length("name", spec.name, limits.max_name_chars)
     yield from _check_length("idempotency_key", spec.idempotency_key, limits.max_name_chars)
     if not limits.min_priority <= spec.priority <= limits.max_priority:
@@ -204,12 +228,14 @@ def _check_id(at: str, index: int, node_id: str, job: _Job) -> Iterator[FieldVio
 def _check_depends_on(
     at: str, node: NodeSpec, edges: Mapping[str, Sequence[str]]
 ) -> Iterator[FieldViolation]:
+    listed: set[str] = set()
     for k, parent in enumerate(node.depends_on):
         field = f"{at}.depends_on[{k}]"
         if parent not in edges:
             yield FieldViolation(field, f"unknown node {_cut(parent)!r}")
-        elif parent in node.depends_on[:k]:
+        elif parent in listed:
             yield FieldViolation(field, f"{_cut(parent)!r} is listed twice")
+        listed.add(parent)
 
 
 def _check_prompt(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[FieldViolation]:
@@ -241,7 +267,8 @@ def _check_messages(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[Fiel
 
 
 def _check_references(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViolation]:
-    reachable = ancestors(job.edges, node.id)
+    # with a cycle, which outputs a node may use is not defined until it is broken
+    reachable = None if job.dag is None else job.dag.ancestors(node.id)
     for field, template in node.templates():
         for placeholder in dict.fromkeys(malformed_placeholders(template)):
             yield FieldViolation(
@@ -256,7 +283,7 @@ def _check_references(at: str, node: NodeSpec, job: _Job) -> Iterator[FieldViola
 
 
 def _reference_problem(
-    kind: RefKind, name: str, node_id: str, job: _Job, reachable: set[str]
+    kind: RefKind, name: str, node_id: str, job: _Job, reachable: frozenset[str] | None
 ) -> str | None:
     if kind is RefKind.INPUT:
         return None if name in job.spec.inputs else f"unknown input {_cut(name)!r}"
@@ -264,7 +291,7 @@ def _reference_problem(
         return "a node cannot use its own output"
     if name not in job.edges:
         return f"unknown node {_cut(name)!r}"
-    if name not in reachable:
+    if reachable is not None and name not in reachable:
         return f"{_cut(name)!r} is not among this node's dependencies; add it to depends_on"
     return None
 
@@ -334,15 +361,13 @@ def _check_stop(at: str, stop: Sequence[str], limits: JobLimits) -> Iterator[Fie
 
 
 def _check_graph(job: _Job) -> Iterator[FieldViolation]:
-    known = {node: [p for p in deps if p in job.edges] for node, deps in job.edges.items()}
-    cycles = find_cycles(known)
-    for cycle in cycles:
+    for cycle in job.cycles:
         index = job.first_index[cycle[-1]]
         closing = job.spec.nodes[index].depends_on.index(cycle[0])
         yield FieldViolation(f"nodes[{index}].depends_on[{closing}]", _describe_cycle(cycle))
-    if cycles or not known:
+    dag = job.dag
+    if dag is None or not dag.order:
         return
-    dag = Dag.build(known)
     depths = dag.depths()
     deepest = max(depths, key=depths.__getitem__)
     if depths[deepest] > job.limits.max_depth:
@@ -359,7 +384,7 @@ def _check_graph(job: _Job) -> Iterator[FieldViolation]:
             )
 
 
-def _describe_cycle(cycle: list[str]) -> str:
+def _describe_cycle(cycle: Sequence[str]) -> str:
     if len(cycle) == 1:
         return f"{_cut(cycle[0])!r} depends on itself"
     shown = [repr(_cut(node)) for node in cycle[:_CYCLE_SHOWN]]

@@ -236,6 +236,31 @@ def test_node_count_limit() -> None:
     )
 
 
+def test_a_job_past_the_node_count_is_told_so_alone() -> None:
+    """The graph checks cost up to the nodes times the edges: a job far past the count (a chain
+    of 20,000 nodes, about 20 bytes each in a request) is refused before any of them runs, with
+    the count alone (it would also break the depth limit)."""
+    assert violations(chain(20_000)) == [FieldViolation("nodes", "20000 nodes; at most 256")]
+
+
+def test_a_node_past_the_dependency_count_is_told_so_alone() -> None:
+    """Each listed dependency is checked against the ones before it: a node listing one parent
+    100,000 times is refused with one violation, not one per repeat."""
+    spec = make_job(make_node("a"), make_node("b", depends_on=("a",) * 100_000))
+    assert violations(spec) == [
+        FieldViolation("nodes[1].depends_on", "100000 dependencies; at most 256")
+    ]
+
+
+def test_a_cycle_leaves_which_outputs_a_node_may_use_to_after_it_is_broken() -> None:
+    spec = make_job(
+        make_node("a", "{{b.output}}", depends_on=("b",)),
+        make_node("b", "{{c.output}}", depends_on=("a",)),
+        make_node("c"),
+    )
+    assert only(spec).description == "dependency cycle: 'a' -> 'b' -> 'a'"
+
+
 def test_depth_limit() -> None:
     validate_job(chain(4), JobLimits(max_depth=4))
     violation = only(chain(5), JobLimits(max_depth=4))
