@@ -56,7 +56,14 @@ from gateway.gateway_protos import (
     usage,
 )
 from gateway.job_run import JobEnded, JobEvent, JobRun, TokensAdded
-from gateway.jobs import ChatMessage, JobLimits, JobSpec, NodeSpec, validate_job
+from gateway.jobs import (
+    ChatMessage,
+    JobLimits,
+    JobSpec,
+    NodeSpec,
+    check_node_count,
+    validate_job,
+)
 from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
 from gateway.overload import ShedJob
@@ -144,8 +151,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         key_id = current_key()
         epochs = (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"])
         quota = await self._quota(tenant_id)
-        limits = limits_for(quota, self.dispatcher.config.max_prompt_chars, self.dispatcher.models)
-        validate_job(spec, limits, now=self.clock())
+        validate_job(spec, self._limits(quota), now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
@@ -257,9 +263,18 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             quota = self._quotas[tenant_id] = (await self.store.get_tenant(tenant_id)).quota
         return quota
 
+    def _limits(self, quota: TenantQuota) -> JobLimits:
+        return limits_for(quota, self.dispatcher.config.max_prompt_chars, self.dispatcher.models)
+
+    async def _spec(self, tenant_id: str, msg: pb.JobSpec) -> JobSpec:
+        """The request's job, converted once its node count is known to be within the tenant's
+        (`check_node_count`)."""
+        check_node_count(len(msg.nodes), self._limits(await self._quota(tenant_id)))
+        return job_spec_from_proto(msg)
+
     @grpc_edge
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.Job:
-        spec = job_spec_from_proto(request.job)
+        spec = await self._spec(current_tenant(), request.job)
         run = await self.submit(current_tenant(), spec, _fingerprint(request.job))
         return job_to_proto(run)
 
@@ -299,7 +314,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: pb.SubmitJobRequest, context: Context
     ) -> AsyncIterator[pb.JobEvent]:
         async with self._stream() as stream:
-            spec = job_spec_from_proto(request.job)
+            spec = await self._spec(current_tenant(), request.job)
             fingerprint = _fingerprint(request.job)
             run = await self.submit(current_tenant(), spec, fingerprint, streamed=True)
             stream.watch(run)

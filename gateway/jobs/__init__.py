@@ -20,7 +20,13 @@ from gateway.jobs.template import (
     render_node,
     rendered_chars,
 )
-from gateway.jobs.validation import JobLimits, input_sizes, oversized_prompt, validate_job
+from gateway.jobs.validation import (
+    JobLimits,
+    check_node_count,
+    input_sizes,
+    oversized_prompt,
+    validate_job,
+)
 
 __all__ = [
     "ChatMessage",
@@ -36,6 +42,7 @@ __all__ = [
     "Reference",
     "SamplingSpec",
     "TemplateUnresolved",
+    "check_node_count",
     "input_sizes",
     "oversized_prompt",
     "references",

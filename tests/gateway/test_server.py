@@ -123,6 +123,23 @@ async def test_bad_job_is_invalid_argument_with_the_offending_field(harness: Har
     assert "nodes[1].depends_on[1]" in fields
 
 
+async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
+    harness: Harness,
+) -> None:
+    """A chain of 20,000 nodes (0.3 MB) is refused for its count before it is converted or its
+    graph checked (which took seconds, on the event loop every tenant shares)."""
+    nodes = [node("n0", "x")] + [node(f"n{i}", "x", 8, f"n{i - 1}") for i in range(1, 20_000)]
+    spec = pb.JobSpec(nodes=nodes)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha"))
+    code, details = status_of(caught.value)
+    assert code == code_pb2.INVALID_ARGUMENT
+    bad = next(d for d in details if isinstance(d, error_details_pb2.BadRequest))
+    assert [(v.field, v.description) for v in bad.field_violations] == [
+        ("nodes", "20000 nodes; at most 256")
+    ]
+
+
 async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
     slow = pb.JobSpec(nodes=[node("a", "one", 2000)])
     await harness.stub.SubmitJob(pb.SubmitJobRequest(job=slow), metadata=harness.auth("beta"))
