@@ -32,8 +32,9 @@ raises and fails that call's node only; nothing a call does can end the loop.
 
 Invariant: every reservation is settled or released exactly once (directly or through the
 outbox), in a `finally` shielded from cancellation; a call is settled exactly when its node ends
-SUCCEEDED or CAPPED (a cancel that comes once its end is seen is too late for it); one held from
-admission but never dispatched is released when its job ends.
+SUCCEEDED or CAPPED (a cancel that comes once its end is seen is too late for it), or when the
+tenant's side cancels it after its node took a token (for the tokens its node took); one held
+from admission but never dispatched is released when its job ends.
 """
 
 from __future__ import annotations
@@ -330,11 +331,15 @@ class Dispatcher(OwnsTasks):
         """Jobs that have not ended."""
         return [r for r in self.runs.values() if not r.ended]
 
-    def cancel(self, run: JobRun, reason: str = "cancelled", *, failed: bool = False) -> None:
-        """Cancel a job: running calls are aborted (their followers release their quota);
-        `failed` ends the job FAILED instead of CANCELLED."""
+    def cancel(
+        self, run: JobRun, reason: str = "cancelled", *, failed: bool = False, charge: bool = False
+    ) -> None:
+        """Cancel a job: running calls are aborted; their followers settle what they made when
+        `charge` (the tenant's side ended it: `JobRun.charge_cut_short`), else release their
+        quota. `failed` ends the job FAILED instead of CANCELLED."""
         if run.ended:
             return
+        run.charge_cut_short = charge
         now = self.clock()
         for node_id in run.cancel(now, reason, failed=failed):
             self._abort(run, node_id)
@@ -354,7 +359,7 @@ class Dispatcher(OwnsTasks):
         run = self.runs.get(job_id)
         try:
             if run is not None:
-                self.cancel(run, "deadline exceeded", failed=True)
+                self.cancel(run, "deadline exceeded", failed=True, charge=True)
         except Exception:  # the deadline timer serves every job: it must go on
             log.exception("expiring %s", job_id)
 
@@ -728,24 +733,31 @@ class Dispatcher(OwnsTasks):
         """Settle or release the call, then end its node. A finished call's last tokens are
         added only now, after the settle, next to the node's end (and the job's, if it was the
         last call): whoever watches the job gets them in one wake-up. A call that failed here
-        (`failure`) or in its backend is released and its node fails."""
+        (`failure`) or in its backend is released and its node fails; one whose node ended
+        first settles what it made."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
         self.streams.pop(call.call_id, None)
         self.leases.drop_call(ticket.quota_id)
         engine_error = last is not None and last.finish_reason is FinishReason.ERROR
-        finished = not failure and last is not None and last.finished and not engine_error
-        # a call is charged exactly when its node succeeds: one cancelled before its end was
-        # seen is released like any cancelled call
-        finished = finished and run.nodes[call.node_id].state not in ENDED
+        ran = not failure and not engine_error  # neither the gateway nor the engine failed it
+        # its node ended first: when the tenant's side cancelled it, the call is charged the
+        # tokens its node took before it ended, which its client has had (else a tenant could
+        # read all but the last token of every call and cancel it, for free); when the gateway
+        # cancelled it, or it took none, it is released
+        node = run.nodes[call.node_id]
+        cut_short = node.state in ENDED
+        finished = ran and last is not None and last.finished and not cut_short
+        made = produced if finished else node.output_tokens
+        charged = finished or (ran and cut_short and run.charge_cut_short and made > 0)
         ends_job = finished and run.is_last_open(call.node_id)  # one script closes both
-        if finished:
+        if charged:
             close = Close(
                 "settle",
                 call.tenant_id,
                 ticket.quota_id,
                 call.prompt_tokens,
-                produced,
+                made,
                 run.job_id if ends_job else None,
             )
         else:

@@ -178,6 +178,10 @@ class JobRun:
     journal: Callable[[JobRun, JobEvent], None] | None = None
     _durable: int = 0  # the last sequence watchers may see
     detached: bool = False  # another replica owns it now: nothing more is journaled from here
+    # the tenant's side cancelled it (its client, its deadline, its key or account): its calls
+    # cut short settle what they made; when the gateway did (shutting down, handed over), they
+    # are released
+    charge_cut_short: bool = False
     epoch: int = 1  # the fencing token this replica owns it under (a later owner's is higher)
 
     def __post_init__(self) -> None:

@@ -275,7 +275,9 @@ async def running_gateway(
                 journal,
                 service.take_over,
                 on_lost=lambda run: dispatcher.cancel(run, "taken over by another replica"),
-                on_cancel=lambda run: dispatcher.cancel(run, "cancelled by the client"),
+                on_cancel=lambda run: dispatcher.cancel(
+                    run, "cancelled by the client", charge=True
+                ),
             )
             service.journaling = await stack.enter_async_context(journaling)
         address = f"{settings.host}:{settings.port}"
@@ -393,7 +395,7 @@ def _build_server(
         streams.close(lambda s: s.tenant_id == tenant_id, "the tenant was deleted")
         for run in dispatcher.running_jobs():
             if run.tenant_id == tenant_id:
-                dispatcher.cancel(run, "tenant deleted")
+                dispatcher.cancel(run, "tenant deleted", charge=True)
         jobs.forget_tenant(tenant_id)
 
     async def key_revoked(tenant_id: str, key_id: str) -> None:
@@ -402,7 +404,7 @@ def _build_server(
         streams.close(lambda s: s.key_id == key_id, "the API key was revoked")
         for run in dispatcher.running_jobs():
             if run.key_id == key_id:
-                dispatcher.cancel(run, "API key revoked")
+                dispatcher.cancel(run, "API key revoked", charge=True)
 
     admin = AdminService(
         store,

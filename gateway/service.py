@@ -194,7 +194,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
         if epochs != (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"]):
-            self.dispatcher.cancel(run, "API key revoked")
+            self.dispatcher.cancel(run, "API key revoked", charge=True)
             if epochs[1] != self._epochs[f"tenant {tenant_id}"]:
                 self.jobs.forget_tenant(tenant_id)  # a tenant made again under the id starts clean
             raise Unauthenticated("the API key was revoked")
@@ -212,7 +212,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             run.cancel(self.clock(), f"could not resume: {exc}")
             return
         if cancel_asked:
-            self.dispatcher.cancel(run, "cancelled by the client")
+            self.dispatcher.cancel(run, "cancelled by the client", charge=True)
 
     async def _find(self, tenant_id: str, job_id: str) -> JobRun:
         """The caller's job: the one this replica runs, else as the journal has it."""
@@ -292,7 +292,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def _cancel(self, run: JobRun, reason: str) -> None:
         """Cancel here when this replica runs the job, else ask its owner through the journal."""
         if not run.detached:
-            self.dispatcher.cancel(run, reason)
+            self.dispatcher.cancel(run, reason, charge=True)
         elif self.journaling is not None:
             await self.journaling.journal.ask_cancel(run.tenant_id, run.job_id)
 

@@ -180,15 +180,20 @@ async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
     assert refusal.error_info.metadata["allowed"] == "1"
 
 
-async def test_a_generate_closed_early_cancels_its_call(harness: Harness) -> None:
+async def test_a_generate_closed_early_cancels_its_call_and_charges_what_it_made(
+    harness: Harness,
+) -> None:
     async with client(harness) as alpha, aclosing(alpha.generate("go", max_tokens=2000)) as items:
         async for _ in items:
             break
     store, dispatcher = harness.gateway.store, harness.gateway.dispatcher
-    with anyio.fail_after(5):  # the call is aborted, its quota released, its job finished
+    with anyio.fail_after(5):  # the call is aborted, its quota settled, its job finished
         while (u := await store.usage("alpha")).active_reservations or u.queued_jobs:
             await anyio.sleep(0.005)
-    assert not dispatcher.streams and u.settled_calls == 0
+    assert not dispatcher.streams and u.settled_calls == 1
+    # the tokens made before the client left, not the 2,000 it asked for
+    assert 1 <= u.output_tokens < 2000
+    assert u.tokens_today == u.input_tokens + u.output_tokens
 
 
 async def test_other_tenants_jobs_are_not_found(harness: Harness) -> None:

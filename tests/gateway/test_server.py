@@ -80,7 +80,7 @@ async def test_map_reduce_job_feeds_mapped_outputs_to_the_reduce_prompt(harness:
 
 
 @pytest.mark.engine_step_s(0.002)
-async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) -> None:
+async def test_cancel_mid_job_frees_engine_blocks_and_charges_what_ran(harness: Harness) -> None:
     spec = pb.JobSpec(nodes=[node("a", "one", 1500), node("b", "two {{a.output}}", 1500, "a")])
     job = await harness.stub.SubmitJob(
         pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha")
@@ -107,8 +107,21 @@ async def test_cancel_mid_job_frees_engine_blocks_and_quota(harness: Harness) ->
     blocks = core.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks
     usage = await gateway.store.usage("alpha")
-    assert usage.active_reservations == 0 and usage.settled_calls == 0
-    assert usage.queued_jobs == 0
+    assert usage.active_reservations == 0 and usage.queued_jobs == 0
+    # `a` made tokens, which its client read, before the cancel: it is charged those (else
+    # reading all but the last token of every call and cancelling would be free); `b` never ran
+    ran = {
+        n.id: n
+        for n in (
+            await harness.stub.GetJob(
+                pb.GetJobRequest(job_id=job.job_id), metadata=harness.auth("alpha")
+            )
+        ).nodes
+    }["a"]
+    assert usage.settled_calls == 1
+    assert usage.input_tokens == ran.prompt_tokens
+    assert 1 <= ran.output_tokens == usage.output_tokens < 1500
+    assert usage.tokens_today == usage.input_tokens + usage.output_tokens
 
 
 async def test_bad_job_is_invalid_argument_with_the_offending_field(harness: Harness) -> None:
@@ -121,6 +134,35 @@ async def test_bad_job_is_invalid_argument_with_the_offending_field(harness: Har
     bad = next(d for d in details if isinstance(d, error_details_pb2.BadRequest))
     fields = {v.field for v in bad.field_violations}
     assert "nodes[1].depends_on[1]" in fields
+
+
+class _KeptOpen(MemoryQuotaStore):
+    """A store that stays open when the gateway closes it: the test reads what shutdown left."""
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_calls_the_gateway_cuts_short_on_shutdown_are_not_charged() -> None:
+    """The tenant pays for the calls its side cancels, not for those the gateway ends."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY, max_model_len=4096, grace_s=0.0)
+    store = _KeptOpen()
+    await store.create_tenant("alpha", "Alpha", TenantQuota(max_tokens_ceiling=2048))
+    key = (await store.issue_key("alpha"))[1]
+    async with (
+        running_gateway(settings, core=sim_core(0.002), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        auth = (("authorization", f"Bearer {key}"),)
+        spec = pb.JobSpec(nodes=[node("a", "one", 1500)])
+        job = await stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=auth)
+        async for event in stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=auth):
+            if event.WhichOneof("event") == "token_delta":
+                break
+    usage = await store.usage("alpha")
+    assert usage.active_reservations == 0
+    assert (usage.settled_calls, usage.output_tokens, usage.tokens_today) == (0, 0, 0)
 
 
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(

@@ -150,7 +150,9 @@ class Reliable:
                 pb.GetJobRequest(job_id=job_id), metadata=self.auth(tenant)
             )
             assert job.state not in (pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING), job
-            done = [n for n in job.nodes if n.state in DONE]
+            # a node cancelled after it took tokens (its tenant's side cancelled it here) is
+            # charged those
+            done = [n for n in job.nodes if n.state in DONE or _cut_short(n)]
             prompt += sum(n.prompt_tokens for n in done)
             output += sum(n.output_tokens for n in done)
             calls += len(done)
@@ -161,6 +163,10 @@ class Reliable:
             output,
             calls,
         ), (tenant, usage, prompt, output, calls)
+
+
+def _cut_short(node: pb.Node) -> bool:
+    return node.state == pb.NODE_STATE_CANCELLED and node.output_tokens > 0
 
 
 @contextlib.asynccontextmanager
