@@ -385,7 +385,12 @@ def _build_server(
     )
     streams = OpenStreams()
     service = GatewayService(
-        jobs, dispatcher, store, streams, max_active_jobs=settings.max_active_jobs
+        jobs,
+        dispatcher,
+        store,
+        streams,
+        max_active_jobs=settings.max_active_jobs,
+        max_admissions_per_tenant=settings.max_admissions_per_tenant,
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)
 

@@ -5,7 +5,10 @@ tokenized), admits it against the tenant's quotas and hands it to the dispatcher
 idempotency key returns the same job when the body is the same, and ALREADY_EXISTS when it is
 not; only submissions with the same key wait for each other (one lock per tenant and key), so
 no tenant's admission waits for another's. The gateway holds at most `max_active_jobs` jobs
-(beyond: UNAVAILABLE, OVERLOADED). Streams count against the tenant's `max_streams`. RunJob and
+(beyond: UNAVAILABLE, OVERLOADED). A tenant has at most `max_admissions_per_tenant` submissions
+under way at once (beyond: RESOURCE_EXHAUSTED, QUOTA_ADMISSIONS): its admissions render and
+encode one at a time, and more waiting would only hold the server's RPC slots, which every
+tenant shares. Streams count against the tenant's `max_streams`. RunJob and
 Generate cancel a job they created when the last client running it goes away; WatchJob only
 stops watching. A stream whose key is revoked (or whose tenant is deleted) ends with
 UNAUTHENTICATED, and an admission under way when that happens is undone.
@@ -70,10 +73,11 @@ from gateway.overload import ShedJob
 from gateway.registry import JobRegistry
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
-from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota
+from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota, refusals
 
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
+MAX_ADMISSIONS_PER_TENANT = 8
 READ_BLOCK_S = 0.5  # a watch of a job another replica runs checks its stream this often
 
 
@@ -98,6 +102,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         clock: Callable[[], float] = time.time,
         quota_ttl_s: float = 1.0,
         max_active_jobs: int = MAX_ACTIVE_JOBS,
+        max_admissions_per_tenant: int = MAX_ADMISSIONS_PER_TENANT,
         journaling: Journaling | None = None,
     ) -> None:
         self.jobs = jobs
@@ -108,6 +113,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.streams = streams
         self.clock = clock
         self.max_active_jobs = max_active_jobs
+        self.max_admissions_per_tenant = max_admissions_per_tenant
+        self._admitting: Counter[str] = Counter()  # per tenant, submissions under way
         self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # bumped by a key's revocation or a tenant's deletion, so that an admission that was
@@ -146,6 +153,20 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._epochs[key_id or f"tenant {tenant_id}"] += 1
 
     async def _admit(
+        self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
+    ) -> JobRun:
+        in_flight = self._admitting[tenant_id]
+        if in_flight >= self.max_admissions_per_tenant:
+            raise refusals.admissions(tenant_id, self.max_admissions_per_tenant, in_flight)
+        self._admitting[tenant_id] += 1
+        try:
+            return await self._admit_now(tenant_id, spec, fingerprint, streamed)
+        finally:
+            self._admitting[tenant_id] -= 1
+            if not self._admitting[tenant_id]:
+                del self._admitting[tenant_id]
+
+    async def _admit_now(
         self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
     ) -> JobRun:
         key_id = current_key()

@@ -57,6 +57,7 @@ class QuotaLimit(enum.StrEnum):
     QUEUED_JOBS = "QUOTA_QUEUED_JOBS"
     NODES_PER_JOB = "QUOTA_NODES_PER_JOB"
     STREAMS = "QUOTA_STREAMS"
+    ADMISSIONS = "QUOTA_ADMISSIONS"
 
 
 class QuotaExceeded(TenantsError):

@@ -2,9 +2,9 @@
 
 Retry hints: the token bucket refills at `tokens_per_minute / 60` per second, so a call of `t`
 tokens fits again after `(t - level) * 60 / rate` seconds; the daily budget frees at the next UTC
-midnight; count limits (concurrent calls, queued jobs, open streams) free when someone finishes,
-which nobody can predict, so they hint `BUSY_RETRY_S`. A request larger than the limit itself
-gets no hint (`retry_after_s=None`): waiting cannot help.
+midnight; count limits (concurrent calls, queued jobs, open streams, submissions under way) free
+when someone finishes, which nobody can predict, so they hint `BUSY_RETRY_S`. A request larger
+than the limit itself gets no hint (`retry_after_s=None`): waiting cannot help.
 """
 
 from __future__ import annotations
@@ -13,15 +13,23 @@ from tenants.errors import QuotaExceeded, QuotaLimit
 from tenants.models import BUSY_RETRY_S, DAY_S
 
 
-def concurrent_calls(tenant_id: str, limit: int, active: int) -> QuotaExceeded:
+def _count(
+    tenant_id: str, which: QuotaLimit, limit: int, in_use: int, description: str
+) -> QuotaExceeded:
+    """A count limit that one more would pass: it frees when someone finishes."""
     return QuotaExceeded(
         tenant_id=tenant_id,
-        limit=QuotaLimit.CONCURRENT_CALLS,
+        limit=which,
         allowed=limit,
-        requested=active + 1,
-        description=f"at most {limit} concurrent calls; {active} are running",
+        requested=in_use + 1,
+        description=description,
         retry_after_s=BUSY_RETRY_S,
     )
+
+
+def concurrent_calls(tenant_id: str, limit: int, active: int) -> QuotaExceeded:
+    description = f"at most {limit} concurrent calls; {active} are running"
+    return _count(tenant_id, QuotaLimit.CONCURRENT_CALLS, limit, active, description)
 
 
 def daily_budget(tenant_id: str, budget: int, used: int, tokens: int, now: float) -> QuotaExceeded:
@@ -51,14 +59,8 @@ def token_rate(tenant_id: str, rate: int, level: float, tokens: int) -> QuotaExc
 
 
 def queued_jobs(tenant_id: str, limit: int, queued: int) -> QuotaExceeded:
-    return QuotaExceeded(
-        tenant_id=tenant_id,
-        limit=QuotaLimit.QUEUED_JOBS,
-        allowed=limit,
-        requested=queued + 1,
-        description=f"at most {limit} queued jobs; {queued} are queued",
-        retry_after_s=BUSY_RETRY_S,
-    )
+    description = f"at most {limit} queued jobs; {queued} are queued"
+    return _count(tenant_id, QuotaLimit.QUEUED_JOBS, limit, queued, description)
 
 
 def nodes_per_job(tenant_id: str, limit: int, num_nodes: int) -> QuotaExceeded:
@@ -72,12 +74,11 @@ def nodes_per_job(tenant_id: str, limit: int, num_nodes: int) -> QuotaExceeded:
     )
 
 
+def admissions(tenant_id: str, limit: int, in_flight: int) -> QuotaExceeded:
+    description = f"at most {limit} job submissions under way at once; {in_flight} are"
+    return _count(tenant_id, QuotaLimit.ADMISSIONS, limit, in_flight, description)
+
+
 def streams(tenant_id: str, limit: int, open_streams: int) -> QuotaExceeded:
-    return QuotaExceeded(
-        tenant_id=tenant_id,
-        limit=QuotaLimit.STREAMS,
-        allowed=limit,
-        requested=open_streams + 1,
-        description=f"at most {limit} open streams; {open_streams} are open",
-        retry_after_s=BUSY_RETRY_S,
-    )
+    description = f"at most {limit} open streams; {open_streams} are open"
+    return _count(tenant_id, QuotaLimit.STREAMS, limit, open_streams, description)

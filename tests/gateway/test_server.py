@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import grpc
 import pytest
@@ -163,6 +165,66 @@ async def test_calls_the_gateway_cuts_short_on_shutdown_are_not_charged() -> Non
     usage = await store.usage("alpha")
     assert usage.active_reservations == 0
     assert (usage.settled_calls, usage.output_tokens, usage.tokens_today) == (0, 0, 0)
+
+
+class _SlowAdmissions(MemoryQuotaStore):
+    """A store whose admissions of `tenant` wait until the test opens them, counting arrivals."""
+
+    def __init__(self, tenant: str, expected: int) -> None:
+        super().__init__()
+        self.tenant, self.expected, self.arrived = tenant, expected, 0
+        self.all_arrived, self.open = anyio.Event(), anyio.Event()
+
+    async def _gate(self, tenant_id: str) -> None:
+        if tenant_id == self.tenant:
+            self.arrived += 1
+            if self.arrived == self.expected:
+                self.all_arrived.set()
+            await self.open.wait()
+
+    async def admit_job(self, tenant_id: str, *args: Any, **kwargs: Any) -> bool:
+        await self._gate(tenant_id)
+        return await super().admit_job(tenant_id, *args, **kwargs)
+
+    async def admit_job_and_reserve(self, tenant_id: str, *args: Any, **kwargs: Any) -> Any:
+        await self._gate(tenant_id)
+        return await super().admit_job_and_reserve(tenant_id, *args, **kwargs)
+
+
+async def test_a_tenant_has_at_most_its_admissions_under_way_and_others_go_on() -> None:
+    """Submissions past `max_admissions_per_tenant` under way are refused at once: waiting they
+    would hold the server's RPC slots, which every tenant shares."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY, max_admissions_per_tenant=3)
+    store = _SlowAdmissions("alpha", expected=3)
+    keys = {}
+    for tenant in ("alpha", "beta"):
+        await store.create_tenant(tenant, tenant.title(), TenantQuota())
+        keys[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    spec = pb.JobSpec(nodes=[node("a", "hello", 4)])
+    async with (
+        running_gateway(settings, core=sim_core(), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+        anyio.create_task_group() as tg,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        waiting: list[pb.Job] = []
+
+        async def submit() -> None:
+            request = pb.SubmitJobRequest(job=spec)
+            waiting.append(await stub.SubmitJob(request, metadata=keys["alpha"]))
+
+        for _ in range(3):
+            tg.start_soon(submit)
+        with anyio.fail_after(10):
+            await store.all_arrived.wait()
+        with anyio.fail_after(5), pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=keys["alpha"])
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "QUOTA_ADMISSIONS" in str(caught.value.trailing_metadata())
+        other = await stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=keys["beta"])
+        assert other.state != pb.JOB_STATE_UNSPECIFIED
+        store.open.set()
+    assert len(waiting) == 3  # the ones under way were admitted once the store answered
 
 
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(

@@ -14,6 +14,7 @@ def test_reasons_are_one_set() -> None:
         "QUOTA_QUEUED_JOBS",
         "QUOTA_NODES_PER_JOB",
         "QUOTA_STREAMS",
+        "QUOTA_ADMISSIONS",
     }
 
 
