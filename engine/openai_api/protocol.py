@@ -27,6 +27,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling, not greedy
 MAX_STOP_STRINGS = 16  # each is searched for after every token
 MAX_STOP_CHARS = 512
+MAX_STOP_TOKEN_IDS = 64  # each generated token is looked up in them, inside the shared step
 INT64 = 1 << 63
 M = TypeVar("M", bound=BaseModel)
 
@@ -76,7 +77,7 @@ class CompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=-1)  # 0 or -1 (vLLM's spelling): off
     seed: int | None = Field(default=None, ge=0, lt=SEED_LIMIT)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     priority: int = Field(default=0, ge=-INT64, lt=INT64)  # lower is served first
     request_id: str | None = Field(default=None, min_length=1, max_length=256)

@@ -11,6 +11,7 @@ from engine.openai_api.errors import BadRequest
 from engine.openai_api.protocol import (
     DEFAULT_MAX_TOKENS,
     MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
     Choice,
     Completion,
     parse_request,
@@ -64,6 +65,8 @@ def test_max_tokens_is_capped_and_min_tokens_must_fit_under_the_cap() -> None:
         ({"echo": True}, "echo"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+        # millions of ids in one body would slow every other request's steps
+        ({"stop_token_ids": [7] * (MAX_STOP_TOKEN_IDS + 1)}, "stop_token_ids"),
         ({"prompt": ["a", "b"]}, "prompt"),
         ({"prompt": [1, True]}, "prompt"),
         (
