@@ -398,6 +398,12 @@ class JobRun:
             self._drop_deltas()
         self.poke()
 
+    def retained_bytes(self) -> int:
+        """About what holding the job costs: its spec's text, its outputs and its retained
+        token deltas."""
+        outputs = sum(len(node.output) for node in self.nodes.values())
+        return self.spec.text_chars() + outputs + self._delta_bytes
+
     def _over_budget(self) -> bool:
         return self._delta_bytes > self.max_delta_bytes
 

@@ -1,30 +1,40 @@
 """The jobs this gateway process runs or has run, by id and by idempotency key.
 
-A tenant only ever sees its own jobs: a lookup of another tenant's job is NotFound, exactly
-like a job that does not exist. Each tenant's ended jobs are kept for lookups until
-`max_ended_per_tenant` newer ones of that tenant have ended, then dropped, oldest first, with
-their idempotency keys: one tenant's churn never evicts another's jobs. A deleted tenant's jobs
-are forgotten at once, so a tenant created again under the same id never sees them.
+A tenant only ever sees its own jobs: a lookup of another tenant's job is NotFound, exactly like a
+job that does not exist. Each tenant's ended jobs are kept for lookups while there are at most
+`max_ended_per_tenant` of them and they hold at most `max_ended_bytes_per_tenant` (each job's size
+taken as it ends: `JobRun.retained_bytes`), then dropped, oldest first, with their idempotency
+keys, though never the newest (its client may still ask for it): one tenant's churn never evicts
+another's jobs, and one tenant's large jobs are held in bounded memory. A deleted tenant's jobs are
+forgotten at once, so a tenant created again under the same id never sees them.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 
 from gateway.errors import NotFound
 from gateway.job_run import JobRun
 
 MAX_ENDED_PER_TENANT = 1000
+MAX_ENDED_BYTES_PER_TENANT = 64 << 20
 
 
 class JobRegistry:
-    def __init__(self, max_ended_per_tenant: int = MAX_ENDED_PER_TENANT) -> None:
+    def __init__(
+        self,
+        max_ended_per_tenant: int = MAX_ENDED_PER_TENANT,
+        max_ended_bytes_per_tenant: int = MAX_ENDED_BYTES_PER_TENANT,
+    ) -> None:
         if max_ended_per_tenant < 1:
             raise ValueError("max_ended_per_tenant must be at least 1")
         self.max_ended_per_tenant = max_ended_per_tenant
+        self.max_ended_bytes_per_tenant = max_ended_bytes_per_tenant
         self._jobs: dict[str, JobRun] = {}
         self._keys: dict[tuple[str, str], str] = {}
-        self._ended: defaultdict[str, OrderedDict[str, None]] = defaultdict(OrderedDict)
+        # per tenant, its ended jobs oldest first with their sizes, and their sum
+        self._ended: defaultdict[str, OrderedDict[str, int]] = defaultdict(OrderedDict)
+        self._ended_bytes: Counter[str] = Counter()
 
     def add(self, run: JobRun) -> None:
         self._jobs[run.job_id] = run
@@ -42,13 +52,19 @@ class JobRegistry:
         return self._jobs.get(job_id) if job_id is not None else None
 
     def ended(self, run: JobRun) -> None:
-        """Note an ended job; forget the tenant's oldest ended ones beyond the limit."""
+        """Note an ended job; forget the tenant's oldest ended ones beyond the limits."""
         if run.job_id not in self._jobs:
             return  # its tenant was deleted
-        ended = self._ended[run.tenant_id]
-        ended[run.job_id] = None
-        while len(ended) > self.max_ended_per_tenant:
-            job_id, _ = ended.popitem(last=False)
+        tenant = run.tenant_id
+        ended = self._ended[tenant]
+        ended[run.job_id] = size = run.retained_bytes()
+        self._ended_bytes[tenant] += size
+        while len(ended) > 1 and (
+            len(ended) > self.max_ended_per_tenant
+            or self._ended_bytes[tenant] > self.max_ended_bytes_per_tenant
+        ):
+            job_id, size = ended.popitem(last=False)
+            self._ended_bytes[tenant] -= size
             self._drop(self._jobs[job_id])
 
     def forget_tenant(self, tenant_id: str) -> None:
@@ -56,6 +72,7 @@ class JobRegistry:
         for run in [r for r in self._jobs.values() if r.tenant_id == tenant_id]:
             self._drop(run)
         self._ended.pop(tenant_id, None)
+        self._ended_bytes.pop(tenant_id, None)
 
     def of_tenant(self, tenant_id: str) -> list[JobRun]:
         return [r for r in self._jobs.values() if r.tenant_id == tenant_id]

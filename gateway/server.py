@@ -191,7 +191,7 @@ async def running_gateway(
     # The simulated engine's steps are instant: a thread hop would be all they cost
     instant = core is None and settings.simulated_engine
     store = store if store is not None else make_store(settings)
-    jobs = JobRegistry(settings.retained_jobs_per_tenant)
+    jobs = JobRegistry(settings.retained_jobs_per_tenant, settings.retained_bytes_per_tenant)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
         pools = await open_pools(settings, stack, core, instant)

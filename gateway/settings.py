@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     reserve_deadline_s: float = Field(default=30.0, gt=0.0)
     max_prompt_chars: int = Field(default=262_144, ge=1)  # a rendered prompt, before tokens
     retained_jobs_per_tenant: int = Field(default=1000, ge=1)  # ended jobs kept for GetJob
+    # ... and the most they hold (their specs' text, outputs and token deltas), oldest dropped
+    retained_bytes_per_tenant: int = Field(default=64 << 20, ge=1)
     prefix_cache_per_tenant: bool = False  # tenants never share prefix-cache blocks
     # engine
     model: str = "default"

@@ -61,3 +61,8 @@ class JobSpec:
     priority: int = 0
     deadline_unix_s: float | None = None  # absolute, seconds since the epoch (UTC)
     name: str = ""
+
+    def text_chars(self) -> int:
+        """The characters of its inputs and templates: what holding the job costs."""
+        inputs = sum(map(len, self.inputs.values()))
+        return inputs + sum(len(t) for node in self.nodes for _, t in node.templates())

@@ -303,7 +303,14 @@ def _reference_problem(
 
 
 def _check_job_size(job: _Job) -> Iterator[FieldViolation]:
-    """Admission renders and encodes every node's prompt: the sum is bounded too."""
+    """Admission renders and encodes every node's prompt: the sum is bounded too, and so are the
+    inputs together (one no node uses is still kept with the job)."""
+    inputs = sum(job.input_chars.values())
+    if inputs > job.limits.max_job_prompt_chars:
+        yield FieldViolation(
+            "inputs",
+            f"{inputs:,} characters in all; at most {job.limits.max_job_prompt_chars:,}",
+        )
     total = sum(job.prompt_chars)
     if total > job.limits.max_job_prompt_chars:
         yield FieldViolation(

@@ -105,6 +105,32 @@ async def test_one_tenants_churn_never_evicts_anothers_jobs() -> None:
         assert usage.output_tokens == sum(j.usage.output_tokens for j in churned)
 
 
+async def test_a_tenants_large_ended_jobs_are_held_in_bounded_memory() -> None:
+    """Ended jobs are kept by size too: six jobs of 100,000 characters (an input no node uses)
+    against 250,000 bytes keep the last two; the other tenant's job is kept all the same."""
+    async with reliable_gateway(retained_bytes_per_tenant=250_000) as h:
+        await h.tenant("quiet")
+        await h.tenant("big")
+        kept = await h.run("quiet", roots(1))
+        large = roots(1)
+        large.inputs["unused"] = "x" * 100_000
+        jobs = [await h.run("big", large) for _ in range(6)]
+        for job, found in zip(jobs, [False] * 4 + [True] * 2, strict=True):
+            request = pb.GetJobRequest(job_id=job.job_id)
+            if found:
+                assert (await h.stub.GetJob(request, metadata=h.auth("big"))).job_id == job.job_id
+            else:
+                with pytest.raises(grpc.aio.AioRpcError) as gone:
+                    await h.stub.GetJob(request, metadata=h.auth("big"))
+                assert code_of(gone) == grpc.StatusCode.NOT_FOUND
+        request = pb.GetJobRequest(job_id=kept.job_id)
+        assert (await h.stub.GetJob(request, metadata=h.auth("quiet"))).job_id == kept.job_id
+        h.jobs.pop("big")
+        await h.unharmed()
+        usage = await h.usage("big")  # the dropped jobs were settled all the same
+        assert usage.output_tokens == sum(j.usage.output_tokens for j in jobs)
+
+
 async def test_open_streams_are_capped_per_tenant() -> None:
     async with reliable_gateway(core=sim_core(0.01)) as h:
         await h.tenant("acme", max_streams=2)

@@ -419,6 +419,13 @@ def test_a_job_whose_prompts_add_up_past_the_job_bound_is_refused() -> None:
     assert "2,000,000 characters in all" in refused.value.violations[0].description
 
 
+def test_inputs_no_node_uses_count_toward_the_job_bound_too() -> None:
+    """They are kept with the job all the same."""
+    limits = JobLimits(max_input_chars=8, max_job_prompt_chars=10)
+    spec = make_job(make_node("a", "{{inputs.used}}"), inputs={"used": "x" * 6, "spare": "y" * 6})
+    assert only(spec, limits) == FieldViolation("inputs", "12 characters in all; at most 10")
+
+
 def test_a_node_names_a_model_the_gateway_serves_or_none() -> None:
     limits = JobLimits(models=frozenset({"small", "large"}))
     fine = make_job(dataclasses.replace(make_node("a"), model="large"), make_node("b"))
