@@ -77,7 +77,7 @@ from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota, refu
 
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
-MAX_ADMISSIONS_PER_TENANT = 8
+MAX_ADMISSIONS_PER_TENANT = 256  # a sixteenth of the default max_concurrent_rpcs
 READ_BLOCK_S = 0.5  # a watch of a job another replica runs checks its stream this often
 
 

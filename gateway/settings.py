@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     max_active_jobs: int = Field(default=10_000, ge=1)
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
-    max_admissions_per_tenant: int = Field(default=8, ge=1)
+    max_admissions_per_tenant: int = Field(default=256, ge=1)
     auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
     # Prometheus /metrics over HTTP on this port (0: any free one); off when unset. Bound to
     # metrics_host, loopback unless said otherwise: never a tenant-facing port
