@@ -8,11 +8,15 @@ token's holder may append, a lease that runs out (its replica died) or is handed
 down) lets another replica claim the job with a new token, and the old owner's late writes are
 refused. Every change is one Lua script from gateway/lua/, atomic.
 
-Keys: the deployment's jobs share the `{jobs}` hash tag (`<prefix>:{jobs}:<tenant>/<job>` and
-its `:log`, the open-jobs index `<prefix>:{jobs}:open` scored by lease end, idempotency records
-`<prefix>:{jobs}:key:<tenant>:<digest>`), so every script's keys lie in one cluster slot. An
-ended job's keys expire after `retention_s`. Every Redis error leaves as JournalUnavailable
-(the detail goes to the log): a replica that cannot journal stops accepting and dispatching.
+Keys: the deployment's jobs share the `{jobs}` hash tag (`<prefix>:{jobs}:<tenant>/<job>` and its
+`:log`, the open-jobs index `<prefix>:{jobs}:open` scored by lease end, idempotency records
+`<prefix>:{jobs}:key:<tenant>:<digest>`, each tenant's ended jobs `<prefix>:{jobs}:ended:<tenant>`
+and their sizes `...:bytes`), so every script's keys lie in one cluster slot. An ended job's keys
+expire after `retention_s`, or go sooner, oldest first, once its tenant's ended jobs pass
+`max_ended_per_tenant` or hold more than `max_ended_bytes_per_tenant` of Redis' memory (as the
+in-process registry keeps them): one tenant's jobs cannot fill the Redis every tenant's quotas live
+in. Every Redis error leaves as JournalUnavailable (the detail goes to the log): a replica that
+cannot journal stops accepting and dispatching.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun
 from gateway.journal_codec import Submission, decode_event, encode_event
+from gateway.registry import MAX_ENDED_BYTES_PER_TENANT, MAX_ENDED_PER_TENANT
 from tenants.redis_client import RedisClient, fails_closed
 
 _SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel")
@@ -76,6 +81,8 @@ class RedisJournal(RedisClient):
         *,
         lease_ttl_s: float = 10.0,
         retention_s: float = 86_400.0,
+        max_ended_per_tenant: int = MAX_ENDED_PER_TENANT,
+        max_ended_bytes_per_tenant: int = MAX_ENDED_BYTES_PER_TENANT,
         prefix: str = "fg",
         socket_timeout_s: float = 2.0,
     ) -> None:
@@ -83,6 +90,8 @@ class RedisJournal(RedisClient):
         self.replica_id = replica_id
         self.lease_ttl_s = lease_ttl_s
         self.retention_s = retention_s
+        self.max_ended_per_tenant = max_ended_per_tenant
+        self.max_ended_bytes_per_tenant = max_ended_bytes_per_tenant
         self._base = f"{prefix}:{{jobs}}"
         self._index = f"{self._base}:open"
         self._scripts = {n: self._redis.register_script(_script_source(n)) for n in _SCRIPTS}
@@ -93,6 +102,11 @@ class RedisJournal(RedisClient):
     def _lease_keys(self, tenant_id: str, job_id: str) -> list[str]:
         """The keys of the lease scripts (renew, hand_back, claim): the job's hash, the index."""
         return [self._job(tenant_id, job_id), self._index]
+
+    def _ended_keys(self, tenant_id: str) -> list[str]:
+        """The tenant's ended jobs and their sizes (append.lua)."""
+        ended = f"{self._base}:ended:{tenant_id}"
+        return [ended, f"{ended}:bytes"]
 
     def _log(self, tenant_id: str, job_id: str) -> str:
         return f"{self._job(tenant_id, job_id)}:log"
@@ -156,6 +170,7 @@ class RedisJournal(RedisClient):
                         self._job(owned.tenant_id, owned.job_id),
                         self._log(owned.tenant_id, owned.job_id),
                         self._index,
+                        *self._ended_keys(owned.tenant_id),
                     ],
                     [
                         owned.token,
@@ -163,6 +178,9 @@ class RedisJournal(RedisClient):
                         _member(owned.tenant_id, owned.job_id),
                         1 if ended else 0,
                         int(self.retention_s),
+                        self.max_ended_per_tenant,
+                        self.max_ended_bytes_per_tenant,
+                        f"{self._base}:",
                         *(encode_event(e) for e in events),
                     ],
                 )

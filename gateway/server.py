@@ -269,6 +269,8 @@ async def running_gateway(
                 settings.replica(),
                 lease_ttl_s=settings.lease_ttl_s,
                 retention_s=settings.job_retention_s,
+                max_ended_per_tenant=settings.retained_jobs_per_tenant,
+                max_ended_bytes_per_tenant=settings.retained_bytes_per_tenant,
             )
             stack.push_async_callback(journal.aclose)
             journaling = Journaling(

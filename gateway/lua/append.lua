@@ -1,22 +1,67 @@
 -- append: a batch of a job's events, by its owner only (the fencing token), without a gap or a
--- duplicate: a batch sent again after a lost reply writes only what is not there yet.
+-- duplicate: a batch sent again after a lost reply writes only what is not there yet. The batch
+-- that ends the job also keeps its tenant's ended jobs within their bounds: each is noted with
+-- its size in Redis' memory, and the oldest beyond `max count` or `max bytes` are dropped with
+-- their idempotency record (never the one ending now); notes of jobs expired since are removed.
 -- KEYS[1] job hash  KEYS[2] its event stream  KEYS[3] open-jobs index
+-- KEYS[4] the tenant's ended jobs (a sorted set by end)  KEYS[5] their sizes (a hash, `total`)
 -- ARGV[1] token  ARGV[2] first sequence  ARGV[3] index member  ARGV[4] batch ends the job (0/1)
--- ARGV[5] retention s of an ended job  ARGV[6..] the events, encoded
+-- ARGV[5] retention s of an ended job  ARGV[6] max count  ARGV[7] max bytes
+-- ARGV[8] the prefix of a job's keys (before its member)  ARGV[9..] the events, encoded
 -- Returns {'ok'} | {'fenced'}: another replica owns the job | {'gap', last sequence}
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return {'fenced'} end
 local last = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local first = tonumber(ARGV[2])
 if first > last + 1 then return {'gap', last} end
-for i = 6, #ARGV do
-  local seq = first + i - 6
+for i = 9, #ARGV do
+  local seq = first + i - 9
   if seq > last then redis.call('XADD', KEYS[2], '0-' .. seq, 'e', ARGV[i]) end
 end
-redis.call('HSET', KEYS[1], 'seq', math.max(last, first + #ARGV - 6))
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'ended', 1)
-  redis.call('ZREM', KEYS[3], ARGV[3])
-  redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
-  redis.call('EXPIRE', KEYS[2], tonumber(ARGV[5]))
+redis.call('HSET', KEYS[1], 'seq', math.max(last, first + #ARGV - 9))
+if ARGV[4] ~= '1' then return {'ok'} end
+
+local retention_s = tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'ended', 1)
+redis.call('ZREM', KEYS[3], ARGV[3])
+redis.call('EXPIRE', KEYS[1], retention_s)
+redis.call('EXPIRE', KEYS[2], retention_s)
+
+local function forget(member)
+  local size = tonumber(redis.call('HGET', KEYS[5], member) or '0')
+  redis.call('HDEL', KEYS[5], member)
+  return redis.call('HINCRBY', KEYS[5], 'total', -size)
 end
+
+local now = now_ms()
+local expired = now - retention_s * 1000
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', expired)) do
+  forget(member)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', expired)
+-- end order, even for jobs ending in the same millisecond
+local newest = redis.call('ZREVRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+local score = now
+if newest[2] then score = math.max(now, tonumber(newest[2]) + 1) end
+-- every field and entry counted (SAMPLES 0): by default a few are sampled and scaled, and a
+-- job's hash is a dozen small fields and one large spec
+local size = (redis.call('MEMORY', 'USAGE', KEYS[1], 'SAMPLES', '0') or 0)
+  + (redis.call('MEMORY', 'USAGE', KEYS[2], 'SAMPLES', '0') or 0)
+redis.call('ZADD', KEYS[4], score, ARGV[3])
+redis.call('HSET', KEYS[5], ARGV[3], size)
+local total = redis.call('HINCRBY', KEYS[5], 'total', size)
+local max_count, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local count = redis.call('ZCARD', KEYS[4])
+while count > 1 and (count > max_count or total > max_bytes) do
+  local oldest = redis.call('ZPOPMIN', KEYS[4])[1]
+  total = forget(oldest)
+  count = count - 1
+  local job = ARGV[8] .. oldest
+  local record = redis.call('HGET', job, 'key_record')
+  if record and redis.call('GET', record) == redis.call('HGET', job, 'job_id') then
+    redis.call('DEL', record)
+  end
+  redis.call('DEL', job, job .. ':log')
+end
+redis.call('EXPIRE', KEYS[4], retention_s)
+redis.call('EXPIRE', KEYS[5], retention_s)
 return {'ok'}

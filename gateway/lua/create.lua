@@ -13,5 +13,6 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'token', 1, 'lease_until', until_m
 redis.call('ZADD', KEYS[2], until_ms, ARGV[1])
 if ARGV[4] == '1' then
   redis.call('SET', KEYS[3], redis.call('HGET', KEYS[1], 'job_id'), 'EX', tonumber(ARGV[5]))
+  redis.call('HSET', KEYS[1], 'key_record', KEYS[3])  -- dropped with the job (append.lua)
 end
 return {'ok'}

@@ -104,6 +104,51 @@ async def test_an_idempotency_key_names_one_job_across_replicas(
     assert await two.job_by_key("other", "k") is None
 
 
+async def _run_to_end(journal: RedisJournal, run: JobRun, output: str = "x") -> None:
+    """Journal the job's events as a replica does, each batch as it comes."""
+    owned = await journal.create(run)
+    run.start(101.0)
+    sent = 0
+    for node in ("a", "b"):
+        run.mark_running(node, 1, 102.0)
+        run.add_tokens(node, output, (1,), 103.0)
+        run.finish_node(node, NodeState.SUCCEEDED, 104.0)
+        batch = [e for e in run.events if e.sequence > sent]
+        assert await journal.append([(owned, batch, run.ended)]) == [True]
+        sent = run.last_sequence
+    assert run.ended
+
+
+@pytest.mark.parametrize("bound", ["count", "bytes"])
+async def test_a_tenants_ended_jobs_are_kept_within_their_bounds(
+    redis_prefix: str, bound: str
+) -> None:
+    """The oldest go first, with their idempotency records; the one ending now and other
+    tenants' jobs stay. By count: 2 jobs; by bytes: each job holds a 20,000-character output,
+    so 50,000 bytes keep 2."""
+    limits = {"count": (2, 1 << 30), "bytes": (1000, 50_000)}[bound]
+    journal = RedisJournal(
+        REDIS_URL,
+        "one",
+        prefix=redis_prefix,
+        max_ended_per_tenant=limits[0],
+        max_ended_bytes_per_tenant=limits[1],
+    )
+    try:
+        await _run_to_end(journal, JobRun("job-q", "quiet", two_calls("q"), 100.0), "y" * 10_000)
+        for i in range(4):
+            run = JobRun(f"job-{i}", "acme", two_calls(f"k{i}"), 100.0)
+            await _run_to_end(journal, run, "x" * 10_000)
+        kept = [await journal.load("acme", f"job-{i}") is not None for i in range(4)]
+        assert kept == [False, False, True, True]
+        keys = [await journal.job_by_key("acme", f"k{i}") for i in range(4)]
+        assert keys == [None, None, "job-2", "job-3"]
+        assert await journal.load("quiet", "job-q") is not None
+        assert await journal.job_by_key("quiet", "q") == "job-q"
+    finally:
+        await journal.aclose()
+
+
 async def test_closing_waits_for_a_read_under_way_and_leaves_no_connection(
     redis_prefix: str,
 ) -> None:

@@ -4,7 +4,11 @@ engine step."""
 
 from __future__ import annotations
 
+import random
+import string
 import time
+from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
@@ -12,6 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from fairgate.v1 import gateway_pb2 as pb
+from tenants import RedisQuotaStore
 from tests.engine.factories import FlakyRunner
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import node, reliable_gateway, roots
@@ -105,15 +110,28 @@ async def test_one_tenants_churn_never_evicts_anothers_jobs() -> None:
         assert usage.output_tokens == sum(j.usage.output_tokens for j in churned)
 
 
-async def test_a_tenants_large_ended_jobs_are_held_in_bounded_memory() -> None:
+@pytest.mark.parametrize("store", ["memory", "redis"])
+async def test_a_tenants_large_ended_jobs_are_held_in_bounded_memory(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> None:
     """Ended jobs are kept by size too: six jobs of 100,000 characters (an input no node uses)
-    against 250,000 bytes keep the last two; the other tenant's job is kept all the same."""
-    async with reliable_gateway(retained_bytes_per_tenant=250_000) as h:
+    against 250,000 bytes keep the last two; the other tenant's job is kept all the same. With
+    the redis store the journal keeps them so too (any replica answers from it)."""
+    replica: dict[str, Any] = {}
+    if store == "redis":
+        redis = request.getfixturevalue("redis")
+        replica = {
+            "store": RedisQuotaStore(redis.url),
+            "store_url": redis.url,
+            "outbox_file": tmp_path / "outbox.jsonl",
+        }
+    async with reliable_gateway(retained_bytes_per_tenant=250_000, **replica) as h:
         await h.tenant("quiet")
         await h.tenant("big")
         kept = await h.run("quiet", roots(1))
         large = roots(1)
-        large.inputs["unused"] = "x" * 100_000
+        letters = random.Random(5)  # text that does not compress: the journal compresses specs
+        large.inputs["unused"] = "".join(letters.choices(string.ascii_letters, k=100_000))
         jobs = [await h.run("big", large) for _ in range(6)]
         for job, found in zip(jobs, [False] * 4 + [True] * 2, strict=True):
             request = pb.GetJobRequest(job_id=job.job_id)
