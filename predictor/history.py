@@ -1,18 +1,19 @@
 """The history predictor: a moving average of past output lengths per tenant and node name.
 
-Like VTC's length predictor, a call is expected to produce what its tenant's recent calls to
-the same DAG node produced: the mean is an exponential moving average and the quantiles come
-from a small sliding window of the latest lengths. A key with too few observations falls back
-to the tenant's statistics, then to the global ones, then to a prior. With a `cold` predictor
-(the prompt model) every call is told by its own text instead, corrected by what its tenant's
-calls of that node (of no node: the tenant's bare calls) ran against the model's predictions
-(`predictor.correction`): a node's prompts that differ keep their ranking, a node of alike
-prompts converges to its own level, and a source unlike the model's training set is corrected
-within tens of calls. Keys are kept in LRU order and the least recently used are dropped past
-`max_keys`, so memory stays bounded whatever names clients invent. Per tenant it also keeps
-exponentially weighted mean and variance of log prompt and output lengths (a `LengthProfile`)
-for the anomaly guard's z-scores. Invariant: every key's window holds at most `window` lengths,
-and a prediction is capped at the call's max_tokens.
+Like VTC's length predictor, a call is expected to produce what its tenant's recent calls to the
+same DAG node produced: the mean is an exponential moving average and the quantiles come from a
+small sliding window of the latest lengths. A key with too few observations falls back to the
+tenant's statistics, then to the global ones, then to a prior. With a `cold` predictor (the prompt
+model) every call is told by its own text instead, corrected by what its tenant's calls of that
+node (of no node: the tenant's bare calls) ran against the model's predictions
+(`predictor.correction`): a node's prompts that differ keep their ranking, a node of alike prompts
+converges to its own level, and a source unlike the model's training set is corrected within tens
+of calls. Each tenant's keys are kept in their own LRU order and its least recently used are
+dropped past `max_keys_per_tenant` (`OwnedLru`), so memory stays bounded whatever names clients
+invent and one tenant's names never evict another's; tenants' profiles past `max_keys`. Per tenant
+it also keeps exponentially weighted mean and variance of log prompt and output lengths (a
+`LengthProfile`) for the anomaly guard's z-scores. Invariant: every key's window holds at most
+`window` lengths, and a prediction is capped at the call's max_tokens.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from predictor.base import CallFeatures, LengthPredictor
 from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
+from predictor.owned_lru import OwnedLru
 
 _GLOBAL = ("", "")
 
@@ -96,15 +98,16 @@ class HistoryPredictor:
         window: int = 64,
         min_count: int = 4,
         max_keys: int = 100_000,
+        max_keys_per_tenant: int = 1024,
         cold: LengthPredictor | None = None,
         correction: ResidualCorrection | None = None,
     ) -> None:
         if not 0 < alpha <= 1 or window < 1 or min_count < 1 or max_keys < 1:
             raise InvalidCall("need 0 < alpha <= 1 and window, min_count, max_keys >= 1")
         self.prior, self.cold = prior, cold
-        self.correction = correction or ResidualCorrection(max_keys=max_keys)
+        self.correction = correction or ResidualCorrection(max_keys_per_tenant=max_keys_per_tenant)
         self.alpha, self.window, self.min_count, self.max_keys = alpha, window, min_count, max_keys
-        self._stats: OrderedDict[tuple[str, str], _KeyStats] = OrderedDict()
+        self._stats: OwnedLru[_KeyStats] = OwnedLru(max_keys_per_tenant)
         self._profiles: OrderedDict[str, tuple[int, _Moments, _Moments]] = OrderedDict()
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
@@ -139,12 +142,8 @@ class HistoryPredictor:
     def _touch(self, key: tuple[str, str]) -> _KeyStats:
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = _KeyStats(self.window)
-            if len(self._stats) > self.max_keys:
-                oldest = next(k for k in self._stats if k[0])  # never a global key
-                del self._stats[oldest]
-        else:
-            self._stats.move_to_end(key)
+            stats = _KeyStats(self.window)
+        self._stats.put(key, stats)
         return stats
 
     def _observe_profile(self, tenant_id: str, prompt_tokens: int, true_len: int) -> None:

@@ -63,13 +63,21 @@ def test_window_forgets_old_lengths() -> None:
     assert h.predict(call()).p99 == 5
 
 
-def test_keys_are_bounded_by_lru_eviction() -> None:
-    h = HistoryPredictor(PRIOR, max_keys=5, min_count=1)
+def test_keys_are_bounded_per_tenant_and_one_tenants_names_never_evict_anothers() -> None:
+    """Node names are free text: a tenant inventing thousands loses its own oldest, not what
+    the others' calls taught (their predictions, hence their place in the fair order)."""
+    h = HistoryPredictor(PRIOR, max_keys=5, max_keys_per_tenant=4, min_count=1)
+    h.observe(call(tenant="quiet", node="plan"), 7)
     for i in range(50):
-        h.observe(call(tenant=f"t{i}", node=f"n{i}"), i)
-    assert len(h._stats) <= 5
-    assert h.predict(call(tenant="t49", node="n49")).p50 == 49
-    assert h.profile("t0") is None and h.profile("t49") is not None
+        h.observe(call(tenant="churn", node=f"n{i}"), i)
+    assert h.predict(call(tenant="quiet", node="plan")).p50 == 7
+    assert h.predict(call(tenant="churn", node="n49")).p50 == 49
+    assert h.predict(call(tenant="churn", node="n0")).p50 != 0  # its own oldest went
+    # churn's own key, three of its names, quiet's two, the global key
+    assert len(h._stats) == 4 + 2 + 1
+    for i in range(50):
+        h.observe(call(tenant=f"t{i}", node="n"), i)
+    assert h.profile("t0") is None and h.profile("t49") is not None  # profiles: max_keys
 
 
 def test_a_call_without_node_name_uses_and_feeds_its_tenant_key_once() -> None:
@@ -138,3 +146,16 @@ def test_each_model_keeps_its_own_history() -> None:
     assert h.predict(CallFeatures("t", "n", 50, 1000, model="large")).p50 == 500
     # another tenant on a model falls back to that model's calls, not the other's
     assert h.predict(CallFeatures("u", "n", 50, 1000, model="large")).p50 == 500
+
+
+def test_corrections_are_bounded_per_tenant_and_never_evict_another_tenants() -> None:
+    cold = FixedCold(LengthDistribution.from_quantiles(100, 200, 300))
+    h = HistoryPredictor(PRIOR, cold=cold, correction=ResidualCorrection(max_keys_per_tenant=4))
+    for _ in range(20):
+        h.observe(call(tenant="quiet", node="plan"), 400)
+    learned = h.predict(call(tenant="quiet", node="plan"))
+    assert learned.p50 > cold.answer.p50  # it had learned something
+    for i in range(50):
+        h.observe(call(tenant="churn", node=f"n{i}"), 1)
+    assert h.predict(call(tenant="quiet", node="plan")) == learned
+    assert h.predict(call(tenant="churn", node="n0")) == cold.answer  # its own oldest went
