@@ -108,4 +108,5 @@ class Client(Connection):
                 yield TextDelta(message.text, tuple(message.token_ids))
             if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
                 reason = enum_from_proto(FinishReason, message.finish_reason)
-                yield GenerateFinished("".join(parts), reason, usage_from_proto(message.usage))
+                usage = usage_from_proto(message.usage)
+                yield GenerateFinished("".join(parts), reason, usage, message.reason)

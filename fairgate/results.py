@@ -144,6 +144,7 @@ class GenerateFinished:
     text: str
     finish_reason: FinishReason
     usage: TokenUsage
+    reason: str = ""  # why a call that failed, was cancelled or was capped ended so
 
 
 def datetime_from_proto(parent: Message, field: str) -> datetime | None:

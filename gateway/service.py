@@ -58,7 +58,7 @@ from gateway.gateway_protos import (
     sampling_from_proto,
     usage,
 )
-from gateway.job_run import JobEnded, JobEvent, JobRun, TokensAdded
+from gateway.job_run import JobEnded, JobEvent, JobRun, NodeState, TokensAdded
 from gateway.jobs import (
     ChatMessage,
     JobLimits,
@@ -394,6 +394,8 @@ def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:
             node = run.nodes["generate"]
             response.finish_reason = finish_reason(node)
             response.usage.CopyFrom(usage([node]))
+            if node.state is not NodeState.SUCCEEDED:
+                response.reason = node.reason
     return response
 
 

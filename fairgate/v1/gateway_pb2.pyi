@@ -751,9 +751,14 @@ class GenerateResponse(_message.Message):
     TOKEN_IDS_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     finish_reason: Global___FinishReason.ValueType
     """Set on the last response only."""
+    reason: _builtins.str
+    """On the last response of a call that failed, was cancelled or was capped: why, as its
+    node's reason says (a quota it ran out of, a backend lost twice, the guard's cap).
+    """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -767,10 +772,11 @@ class GenerateResponse(_message.Message):
         token_ids: _abc.Iterable[_builtins.int] | None = ...,
         finish_reason: Global___FinishReason.ValueType = ...,
         usage: Global___TokenUsage | None = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "reason", b"reason", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,7 @@ import pytest
 
 from fairgate import (
     Client,
+    FinishReason,
     GenerateFinished,
     InvalidArgument,
     JobBuilder,
@@ -33,6 +34,7 @@ from fairgate import (
     Unavailable,
     map_reduce,
 )
+from tenants import TenantQuota
 from tenants.models import BUSY_RETRY_S
 from tests.gateway.conftest import Harness
 
@@ -178,6 +180,19 @@ async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
     assert refusal.error_info is not None
     assert refusal.error_info.reason == "QUOTA_QUEUED_JOBS"
     assert refusal.error_info.metadata["allowed"] == "1"
+
+
+async def test_a_generate_its_quota_refuses_says_why(harness: Harness) -> None:
+    """The call is admitted, then its reservation is refused by the daily budget: the stream
+    ends with finish_reason ERROR and the refusal's reason, not a bare ERROR."""
+    store = harness.gateway.store
+    await store.create_tenant("frugal", "Frugal", TenantQuota(daily_token_budget=50))
+    key = (await store.issue_key("frugal"))[1]
+    async with Client(harness.target, key) as frugal:
+        items = [item async for item in frugal.generate("hello", max_tokens=100)]
+    assert isinstance(items[-1], GenerateFinished)
+    assert items[-1].finish_reason is FinishReason.ERROR
+    assert items[-1].reason.startswith("daily budget of 50 tokens")
 
 
 async def test_a_generate_closed_early_cancels_its_call_and_charges_what_it_made(
