@@ -61,11 +61,11 @@ def online_errors(
 ) -> tuple[float | None, float | None]:
     """(MAE uncorrected, MAE with the online correction) over the calls after `warmup`, the
     calls replayed in order, each corrected, then observed with its first sample."""
-    correction = ResidualCorrection()
+    correction, key = ResidualCorrection(), ("bench", "source")  # one tenant's one kind of call
     corrected = []
     for dist, row in zip(dists, rows, strict=True):
-        corrected.append(correction.apply("source", dist, row.max_tokens).p50)
-        correction.learn("source", dist, row.lengths[0])
+        corrected.append(correction.apply(key, dist, row.max_tokens).p50)
+        correction.learn(key, dist, row.lengths[0])
     if len(rows) <= warmup:
         return None, None
     medians = [r.median for r in rows[warmup:]]
