@@ -339,9 +339,8 @@ class Dispatcher(OwnsTasks):
         quota. `failed` ends the job FAILED instead of CANCELLED."""
         if run.ended:
             return
-        run.charge_cut_short = charge
         now = self.clock()
-        for node_id in run.cancel(now, reason, failed=failed):
+        for node_id in run.cancel(now, reason, failed=failed, charge=charge):
             self._abort(run, node_id)
         if run.ended:
             self._forget(run, now)
@@ -577,13 +576,15 @@ class Dispatcher(OwnsTasks):
         if self.overload is not None and ready_at is not None:
             self.overload.first_token(ticket, self.clock() - ready_at)
 
-    def _call_ended(self, ticket: Ticket, produced: int) -> None:
+    def _call_ended(self, ticket: Ticket, produced: int, settled: int | None = None) -> None:
+        """`settled`: the output tokens its quota settled (None: released)."""
         node = ticket.run.nodes[ticket.call.node_id]
         if self.overload is not None:
             self.overload.ended(ticket, node.time_per_output_token(produced))
         if self.metrics is not None:
             tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative
-            self.metrics.call_ended(tenant, node, produced, conservative, ticket.model_name)
+            model = ticket.model_name
+            self.metrics.call_ended(tenant, node, produced, conservative, model, settled)
 
     def _start(self, entry: Entry) -> None:
         """Send a dispatched call to its backend; a call the backend refuses fails alone."""
@@ -781,7 +782,7 @@ class Dispatcher(OwnsTasks):
         elif not run.ended:
             reason = failure or ("engine error" if engine_error else "call aborted by the engine")
             self._finish_node(run, call.node_id, NodeState.FAILED, reason)
-        self._call_ended(ticket, produced)
+        self._call_ended(ticket, produced, made if charged else None)
         self._wake.set()
 
     def _observe(self, entry: Entry, produced: int) -> None:

@@ -254,10 +254,16 @@ class JobRun:
         """Whether every other node has ended, so that ending this one ends the job."""
         return all(node.state in ENDED for other, node in self.nodes.items() if other != node_id)
 
-    def cancel(self, now: float, reason: str = "cancelled", *, failed: bool = False) -> list[str]:
+    def cancel(
+        self, now: float, reason: str = "cancelled", *, failed: bool = False, charge: bool = False
+    ) -> list[str]:
         """Cancel every node that has not ended, except those `finishing`; returns the ones
         that were running. The job ends CANCELLED, or FAILED with `failed` (its deadline
-        passed), at once or when its finishing nodes have ended."""
+        passed), at once or when its finishing nodes have ended. `charge`: see
+        `charge_cut_short`; the first cancel decides it (a second one, while a finishing node
+        keeps the job open, finds the calls the first aborted still closing)."""
+        if self._end_state is None:
+            self.charge_cut_short = charge
         running = [
             n
             for n, r in self.nodes.items()

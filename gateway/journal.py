@@ -283,6 +283,12 @@ class RedisJournal(RedisClient):
         return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
 
     @_fails_closed
+    async def exists(self, tenant_id: str, job_id: str) -> bool:
+        """Whether the journal still holds the job (an ended one goes after `retention_s`, or
+        sooner past its tenant's bounds)."""
+        return bool(await self._redis.exists(self._job(tenant_id, job_id)))
+
+    @_fails_closed
     async def ask_cancel(self, tenant_id: str, job_id: str) -> bool:
         """Ask the job's owner to cancel it; False when it has ended or does not exist."""
         return bool(await self._scripts["cancel"](keys=[self._job(tenant_id, job_id)]))

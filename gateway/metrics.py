@@ -5,8 +5,9 @@ Counters and histograms are recorded where a call or a job ends (the dispatcher 
 scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
 `max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
-cannot grow the registry without end. Settled tokens count the calls whose quota was settled
-(nodes SUCCEEDED or CAPPED), the same calls as the store's usage. Each ended call also joins
+cannot grow the registry without end. Settled tokens count what the calls' quota settled (nodes
+SUCCEEDED or CAPPED, and calls its tenant's side cut short, for the tokens they made), the same
+as the store's usage. Each ended call also joins
 `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
 """
 
@@ -135,7 +136,9 @@ class GatewayMetrics:
         produced: int,
         conservative: bool = False,
         model: str = "",
+        settled: int | None = None,
     ) -> None:
+        """`settled`: the output tokens its quota settled (None: released)."""
         if self.genai is not None:
             self.genai.call_ended(node, produced, model)
         self.recent.call_ended(tenant_id, node, produced)
@@ -143,9 +146,9 @@ class GatewayMetrics:
         self.calls.labels(tenant, node.state.value).inc()
         if conservative:
             self.conservative.labels(tenant).inc()
-        if node.state in (NodeState.SUCCEEDED, NodeState.CAPPED):
+        if settled is not None:
             self.input_tokens.labels(tenant).inc(node.prompt_tokens)
-            self.output_tokens.labels(tenant).inc(produced)
+            self.output_tokens.labels(tenant).inc(settled)
         if node.state is NodeState.CAPPED:
             self.caps.labels(tenant).inc()
         for histogram, seconds in (

@@ -28,8 +28,8 @@ import hashlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -128,6 +128,26 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> JobRun:
         """The job for this spec: a new one, or the one its idempotency key already names.
         `streamed`: the caller is a RunJob or Generate, which owns a job it creates."""
+        with self._under_way(tenant_id):  # waiting for a key's lock counts too
+            return await self._submit(tenant_id, spec, fingerprint, streamed)
+
+    @contextmanager
+    def _under_way(self, tenant_id: str) -> Iterator[None]:
+        """Count one of the tenant's submissions under way; refuse one past the limit."""
+        in_flight = self._admitting[tenant_id]
+        if in_flight >= self.max_admissions_per_tenant:
+            raise refusals.admissions(tenant_id, self.max_admissions_per_tenant, in_flight)
+        self._admitting[tenant_id] += 1
+        try:
+            yield
+        finally:
+            self._admitting[tenant_id] -= 1
+            if not self._admitting[tenant_id]:
+                del self._admitting[tenant_id]
+
+    async def _submit(
+        self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
+    ) -> JobRun:
         if not spec.idempotency_key:
             return await self._admit(tenant_id, spec, fingerprint, streamed)
         async with self._key_locks.hold((tenant_id, spec.idempotency_key)):
@@ -153,20 +173,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._epochs[key_id or f"tenant {tenant_id}"] += 1
 
     async def _admit(
-        self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
-    ) -> JobRun:
-        in_flight = self._admitting[tenant_id]
-        if in_flight >= self.max_admissions_per_tenant:
-            raise refusals.admissions(tenant_id, self.max_admissions_per_tenant, in_flight)
-        self._admitting[tenant_id] += 1
-        try:
-            return await self._admit_now(tenant_id, spec, fingerprint, streamed)
-        finally:
-            self._admitting[tenant_id] -= 1
-            if not self._admitting[tenant_id]:
-                del self._admitting[tenant_id]
-
-    async def _admit_now(
         self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
     ) -> JobRun:
         key_id = current_key()
@@ -275,7 +281,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 yield view, fresh
             if view.ended or stop():
                 return
-            for event in await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S):
+            events = await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S)
+            if not events and not await journal.exists(run.tenant_id, run.job_id):
+                # dropped as its tenant's ended jobs passed their bounds: nothing more comes
+                raise NotFound(f"job {run.job_id!r} is no longer kept")
+            for event in events:
                 view.replay(event)
 
     async def _quota(self, tenant_id: str) -> TenantQuota:

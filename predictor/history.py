@@ -10,10 +10,11 @@ node (of no node: the tenant's bare calls) ran against the model's predictions
 converges to its own level, and a source unlike the model's training set is corrected within tens
 of calls. Each tenant's keys are kept in their own LRU order and its least recently used are
 dropped past `max_keys_per_tenant` (`OwnedLru`), so memory stays bounded whatever names clients
-invent and one tenant's names never evict another's; tenants' profiles past `max_keys`. Per tenant
-it also keeps exponentially weighted mean and variance of log prompt and output lengths (a
-`LengthProfile`) for the anomaly guard's z-scores. Invariant: every key's window holds at most
-`window` lengths, and a prediction is capped at the call's max_tokens.
+invent and one tenant's names never evict another's; past `max_keys` tenants, the least recently
+seen one's keys and profile go. Per tenant it also keeps exponentially weighted mean and variance
+of log prompt and output lengths (a `LengthProfile`) for the anomaly guard's z-scores. Invariant:
+every key's window holds at most `window` lengths, and a prediction is capped at the call's
+max_tokens.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class HistoryPredictor:
         self.prior, self.cold = prior, cold
         self.correction = correction or ResidualCorrection(max_keys_per_tenant=max_keys_per_tenant)
         self.alpha, self.window, self.min_count, self.max_keys = alpha, window, min_count, max_keys
-        self._stats: OwnedLru[_KeyStats] = OwnedLru(max_keys_per_tenant)
+        self._stats: OwnedLru[_KeyStats] = OwnedLru(max_keys_per_tenant, max_owners=max_keys)
         self._profiles: OrderedDict[str, tuple[int, _Moments, _Moments]] = OrderedDict()
 
     def predict(self, call: CallFeatures) -> LengthDistribution:

@@ -2,8 +2,9 @@
 
 Past `max_per_owner`, an owner's least recently used name is dropped, never another owner's: one
 tenant inventing node names (a name is free text) cannot evict what the other tenants' calls
-taught the predictor. Owners are the tenants (and '' for what is learned across them), made by
-operators, so they are never dropped. Invariant: no owner holds more than `max_per_owner` names.
+taught the predictor. Owners (the tenants, and '' for what is learned across them) are kept in
+LRU order too and the least recently used is dropped whole past `max_owners` (a deleted tenant's
+names go in time). Invariant: at most `max_owners` owners of at most `max_per_owner` names each.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ V = TypeVar("V")
 
 
 class OwnedLru(Generic[V]):
-    def __init__(self, max_per_owner: int) -> None:
-        if max_per_owner < 1:
-            raise ValueError(f"max_per_owner must be >= 1, got {max_per_owner}")
-        self.max_per_owner = max_per_owner
-        self._owners: dict[str, OrderedDict[str, V]] = {}
+    def __init__(self, max_per_owner: int, max_owners: int = 10_000) -> None:
+        if max_per_owner < 1 or max_owners < 1:
+            raise ValueError(f"need max_per_owner, max_owners >= 1: {max_per_owner}, {max_owners}")
+        self.max_per_owner, self.max_owners = max_per_owner, max_owners
+        self._owners: OrderedDict[str, OrderedDict[str, V]] = OrderedDict()
 
     def get(self, key: tuple[str, str]) -> V | None:
         """The value, if kept; reading does not count as a use."""
@@ -28,9 +29,15 @@ class OwnedLru(Generic[V]):
 
     def put(self, key: tuple[str, str], value: V) -> None:
         """Keep `value` as the owner's most recently used name (dropping its oldest past the
-        limit)."""
+        limit, and the least recently used owner past theirs)."""
         owner, name = key
-        names = self._owners.setdefault(owner, OrderedDict())
+        names = self._owners.get(owner)
+        if names is None:
+            names = self._owners[owner] = OrderedDict()
+            if len(self._owners) > self.max_owners:
+                self._owners.popitem(last=False)
+        else:
+            self._owners.move_to_end(owner)
         names[name] = value
         names.move_to_end(name)
         if len(names) > self.max_per_owner:

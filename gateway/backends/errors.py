@@ -4,12 +4,13 @@
 the call may run again elsewhere. `BackendRefused`: the backend answered and refused this call (a
 4xx): running it elsewhere would be refused too, so the call fails. `answer_error` reads a server's
 error answer by its HTTP status: a 4xx refuses the call (but 408 and 429, which say the server is
-busy); 408, 429, 502, 503 and 504 say the server, or a proxy before it, is busy or away; any other
-5xx (500: the server failed this call) is a loss the server `answered`: it is up, and the failure
-may be the call's own, so it says nothing of the server's health (a tenant's calls that make the
-server fail must not stop it for every tenant). `BackendMismatch`: at start-up
-the server is not the one the settings describe (another model, another tokenizer).
-`BackendUnreachable`: at start-up the server could not be asked at all.
+busy), as does any other answer below 500 (a redirect: the settings name the wrong URL); 408, 429,
+502, 503 and 504 say the server, or a proxy before it, is busy or away; any other 5xx (500: the
+server failed this call) is a loss the server `answered`: it is up, and the failure may be the
+call's own, so it says nothing of the server's health (a tenant's calls that make the server fail
+must not stop it for every tenant). `BackendMismatch`: at start-up the server is not the one the
+settings describe (another model, another tokenizer). `BackendUnreachable`: at start-up the server
+could not be asked at all.
 """
 
 from __future__ import annotations
@@ -50,6 +51,6 @@ AWAY = frozenset({502, 503, 504})  # the server, or a proxy before it, cannot se
 
 def answer_error(message: str, status: int | None) -> BackendError:
     """The error a server's error answer of HTTP `status` (None: it gave none) stands for."""
-    if status is not None and 400 <= status < 500 and status not in BUSY:
-        return BackendRefused(message, status)
+    if status is not None and status < 500 and status not in BUSY:
+        return BackendRefused(message, status)  # a 4xx, or an answer that is not one (a 3xx)
     return BackendLost(message, answered=status not in BUSY | AWAY)

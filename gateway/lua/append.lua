@@ -18,7 +18,8 @@ for i = 9, #ARGV do
   if seq > last then redis.call('XADD', KEYS[2], '0-' .. seq, 'e', ARGV[i]) end
 end
 redis.call('HSET', KEYS[1], 'seq', math.max(last, first + #ARGV - 9))
-if ARGV[4] ~= '1' then return {'ok'} end
+-- the ending batch sent again (its reply was lost) must not note the job twice
+if ARGV[4] ~= '1' or redis.call('HGET', KEYS[1], 'ended') then return {'ok'} end
 
 local retention_s = tonumber(ARGV[5])
 redis.call('HSET', KEYS[1], 'ended', 1)

@@ -134,3 +134,19 @@ def test_a_child_cancelled_while_its_parent_settles_stays_cancelled() -> None:
     assert run.finish_node("a", NodeState.SUCCEEDED, 0.3) == []  # b is not released
     assert run.nodes["b"].state is NodeState.CANCELLED
     assert run.state is JobState.CANCELLED
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_first_cancel_decides_whether_calls_cut_short_are_charged(first: bool) -> None:
+    """A finishing node keeps the job open, so a second cancel (a shutdown after the client's,
+    or the reverse) comes while the calls the first aborted are still closing: it must not
+    make them free, nor charge the tenant for the gateway's own cancel."""
+    run = make_run(("a", ()), ("b", ()))
+    run.start(0.0)
+    run.mark_running("a", 2, 0.1)
+    run.mark_running("b", 2, 0.1)
+    run.finishing.add("a")
+    assert run.cancel(0.2, "first", charge=first) == ["b"]
+    assert not run.ended
+    run.cancel(0.3, "second", charge=not first)
+    assert run.charge_cut_short is first

@@ -141,12 +141,31 @@ async def test_a_tenants_ended_jobs_are_kept_within_their_bounds(
             await _run_to_end(journal, run, "x" * 10_000)
         kept = [await journal.load("acme", f"job-{i}") is not None for i in range(4)]
         assert kept == [False, False, True, True]
+        # what a watcher of a dropped job asks before it gives up (WatchJob: NOT_FOUND)
+        assert [await journal.exists("acme", f"job-{i}") for i in range(4)] == kept
         keys = [await journal.job_by_key("acme", f"k{i}") for i in range(4)]
         assert keys == [None, None, "job-2", "job-3"]
         assert await journal.load("quiet", "job-q") is not None
         assert await journal.job_by_key("quiet", "q") == "job-q"
     finally:
         await journal.aclose()
+
+
+async def test_the_ending_batch_sent_again_notes_the_job_once(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    """A batch is sent again when its reply was lost: the job's size must not count twice
+    (the tenant's total would only grow, and its jobs be dropped far below the bound)."""
+    one, _ = journals
+    run = JobRun("job-8", "acme", two_calls(), 100.0)
+    owned = await one.create(run)
+    run.start(101.0)
+    run.cancel(102.0, "cancelled by the client")
+    assert run.ended
+    for _ in range(3):
+        assert await one.append([(owned, run.events, True)]) == [True]
+    sizes = await one._redis.hgetall(one._ended_keys("acme")[1])
+    assert sizes["total"] == sizes["acme/job-8"] and int(sizes["total"]) > 0
 
 
 async def test_closing_waits_for_a_read_under_way_and_leaves_no_connection(

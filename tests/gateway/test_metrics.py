@@ -32,7 +32,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 async def test_metrics_count_what_the_jobs_did() -> None:
     async with reliable_gateway(core=sim_core(0.002), metrics_port=0) as h:
-        for tenant in ("a", "b"):
+        for tenant in ("a", "b", "c"):
             await h.tenant(tenant)
         url = f"http://127.0.0.1:{h.gateway.metrics_port}/metrics"
         async with httpx.AsyncClient() as http:
@@ -44,14 +44,25 @@ async def test_metrics_count_what_the_jobs_did() -> None:
             for tenant, spec in (("a", chain), ("b", roots(2, 30)), ("b", chain)):
                 await h.run(tenant, spec)
             await h.finished("a", running.job_id)
+            # c cancels a call it has read tokens of: settled for those, in the metrics too
+            cut = await h.submit("c", roots(1, 500))
+            watch = pb.WatchJobRequest(job_id=cut.job_id)
+            async for event in h.stub.WatchJob(watch, metadata=h.auth("c")):
+                if event.WhichOneof("event") == "token_delta":
+                    break
+            cancel = pb.CancelJobRequest(job_id=cut.job_id)
+            await h.stub.CancelJob(cancel, metadata=h.auth("c"))
             await h.unharmed()
             after = await scrape(http, url)
-        for tenant, jobs in (("a", 2), ("b", 2)):
+        for tenant in ("a", "b", "c"):
             usage = await h.usage(tenant)
             assert value(after, "fairgate_input_tokens_total", tenant=tenant) == usage.input_tokens
             assert value(after, "fairgate_output_tokens_total", tenant=tenant) == (
                 usage.output_tokens
             )
+        assert (await h.usage("c")).output_tokens > 0
+        for tenant, jobs in (("a", 2), ("b", 2)):
+            usage = await h.usage(tenant)
             calls = value(after, "fairgate_calls_total", tenant=tenant, state="succeeded")
             assert calls == usage.settled_calls
             ttft = value(after, "fairgate_time_to_first_token_seconds_count", tenant=tenant)

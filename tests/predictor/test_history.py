@@ -77,7 +77,11 @@ def test_keys_are_bounded_per_tenant_and_one_tenants_names_never_evict_anothers(
     assert len(h._stats) == 4 + 2 + 1
     for i in range(50):
         h.observe(call(tenant=f"t{i}", node="n"), i)
-    assert h.profile("t0") is None and h.profile("t49") is not None  # profiles: max_keys
+    # past max_keys tenants the least recently seen go whole: profile and keys
+    assert h.profile("t0") is None and h.profile("t49") is not None
+    stranger = h.predict(call(tenant="nobody", node="x"))  # what is learned across tenants
+    assert h.predict(call(tenant="quiet", node="plan")) == stranger
+    assert h.predict(call(tenant="t49", node="n")).p50 == 49
 
 
 def test_a_call_without_node_name_uses_and_feeds_its_tenant_key_once() -> None:

@@ -10,7 +10,7 @@ import pytest
 from engine import FinishReason, TokenDelta
 from gateway.backends.base import CallUsage
 from gateway.backends.decoder import CompletionDecoder
-from gateway.backends.errors import BackendLost, BackendRefused
+from gateway.backends.errors import BackendLost, BackendRefused, answer_error
 
 
 def chunk(ids: list[int], text: str = "x", reason: str | None = None) -> str:
@@ -122,3 +122,25 @@ def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> N
     with pytest.raises(BackendLost) as lost:
         decoder.feed(event)
     assert not lost.value.answered  # a broken stream is no answer: it counts against the server
+
+
+@pytest.mark.parametrize(
+    ("status", "raised", "answered"),
+    [
+        (301, BackendRefused, None),  # a redirect: the settings name the wrong URL
+        (204, BackendRefused, None),
+        (404, BackendRefused, None),
+        (429, BackendLost, False),
+        (500, BackendLost, True),
+        (501, BackendLost, True),
+        (502, BackendLost, False),
+        (None, BackendLost, True),
+    ],
+)
+def test_an_answer_is_read_by_its_status(
+    status: int | None, raised: type[Exception], answered: bool | None
+) -> None:
+    error = answer_error("m", status)
+    assert type(error) is raised
+    if isinstance(error, BackendLost):
+        assert error.answered is answered
