@@ -734,8 +734,8 @@ class Dispatcher(OwnsTasks):
         """Settle or release the call, then end its node. A finished call's last tokens are
         added only now, after the settle, next to the node's end (and the job's, if it was the
         last call): whoever watches the job gets them in one wake-up. A call that failed here
-        (`failure`) or in its backend is released and its node fails; one whose node ended
-        first settles what it made."""
+        (`failure`) or in its backend is released and its node fails; one whose node its
+        tenant's side ended first settles what the node took."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
         self.streams.pop(call.call_id, None)

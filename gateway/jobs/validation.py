@@ -121,7 +121,8 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
     the caller reads the clock, so validation stays a pure function of its arguments.
     """
     limits = limits or JobLimits()
-    too_many = list(_check_counts(spec, limits))
+    check_node_count(len(spec.nodes), limits)
+    too_many = list(_check_dependency_counts(spec, limits))
     if too_many:
         raise JobInvalid(_bounded(too_many))
     job = _Job.of(spec, limits)
@@ -155,10 +156,9 @@ def check_node_count(count: int, limits: JobLimits) -> None:
         raise JobInvalid([FieldViolation("nodes", f"{count} nodes; at most {limits.max_nodes}")])
 
 
-def _check_counts(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
-    """The counts that bound the graph checks' work: nodes, and each node's dependencies (it
-    cannot depend on more nodes than a job holds)."""
-    check_node_count(len(spec.nodes), limits)
+def _check_dependency_counts(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
+    """Each node's dependencies bound the graph checks' work too: a node cannot depend on more
+    nodes than a job holds."""
     for index, node in enumerate(spec.nodes):
         if len(node.depends_on) > limits.max_nodes:
             yield FieldViolation(
