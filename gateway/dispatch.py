@@ -44,6 +44,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -144,6 +145,7 @@ class Dispatcher(OwnsTasks):
         self.leases = Leases(store, config.reservation_ttl_s)
         self.streams: dict[str, CallStream] = {}  # running call id -> its backend's stream
         self.runs: dict[str, JobRun] = {}  # active jobs
+        self._active: Counter[str] = Counter()  # per tenant, its jobs in `runs`
         self._quotas: dict[str, TenantQuota] = {}
         self._wake = anyio.Event()
         self._tracer = tracer  # None: no spans
@@ -321,11 +323,17 @@ class Dispatcher(OwnsTasks):
         """An added job is held: its admission's lease, its deadline, its span."""
         self._quotas[run.tenant_id] = quota
         self.runs[run.job_id] = run
+        self._active[run.tenant_id] += 1
         self.leases.hold_job(run.tenant_id, run.job_id)
         if run.spec.deadline_unix_s is not None:
             self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
         if self._tracer is not None:
             self._job_spans[run.job_id] = start_job_span(self._tracer, run, info)
+
+    def active_jobs(self, tenant_id: str) -> int:
+        """The tenant's jobs this replica holds (at most its admitted ones, which the store
+        counts across replicas)."""
+        return self._active[tenant_id]
 
     def running_jobs(self) -> list[JobRun]:
         """Jobs that have not ended."""
@@ -831,6 +839,9 @@ class Dispatcher(OwnsTasks):
     def _forget(self, run: JobRun, now: float) -> None:
         if self.runs.pop(run.job_id, None) is None:
             return
+        self._active[run.tenant_id] -= 1
+        if not self._active[run.tenant_id]:
+            del self._active[run.tenant_id]
         for lane in self._lanes_of(run):
             self._release_held(lane.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)

@@ -181,6 +181,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         validate_job(spec, self._limits(quota), now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
+        # the store decides, after the job is rendered and encoded; a tenant this replica alone
+        # shows at its limit is refused before that work (it never counts more than the store)
+        active = self.dispatcher.active_jobs(tenant_id)
+        if 0 < quota.max_queued_jobs <= active:
+            raise refusals.queued_jobs(tenant_id, quota.max_queued_jobs, active)
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         async with self._slots(run):

@@ -227,6 +227,47 @@ async def test_a_tenant_has_at_most_its_admissions_under_way_and_others_go_on() 
     assert len(waiting) == 3  # the ones under way were admitted once the store answered
 
 
+class _CountedAdmissions(MemoryQuotaStore):
+    """A store that counts the admissions it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    async def admit_job(self, *args: Any, **kwargs: Any) -> bool:
+        self.asked += 1
+        return await super().admit_job(*args, **kwargs)
+
+    async def admit_job_and_reserve(self, *args: Any, **kwargs: Any) -> Any:
+        self.asked += 1
+        return await super().admit_job_and_reserve(*args, **kwargs)
+
+
+async def test_a_tenant_at_its_queued_jobs_is_refused_before_its_job_is_encoded() -> None:
+    """The store decides, after the job is rendered and encoded: a tenant this replica already
+    holds at its limit is refused before that work, which its refusals would otherwise cost."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY, max_model_len=4096)
+    store = _CountedAdmissions()
+    await store.create_tenant(
+        "alpha", "Alpha", TenantQuota(max_queued_jobs=1, max_tokens_ceiling=2048)
+    )
+    auth = (("authorization", f"Bearer {(await store.issue_key('alpha'))[1]}"),)
+    async with (
+        running_gateway(settings, core=sim_core(0.002), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        long = pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "one", 2000)]))
+        held = await stub.SubmitJob(long, metadata=auth)
+        big = pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("b", "word " * 6_000, 8)]))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.SubmitJob(big, metadata=auth)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "QUOTA_QUEUED_JOBS" in str(caught.value.trailing_metadata())
+        assert store.asked == 1  # only the first job's admission reached the store
+        await stub.CancelJob(pb.CancelJobRequest(job_id=held.job_id), metadata=auth)
+
+
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
     harness: Harness,
 ) -> None:
