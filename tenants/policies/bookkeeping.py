@@ -6,7 +6,10 @@ it, and calls the hook the concrete policy overrides to keep its own accounting.
 first ready call (in readiness order) of the job with the smallest `_job_order` key among
 `_eligible_jobs`, skipping held calls and held tenants (a call whose quota is being reserved, a
 tenant a quota refused until a retry time: they stay ready, so nothing is re-added); among the
-winner's tenant's eligible jobs, the one with the highest job priority goes first (a tenant orders
+winner's tenant's eligible jobs of the winner's standing (`_standing`: a precedence the policy
+grants one job, as justitia's chain rule or LAS's starvation guard, is that job's to spend: a job
+of the tenant's that lacks it cannot take the turn, else the promoted job would never run and keep
+winning its tenant every turn), the one with the highest job priority goes first (a tenant orders
 its own jobs without changing its share). Invariant: every ready or running call belongs to an
 active job and sits in exactly one of the two sets; a node of a job is ready, running or done at
 most once; a job is in `_ready_jobs` exactly when it has a ready call; held calls are ready.
@@ -135,7 +138,7 @@ class BookPolicy:
         best: ActiveJob | None = None
         best_key: OrderKey | None = None
         holding = bool(self._held or self._held_tenants or self._shedding)
-        by_tenant: dict[str, tuple[tuple[int, OrderKey], ActiveJob]] = {}
+        by_standing: dict[tuple[str, object], tuple[tuple[int, OrderKey], ActiveJob]] = {}
         for job in self._eligible_jobs(now, load):
             if holding and self._first_shown(job, now) is None:
                 continue
@@ -144,13 +147,13 @@ class BookPolicy:
                 best, best_key = job, key
             if self._prioritized:
                 rank = (-job.info.priority, key)
-                tenant = job.info.tenant_id
-                if tenant not in by_tenant or rank < by_tenant[tenant][0]:
-                    by_tenant[tenant] = (rank, job)
-        if best is None:
+                standing = (job.info.tenant_id, self._standing(key))
+                if standing not in by_standing or rank < by_standing[standing][0]:
+                    by_standing[standing] = (rank, job)
+        if best is None or best_key is None:
             return None
         if self._prioritized:
-            best = by_tenant[best.info.tenant_id][1]
+            best = by_standing[(best.info.tenant_id, self._standing(best_key))][1]
         return self._first_shown(best, now) if holding else next(iter(best.ready.values()))
 
     def hold(self, call_id: str) -> None:
@@ -254,6 +257,11 @@ class BookPolicy:
 
     def _job_priority(self, job: ActiveJob) -> float:
         raise NotImplementedError
+
+    def _standing(self, key: OrderKey) -> object:
+        """The part of a job's order key that a job of the same tenant must share to take its
+        turn by priority; none by default."""
+        return None
 
     def _eligible_jobs(self, now: float, load: EngineLoad) -> Iterable[ActiveJob]:
         return self._ready_jobs.values()

@@ -137,6 +137,9 @@ class JustitiaPolicy(BookPolicy):
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         return (not self._is_chain(job), job.info.tenant_id in self._ahead, *self._rank(job))
 
+    def _standing(self, key: OrderKey) -> object:
+        return key[0]  # a chain's precedence is its own (see `_job_order`)
+
     def _is_chain(self, job: ActiveJob) -> bool:
         left = self._remaining[job.info.job_id]
         return (

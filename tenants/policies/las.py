@@ -42,6 +42,9 @@ class LasPolicy(BookPolicy):
     def _job_priority(self, job: ActiveJob) -> float:
         return self.attained_service(job.info.job_id)
 
+    def _standing(self, key: OrderKey) -> object:
+        return key[0]  # a starving job's precedence is its own (see `_job_order`)
+
     def _job_added(self, job: ActiveJob, now: float) -> None:
         self._served[job.info.job_id] = {}
         self._attained[job.info.job_id] = 0.0

@@ -1,5 +1,6 @@
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -393,3 +394,16 @@ def test_a_tenant_with_many_short_jobs_yields_once_it_leads_gps_by_more_than_a_c
     assert kv_token_time(100, 20) == 2210 and kv_token_time(100, 120) == 19260
     assert order[:10] == ["many"] * 9 + ["few"]
     assert order[10:] == ["many", "many"]
+
+
+def test_a_promoted_chain_cannot_lend_its_precedence_to_its_tenants_other_jobs() -> None:
+    """Priority orders a tenant's own jobs, but a chain's precedence is the chain's: a tenant
+    that keeps a chain promoted and submits its other jobs at a higher priority must not have
+    them all go first (the chain would never run and keep winning its tenant every turn)."""
+    policy = chain_setup()
+    for i in range(6):
+        job = replace(make_job(f"h{i}", "heavy", [make_node("n", predicted=20)]), priority=1)
+        submit(policy, job)
+    wide = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None)
+    peeked = policy.peek(0.0, wide)
+    assert peeked is not None and peeked.call_id == "chain/c0"  # the chain spends its turn
