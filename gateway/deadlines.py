@@ -2,8 +2,11 @@
 
 Deadlines sit in a heap ordered by time; the task sleeps until the earliest one (or until a new
 earlier one arrives) and reports each job whose deadline has passed exactly once, unless it was
-discarded first (the job ended). Times are the injected clock's (unix seconds, like
-`JobSpec.deadline_unix_s`).
+discarded first (the job ended). A discarded deadline stays in the heap until it comes to the top,
+so the heap is rebuilt from the live ones once the discarded outnumber them: jobs submitted with
+far deadlines and cancelled at once would otherwise pile up behind one earlier live deadline.
+Times are the injected clock's (unix seconds, like `JobSpec.deadline_unix_s`). Invariant: the heap
+holds at most twice the live deadlines, plus `_SLACK`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import heapq
 from collections.abc import Callable
 
 import anyio
+
+_SLACK = 64  # discarded entries tolerated before a rebuild is worth it
 
 
 class Deadlines:
@@ -29,6 +34,9 @@ class Deadlines:
 
     def discard(self, job_id: str) -> None:
         self._live.pop(job_id, None)
+        if len(self._heap) > 2 * len(self._live) + _SLACK:
+            self._heap = [(at, job) for job, at in self._live.items()]
+            heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._live)
