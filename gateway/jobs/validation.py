@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from engine import MAX_TEMPERATURE, MIN_TEMPERATURE
 from gateway.jobs.dag import Dag, find_cycles
-from gateway.jobs.errors import FieldViolation, JobInvalid
+from gateway.jobs.errors import DagCyclic, FieldViolation, JobInvalid
 from gateway.jobs.model import CHAT_ROLES, JobSpec, NodeSpec, SamplingSpec
 from gateway.jobs.template import (
     IDENTIFIER,
@@ -96,8 +96,10 @@ class _Job:
         input_chars = input_sizes(spec.inputs)
         prompt_chars = [rendered_chars(node, input_chars, {}) for node in spec.nodes]
         known = {node: [p for p in deps if p in edges] for node, deps in edges.items()}
-        cycles = find_cycles(known)
-        dag = None if cycles else Dag.build(known)
+        try:  # the cycles are looked for only when the order cannot place every node
+            dag, cycles = Dag.build(known), []
+        except DagCyclic:
+            dag, cycles = None, find_cycles(known)
         return cls(spec, limits, first_index, edges, input_chars, prompt_chars, cycles, dag)
 
 
