@@ -28,8 +28,8 @@ import hashlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Hashable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -73,6 +73,7 @@ from gateway.overload import ShedJob
 from gateway.registry import JobRegistry
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
+from gateway.tenant_counts import TenantCounts
 from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota, refusals
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -114,7 +115,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.clock = clock
         self.max_active_jobs = max_active_jobs
         self.max_admissions_per_tenant = max_admissions_per_tenant
-        self._admitting: Counter[str] = Counter()  # per tenant, submissions under way
+        self._admitting = TenantCounts()  # per tenant, submissions under way
         self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # bumped by a key's revocation or a tenant's deletion, so that an admission that was
@@ -128,22 +129,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> JobRun:
         """The job for this spec: a new one, or the one its idempotency key already names.
         `streamed`: the caller is a RunJob or Generate, which owns a job it creates."""
-        with self._under_way(tenant_id):  # waiting for a key's lock counts too
+        limit = self.max_admissions_per_tenant
+        # waiting for a key's lock counts too
+        with self._admitting.holding(tenant_id, limit, refusals.admissions):
             return await self._submit(tenant_id, spec, fingerprint, streamed)
-
-    @contextmanager
-    def _under_way(self, tenant_id: str) -> Iterator[None]:
-        """Count one of the tenant's submissions under way; refuse one past the limit."""
-        in_flight = self._admitting[tenant_id]
-        if in_flight >= self.max_admissions_per_tenant:
-            raise refusals.admissions(tenant_id, self.max_admissions_per_tenant, in_flight)
-        self._admitting[tenant_id] += 1
-        try:
-            yield
-        finally:
-            self._admitting[tenant_id] -= 1
-            if not self._admitting[tenant_id]:
-                del self._admitting[tenant_id]
 
     async def _submit(
         self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool

@@ -10,11 +10,11 @@ UNAUTHENTICATED.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.job_run import JobRun
+from gateway.tenant_counts import TenantCounts
 from tenants import refusals
 
 
@@ -35,24 +35,18 @@ class Stream:
 class OpenStreams:
     def __init__(self) -> None:
         self._open: set[Stream] = set()
-        self._per_tenant: Counter[str] = Counter()
+        self._per_tenant = TenantCounts()
 
     @contextlib.contextmanager
     def open(self, tenant_id: str, key_id: str, limit: int) -> Iterator[Stream]:
         """Register a stream for as long as the block runs; `limit` 0 means no limit."""
-        count = self._per_tenant[tenant_id]
-        if 0 < limit <= count:
-            raise refusals.streams(tenant_id, limit, count)
-        stream = Stream(tenant_id, key_id)
-        self._open.add(stream)
-        self._per_tenant[tenant_id] += 1
-        try:
-            yield stream
-        finally:
-            self._open.discard(stream)
-            self._per_tenant[tenant_id] -= 1
-            if not self._per_tenant[tenant_id]:
-                del self._per_tenant[tenant_id]
+        with self._per_tenant.holding(tenant_id, limit, refusals.streams):
+            stream = Stream(tenant_id, key_id)
+            self._open.add(stream)
+            try:
+                yield stream
+            finally:
+                self._open.discard(stream)
 
     def close(self, which: Callable[[Stream], bool], reason: str) -> int:
         """Close the open streams `which` selects; returns how many."""
