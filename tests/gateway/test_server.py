@@ -167,16 +167,18 @@ async def test_calls_the_gateway_cuts_short_on_shutdown_are_not_charged() -> Non
     assert (usage.settled_calls, usage.output_tokens, usage.tokens_today) == (0, 0, 0)
 
 
-class _SlowAdmissions(MemoryQuotaStore):
-    """A store whose admissions of `tenant` wait until the test opens them, counting arrivals."""
+class _WatchedAdmissions(MemoryQuotaStore):
+    """A store that counts the admissions it is asked for (`asked`); those of `held`, when
+    given, wait until the test opens them, `all_arrived` set once `expected` have come."""
 
-    def __init__(self, tenant: str, expected: int) -> None:
+    def __init__(self, held: str | None = None, expected: int = 0) -> None:
         super().__init__()
-        self.tenant, self.expected, self.arrived = tenant, expected, 0
+        self.held, self.expected, self.asked, self.arrived = held, expected, 0, 0
         self.all_arrived, self.open = anyio.Event(), anyio.Event()
 
     async def _gate(self, tenant_id: str) -> None:
-        if tenant_id == self.tenant:
+        self.asked += 1
+        if tenant_id == self.held:
             self.arrived += 1
             if self.arrived == self.expected:
                 self.all_arrived.set()
@@ -195,7 +197,7 @@ async def test_a_tenant_has_at_most_its_admissions_under_way_and_others_go_on() 
     """Submissions past `max_admissions_per_tenant` under way are refused at once: waiting they
     would hold the server's RPC slots, which every tenant shares."""
     settings = Settings(port=0, admin_key=ADMIN_KEY, max_admissions_per_tenant=3)
-    store = _SlowAdmissions("alpha", expected=3)
+    store = _WatchedAdmissions("alpha", expected=3)
     keys = {}
     for tenant in ("alpha", "beta"):
         await store.create_tenant(tenant, tenant.title(), TenantQuota())
@@ -227,27 +229,11 @@ async def test_a_tenant_has_at_most_its_admissions_under_way_and_others_go_on() 
     assert len(waiting) == 3  # the ones under way were admitted once the store answered
 
 
-class _CountedAdmissions(MemoryQuotaStore):
-    """A store that counts the admissions it is asked for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked = 0
-
-    async def admit_job(self, *args: Any, **kwargs: Any) -> bool:
-        self.asked += 1
-        return await super().admit_job(*args, **kwargs)
-
-    async def admit_job_and_reserve(self, *args: Any, **kwargs: Any) -> Any:
-        self.asked += 1
-        return await super().admit_job_and_reserve(*args, **kwargs)
-
-
 async def test_a_tenant_at_its_queued_jobs_is_refused_before_its_job_is_encoded() -> None:
     """The store decides, after the job is rendered and encoded: a tenant this replica already
     holds at its limit is refused before that work, which its refusals would otherwise cost."""
     settings = Settings(port=0, admin_key=ADMIN_KEY, max_model_len=4096)
-    store = _CountedAdmissions()
+    store = _WatchedAdmissions()
     await store.create_tenant(
         "alpha", "Alpha", TenantQuota(max_queued_jobs=1, max_tokens_ceiling=2048)
     )
