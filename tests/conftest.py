@@ -9,12 +9,14 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tests.event_loop import TestEventLoop
+
 REDIS_URL = "redis://127.0.0.1:6379/0"  # the local redis-server (scripts/test.sh starts one)
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
+def anyio_backend() -> tuple[str, dict[str, object]]:
+    return "asyncio", {"loop_factory": TestEventLoop}
 
 
 @pytest.fixture
