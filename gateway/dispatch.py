@@ -579,10 +579,12 @@ class Dispatcher(OwnsTasks):
         self._call_ended(ticket, 0)
 
     def _first_token(self, ticket: Ticket) -> None:
-        """The SLO monitor judges the call's wait, from ready to its first token."""
+        """The SLO monitor judges the call's wait for the gateway, from ready (or from its
+        tenant's quota releasing it) to its first token."""
         ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
         if self.overload is not None and ready_at is not None:
-            self.overload.first_token(ticket, self.clock() - ready_at)
+            since = self._lane(ticket).core.waiting_since(ticket.call.tenant_id, ready_at)
+            self.overload.first_token(ticket, self.clock() - since)
 
     def _call_ended(self, ticket: Ticket, produced: int, settled: int | None = None) -> None:
         """`settled`: the output tokens its quota settled (None: released)."""

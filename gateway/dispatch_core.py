@@ -151,7 +151,10 @@ class DispatchCore(Generic[T]):
         # until the caller pays it there
         self.gated = gated
         self.owed: dict[str, float] = {}
-        self._quota_held: dict[str, float] = {}  # tenant -> until when a quota refused it
+        # tenant -> until when its own quota holds its calls back (once released, when it
+        # did): that wait is the tenant's, not the gateway's (`waiting_since`); one entry per
+        # tenant that was ever held, as with `_weights`
+        self._quota_held: dict[str, float] = {}
 
     # --- jobs and ready calls -------------------------------------------------------------
 
@@ -414,17 +417,24 @@ class DispatchCore(Generic[T]):
             for calls in (self.ready, self.taking, self.running)
             for e in calls.values()
         }
-        shown = [
-            e.call
-            for e in self.ready.values()
-            if self._quota_held.get(e.call.tenant_id, -math.inf) <= now
-        ]
+        shown = [e.call for e in self.ready.values() if not self.quota_held(e.call.tenant_id, now)]
         job_offsets = self.policy.fair_offsets({call.job_id for call in shown})
         waiting: dict[str, float] = {}
         for call in shown:
             offset = job_offsets.get(call.job_id, 0.0)
             waiting[call.tenant_id] = min(offset, waiting.get(call.tenant_id, offset))
         return tuple(sorted(active)), waiting
+
+    def quota_held(self, tenant_id: str, now: float) -> bool:
+        """Whether the tenant's own quota holds its calls back now."""
+        return self._quota_held.get(tenant_id, -math.inf) > now
+
+    def waiting_since(self, tenant_id: str, ready_at: float) -> float:
+        """When a call of the tenant's that became ready at `ready_at` began to wait for the
+        gateway: once ready and no longer held back by its tenant's own quota (in the future
+        while it is). The SLO targets judge that wait: a tenant past its quota makes only
+        itself wait, and must not raise the overload level that sheds every tenant."""
+        return max(ready_at, self._quota_held.get(tenant_id, -math.inf))
 
     def offset(self, entry: CoreCall[T]) -> float:
         """Where the taken call's tenant stands in the pool's order here beyond its service: the
@@ -525,7 +535,7 @@ class DispatchCore(Generic[T]):
         self._yielding.discard(call_id)
         self._settle_grant(entry, prompt_tokens, produced)
         job_id = entry.call.job_id
-        self._unhold_tenant(entry.call.tenant_id)  # a concurrency slot is free again
+        self._unhold_tenant(entry.call.tenant_id, now)  # a concurrency slot is free again
         calls = self._jobs.get(job_id)
         if calls is None:
             return []
@@ -576,7 +586,7 @@ class DispatchCore(Generic[T]):
         self._yielding.discard(call_id)
         self._settle_grant(entry, entry.call.prompt_tokens, entry.produced)
         self.policy.requeue(call_id, now)
-        self._unhold_tenant(entry.call.tenant_id)
+        self._unhold_tenant(entry.call.tenant_id, now)
         entry.reserved, entry.backend, entry.yielding = False, "", False
         self.ready[call_id] = entry
         return entry
@@ -607,9 +617,10 @@ class DispatchCore(Generic[T]):
         self._jobs[entry.call.job_id][call_id] = entry
         self.router.sent(entry.call, entry.backend)
 
-    def _unhold_tenant(self, tenant_id: str) -> None:
+    def _unhold_tenant(self, tenant_id: str, now: float) -> None:
         self.policy.unhold_tenant(tenant_id)
-        self._quota_held.pop(tenant_id, None)
+        if self.quota_held(tenant_id, now):
+            self._quota_held[tenant_id] = now
 
     def _end_unserved(self, call_id: str, now: float) -> None:
         """A ready call leaves the policy without running: dispatched, and done with nothing."""

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 
 import anyio
 
+from gateway.dispatch_core import CoreCall, DispatchCore
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
 from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
@@ -110,7 +111,7 @@ class OverloadControl:
         free = sum(room.free_slots for room in rooms if room.healthy)
         if yielding:
             free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
-        waiting = sum(not entry.sheddable for entry in core.ready.values())
+        waiting = sum(_queued(core, entry) for entry in core.ready.values())
         return free - waiting - self._admitting[lane.model]
 
     def _short(self, lane: Lane) -> bool:
@@ -141,7 +142,8 @@ class OverloadControl:
 
     def tick(self) -> None:
         """Calls expected to wait past their target count as misses, and a level falls when
-        calls stop coming back."""
+        calls stop coming back. A call its tenant's own quota holds back is not waiting for
+        the gateway: it is not judged, nor counted as taking a slot, until released."""
         now = self._clock()
         for ticket, wait in self._expected_waits(now):
             call = ticket.call
@@ -156,29 +158,31 @@ class OverloadControl:
         turn (at the rate calls end) for itself and each protected call that became ready
         before it."""
         queue = []
-        for ticket, for_room in self._waiting():
-            ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
-            if ready_at is None:
-                continue
-            if for_room and not _sheddable(ticket):
-                queue.append((ready_at, ticket))
+        for ticket, since, queued in self._waiting():
+            if since > now:
+                continue  # its tenant's own quota holds it back
+            if queued:
+                queue.append((since, ticket))
             else:
-                yield ticket, now - ready_at
+                yield ticket, now - since
         queue.sort(key=lambda item: item[0])
-        ready_ats = [ready_at for ready_at, _ in queue]
+        ready_ats = [since for since, _ in queue]
         waits = expected_waits(ready_ats, now, self.monitor.ends_per_s(now))
         yield from zip((ticket for _, ticket in queue), waits, strict=True)
 
-    def _waiting(self) -> Iterator[tuple[Ticket, bool]]:
+    def _waiting(self) -> Iterator[tuple[Ticket, float, bool]]:
         """The calls without a token yet (ready, being taken, or sent and not streaming), each
-        with whether it still waits for room (ready)."""
+        with when it began to wait for the gateway (`DispatchCore.waiting_since`) and whether
+        it is queued for a slot (`_queued`)."""
         for lane in self._lanes:
             core = lane.core
             for entries in (core.ready, core.taking, core.running):
                 for entry in entries.values():
                     node = entry.payload.run.nodes[entry.call.node_id]
-                    if node.first_token_at is None:
-                        yield entry.payload, entries is core.ready
+                    if node.first_token_at is None and node.ready_at is not None:
+                        since = core.waiting_since(entry.call.tenant_id, node.ready_at)
+                        queued = entries is core.ready and _queued(core, entry)
+                        yield entry.payload, since, queued
 
     def _apply(self, level: int) -> None:
         if level == self._applied:
@@ -197,6 +201,20 @@ class OverloadControl:
         self._on_change()
         self._changed.set()
         self._changed = anyio.Event()
+
+
+def _queued(core: DispatchCore[Ticket], entry: CoreCall[Ticket]) -> bool:
+    """A ready protected call queued for a slot: not one its tenant's own quota held back
+    while it waited. That one takes no slot while held, and how many of its tenant's calls
+    the quota lets run once released is the quota's to say (a concurrency limit: one at a
+    time): it is judged by what it waits after, never by a place in the queue."""
+    ready_at = entry.payload.run.nodes[entry.call.node_id].ready_at
+    tenant = entry.call.tenant_id
+    return (
+        not entry.sheddable
+        and ready_at is not None
+        and core.waiting_since(tenant, ready_at) == ready_at
+    )
 
 
 def _sheddable(ticket: Ticket) -> bool:

@@ -93,6 +93,22 @@ def test_a_quota_refusal_holds_the_tenant_until_its_retry_time() -> None:
     assert again is not None and again.entry.call.call_id == "a/n0"
 
 
+def test_a_call_waits_for_the_gateway_only_once_its_tenant_s_quota_releases_it() -> None:
+    core = make_core()
+    add_job(core, "a", nodes=3, tenant="t")
+    snapshot = {"x": room()}
+    first = core.next(0.0, snapshot)
+    assert first is not None and core.launched("a/n0", 0.0) is not None
+    assert core.next(1.0, snapshot) is not None
+    core.retry_later("a/n1", until=30.0)  # say, its concurrency limit
+    assert core.quota_held("t", 2.0) and core.waiting_since("t", 0.0) == 30.0
+    core.finished("a/n0", 16, 16, 5.0)  # a slot of its own comes free: released early
+    assert not core.quota_held("t", 5.0)
+    assert core.waiting_since("t", 0.0) == 5.0  # ready before: waits from the release
+    assert core.waiting_since("t", 7.0) == 7.0  # ready after: from ready
+    assert core.waiting_since("other", 0.0) == 0.0
+
+
 def test_a_dropped_call_leaves_the_policy_unserved() -> None:
     core = make_core()
     add_job(core, "a", nodes=2)

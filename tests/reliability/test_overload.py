@@ -13,6 +13,7 @@ from google.rpc import error_details_pb2
 
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.dispatch import YIELDED
+from gateway.lanes import Lane
 from tests.gateway.conftest import sim_core
 from tests.gateway.test_server import status_of
 from tests.reliability.harness import Reliable, reliable_gateway, reruns, roots
@@ -21,12 +22,14 @@ pytestmark = pytest.mark.anyio
 MISSED_BY_ALL = [{"tenant": "*", "ttft_s": 1e-6}]  # every call misses it
 SLOTS = 128  # the engine runs this many calls at once
 MORE_THAN_SLOTS = 160  # the rest wait for room
+# a level, once reached, stays for the whole test
+HELD = {"slo_min_calls": 1, "slo_hold_s": 600.0, "slo_rise_s": 0.0, "slo_window_s": 600.0}
 
 
 async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load() -> None:
     slo = {"slo_min_calls": 1, "slo_hold_s": 0.0, "slo_rise_s": 0.0, "slo_window_s": 0.3}
     async with reliable_gateway(core=sim_core(0.002), slo_targets=MISSED_BY_ALL, **slo) as h:
-        await h.tenant("acme")
+        await h.tenant("acme", max_concurrent_calls=0)  # its calls wait for the gateway alone
         overload = h.gateway.dispatcher.overload
         assert overload is not None and overload.level == 0
         running = await h.submit("acme", roots(MORE_THAN_SLOTS, 150))
@@ -49,16 +52,11 @@ async def test_missed_targets_shed_new_jobs_and_the_shedding_ends_with_the_load(
 
 
 async def test_jobs_submitted_at_once_at_the_refusing_level_never_count_the_same_slot() -> None:
-    held = {"slo_min_calls": 1, "slo_hold_s": 600.0, "slo_rise_s": 0.0, "slo_window_s": 600.0}
-    async with reliable_gateway(core=sim_core(0.05), slo_targets=MISSED_BY_ALL, **held) as h:
+    async with reliable_gateway(core=sim_core(0.05), slo_targets=MISSED_BY_ALL, **HELD) as h:
         await h.tenant("acme", max_concurrent_calls=0)
         await h.tenant("gold", max_concurrent_calls=0)
         running = await h.submit("acme", roots(80, 500))  # no call ends during the test
-        overload = h.gateway.dispatcher.overload
-        assert overload is not None
-        with anyio.fail_after(10):
-            await overload.until(lambda level: level == 3)
-        [lane] = h.gateway.dispatcher.lanes.values()
+        lane = await refusing(h)
         [room] = lane.capacities().values()
         assert room.running + room.waiting == 80 and not lane.core.ready
         # this level admits into 3/4 of the 128 slots: room for 16 more calls
@@ -79,6 +77,39 @@ async def test_jobs_submitted_at_once_at_the_refusing_level_never_count_the_same
         assert sorted(outcomes) == ["SLO_SHED"] * 8 + ["admitted"] * 16
         for tenant, job_id in [("acme", running.job_id), *(("gold", j) for j in h.jobs["gold"])]:
             await h.stub.CancelJob(pb.CancelJobRequest(job_id=job_id), metadata=h.auth(tenant))
+
+
+async def test_a_tenant_its_own_quota_holds_back_raises_no_level() -> None:
+    # its calls run one at a time and wait up to 30 calls' length (about 3 s), far past the
+    # target; but that wait is its quota's, not the gateway's: no call of it misses, so no level
+    # rises to shed the other tenants (the window and the hold outlast the test)
+    target = [{"tenant": "*", "ttft_s": 0.5}]
+    async with reliable_gateway(core=sim_core(0.002), slo_targets=target, **HELD) as h:
+        await h.tenant("hog", max_concurrent_calls=1)
+        job = await h.submit("hog", roots(30, 50))  # a call lasts about 0.1 s
+        assert (await h.finished("hog", job.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        overload = h.gateway.dispatcher.overload
+        assert overload is not None
+        assert overload.monitor.violation_rate(h.gateway.dispatcher.clock()) == 0.0
+        assert overload.level == 0
+        await h.unharmed()
+
+
+async def test_calls_their_own_quota_holds_back_take_no_slot_at_the_refusing_level() -> None:
+    async with reliable_gateway(core=sim_core(0.05), slo_targets=MISSED_BY_ALL, **HELD) as h:
+        # hog's bucket holds one call: the other 19 wait for it to refill, about a minute
+        await h.tenant("hog", tokens_per_minute=600, max_concurrent_calls=0)
+        await h.tenant("acme", max_concurrent_calls=0)
+        await h.tenant("gold", max_concurrent_calls=0)
+        hog = await h.submit("hog", roots(20, 500))
+        acme = await h.submit("acme", roots(80, 500))  # no call ends during the test
+        lane = await refusing(h)
+        [room] = lane.capacities().values()
+        assert room.running + room.waiting == 81 and len(lane.core.ready) == 19
+        # 3/4 of the 128 slots leave room for 15 more calls: hog's held calls take none
+        gold = await h.submit("gold", roots(15, 500))
+        for tenant, job in [("hog", hog), ("acme", acme), ("gold", gold)]:
+            await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth(tenant))
 
 
 async def test_a_sheddable_call_gives_its_slot_to_a_protected_call_and_runs_again() -> None:
@@ -108,6 +139,16 @@ async def test_a_sheddable_job_cancelled_as_its_call_yields_settles_once() -> No
         assert (await h.finished("batch", job_id)).state == pb.JOB_STATE_CANCELLED
         assert (await h.finished("gold", protected.job_id)).state == pb.JOB_STATE_SUCCEEDED
         await h.unharmed()  # no reservation left, settled usage = the calls that finished
+
+
+async def refusing(h: Reliable) -> Lane:
+    """The pool's lane, once at the refusing level."""
+    overload = h.gateway.dispatcher.overload
+    assert overload is not None
+    with anyio.fail_after(10):
+        await overload.until(lambda level: level == 3)
+    [lane] = h.gateway.dispatcher.lanes.values()
+    return lane
 
 
 async def fill_with_sheddable(h: Reliable) -> AsyncIterator[pb.JobEvent]:
