@@ -25,6 +25,7 @@ BENCHES = {
     "overload": "bench.overload",
     "backends": "bench.backends.cli",
     "replicas": "bench.replicas.cli",
+    "backlog": "bench.backlog",
 }
 
 

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from gateway.backends.base import BackendCapacity
+from gateway.ready_calls import ReadyCalls
 from gateway.routing import Router
 from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall, kv_token_time
 
@@ -127,7 +128,7 @@ class DispatchCore(Generic[T]):
         self.policy = policy
         self.knee_calls = knee_calls  # per backend
         self.router = router or Router()
-        self.ready: dict[str, CoreCall[T]] = {}
+        self.ready: ReadyCalls[CoreCall[T]] = ReadyCalls()
         self.taking: dict[str, CoreCall[T]] = {}
         self.running: dict[str, CoreCall[T]] = {}
         self._jobs: dict[str, dict[str, CoreCall[T]]] = {}  # active job -> its running calls
@@ -191,7 +192,7 @@ class DispatchCore(Generic[T]):
 
     def withdraw_ready(self, job_id: str, now: float) -> list[CoreCall[T]]:
         """A cancelled job that has a call still ending: its ready calls leave unserved."""
-        dropped = [e for e in self.ready.values() if e.call.job_id == job_id]
+        dropped = self.ready.of_job(job_id)
         for entry in dropped:
             del self.ready[entry.call.call_id]
             self._end_unserved(entry.call.call_id, now)
@@ -276,13 +277,12 @@ class DispatchCore(Generic[T]):
         ready = len(self.ready)
         if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
             return False  # busy as the pass counts it: calls being taken count as running
+        # a slot for each ready call first: their needs are summed only when they are few
+        rooms = [r for r in self.rooms(capacities).values() if r.healthy and r.free_slots > ready]
+        if not rooms:
+            return False
         needs = [call.prompt_tokens + reserve_output, *(e.kv_tokens for e in self.ready.values())]
-        for room in self.rooms(capacities).values():
-            if room.healthy and room.free_slots > ready:
-                free = room.free_blocks - sum(room.blocks_for(n) for n in needs)
-                if free >= 0:
-                    return True
-        return False
+        return any(room.free_blocks >= sum(room.blocks_for(n) for n in needs) for room in rooms)
 
     def to_yield(self, now: float, capacities: Mapping[str, BackendCapacity]) -> list[CoreCall[T]]:
         """The running calls that give their room to calls the last `next` left waiting.
@@ -363,7 +363,7 @@ class DispatchCore(Generic[T]):
         serving = {name: room for name, room in capacities.items() if room.healthy}
         slots = _serving_slots(capacities)
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
-        backlogged = {*running, *(entry.call.tenant_id for entry in self.ready.values())}
+        backlogged = {*running, *self.ready.tenants()}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}
         total = sum(weights.values())
         if not running or total <= 0:
@@ -413,16 +413,12 @@ class DispatchCore(Generic[T]):
         a ready call no quota holds, each with the least offset of its jobs with such a call:
         what this replica publishes in the pool's share."""
         active = {
-            e.call.tenant_id
-            for calls in (self.ready, self.taking, self.running)
-            for e in calls.values()
+            *self.ready.tenants(),
+            *(e.call.tenant_id for calls in (self.taking, self.running) for e in calls.values()),
         }
-        shown = [e.call for e in self.ready.values() if not self.quota_held(e.call.tenant_id, now)]
-        job_offsets = self.policy.fair_offsets({call.job_id for call in shown})
-        waiting: dict[str, float] = {}
-        for call in shown:
-            offset = job_offsets.get(call.job_id, 0.0)
-            waiting[call.tenant_id] = min(offset, waiting.get(call.tenant_id, offset))
+        shown = {t: self.ready.jobs(t) for t in self.ready.tenants() if not self.quota_held(t, now)}
+        job_offsets = self.policy.fair_offsets({job for jobs in shown.values() for job in jobs})
+        waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
 
     def quota_held(self, tenant_id: str, now: float) -> bool:
@@ -442,8 +438,7 @@ class DispatchCore(Generic[T]):
         with a ready call. The tenant asks at the place it is published at, so that it never
         holds the pool back at a key it does not ask at; which of its own jobs goes first is
         its own affair, as it is in the policy."""
-        tenant = entry.call.tenant_id
-        jobs = {e.call.job_id for e in (entry, *self.ready.values()) if e.call.tenant_id == tenant}
+        jobs = {entry.call.job_id, *self.ready.jobs(entry.call.tenant_id)}
         job_offsets = self.policy.fair_offsets(jobs)
         return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 
@@ -570,7 +565,7 @@ class DispatchCore(Generic[T]):
     def _release_held_for(self) -> None:
         """Calls that yielded their share wait only until the call they yielded to is gone
         from the ready calls (sent, or ended unserved)."""
-        self._yielded_to.intersection_update(self.ready)
+        self._yielded_to = {call_id for call_id in self._yielded_to if call_id in self.ready}
         for call_id, other in list(self._held_for.items()):
             if other not in self.ready:
                 del self._held_for[call_id]
@@ -628,10 +623,11 @@ class DispatchCore(Generic[T]):
         self.policy.on_finished(call_id, 0, 0, now)
 
     def _forget_waiting(self, job_id: str) -> list[CoreCall[T]]:
-        gone = []
-        for calls in (self.ready, self.taking):
-            for call_id in [c for c, e in calls.items() if e.call.job_id == job_id]:
-                gone.append(calls.pop(call_id))
+        gone = self.ready.of_job(job_id)
+        for entry in gone:
+            del self.ready[entry.call.call_id]
+        for call_id in [c for c, e in self.taking.items() if e.call.job_id == job_id]:
+            gone.append(self.taking.pop(call_id))  # few: the calls being sent at once
         for entry in gone:
             self._settle_grant(entry, entry.call.prompt_tokens, 0)
         return gone

@@ -224,11 +224,16 @@ class JustitiaPolicy(BookPolicy):
     def _job_removed(self, job: ActiveJob, now: float) -> None:
         job_id = job.info.job_id
         used = {r.call.node_id: r.output_tokens for r in job.running.values()}
-        for node_id, (prompt, _) in self._estimates[job_id].items():
-            if node_id not in job.done:
-                self._re_estimate(job_id, node_id, prompt, used.get(node_id, 0))
+        # its unfinished nodes cost what they used: charged in one re-key of its tenant's jobs,
+        # not one per node (a job of 256 nodes leaving re-keyed them 256 times)
+        delta = sum(
+            kv_token_time(prompt, used.get(node_id, 0)) - kv_token_time(prompt, output)
+            for node_id, (prompt, output) in self._estimates.pop(job_id).items()
+            if node_id not in job.done
+        )
+        if delta:
+            self._clock.charge(job_id, delta)
         self._clock.release(job_id)
-        del self._estimates[job_id]
         self._remaining_total -= self._remaining.pop(job_id, NOTHING_LEFT).total
         self._stale.discard(job_id)
         if not self._remaining:
