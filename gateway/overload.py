@@ -8,17 +8,19 @@ given up; at any level running sheddable calls give their room to waiting protec
 `gateway/dispatch_core.py`), level 2 and up let 3/4 of each backend's batch slots be busy while
 tokens are what comes slow, level 3 makes the service refuse new jobs while no slot is left for
 the job's first calls within 3/4 of the slots (`admission`), and keeps the rest free of
-sheddable calls too. A task ticks the monitor every
-TICK_S with each waiting call's expected wait, so a level rises while a queue forms and falls
-when calls stop finishing, but not while it is still at work (`SloMonitor.acted`): a job
-refused, or a pool with no more free slots than the reserve (the load held back would fill it
-again). Each change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets
-the dispatch loop use the room a lower level gives back.
+sheddable calls too. A task ticks the monitor every TICK_S (less often when a tick is long: at
+most TICK_SHARE of the event loop's time) with each waiting call's expected wait, so a level
+rises while a queue forms and falls when calls stop finishing, but not while it is still at
+work (`SloMonitor.acted`): a job refused, or a pool with no more free slots than the reserve
+(the load held back would fill it again). Each change is logged, counted and shown by
+`fairgate_overload_level`; a wake-up lets the dispatch loop use the room a lower level gives
+back.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -45,6 +47,10 @@ SHRUNK_BATCH = 3 / 4
 SHEDDABLE_RESERVE = 1 / 8
 REFUSE_LEVEL = 3
 TICK_S = 0.1  # how often waiting calls are judged and the level reconsidered
+# the most of the event loop's time ticks may take: a tick looks at every call without a token,
+# and one tenant may queue tens of thousands (milliseconds a thousand), so past that share ticks
+# come less often rather than take the loop from every tenant's calls
+TICK_SHARE = 0.1
 
 
 class ShedJob(Exception):
@@ -135,10 +141,13 @@ class OverloadControl:
             await self._changed.wait()
 
     async def run(self) -> None:
-        """Tick the monitor every TICK_S."""
+        """Tick the monitor every TICK_S, or less often when ticks are long (`tick_interval`)."""
+        spent = 0.0
         while True:
-            await anyio.sleep(TICK_S)
+            await anyio.sleep(tick_interval(spent))
+            started = time.perf_counter()
             self.tick()
+            spent = time.perf_counter() - started
 
     def tick(self) -> None:
         """Calls expected to wait past their target count as misses, and a level falls when
@@ -215,6 +224,12 @@ def _queued(core: DispatchCore[Ticket], entry: CoreCall[Ticket]) -> bool:
         and ready_at is not None
         and core.waiting_since(tenant, ready_at) == ready_at
     )
+
+
+def tick_interval(spent_s: float) -> float:
+    """The wait before the next tick after one that took `spent_s`: TICK_S, or longer so that
+    ticks take at most TICK_SHARE of the time."""
+    return max(TICK_S, spent_s * (1 - TICK_SHARE) / TICK_SHARE)
 
 
 def _sheddable(ticket: Ticket) -> bool:
