@@ -112,12 +112,15 @@ class OverloadControl:
         """Free slots of the pool's serving backends, within `fraction` of their slots and the
         batch target (and, `yielding`, those of sheddable calls that would give theirs up),
         left once the protected calls waiting for room, and those being admitted, take theirs."""
-        core = lane.core
+        core, now = lane.core, self._clock()
         rooms = core.rooms(lane.capacities(), fraction).values()
         free = sum(room.free_slots for room in rooms if room.healthy)
         if yielding:
             free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
-        waiting = sum(_queued(core, entry) for entry in core.ready.values())
+        # by tenant, not by call: every admission asks, and one tenant may hold tens of
+        # thousands of ready calls; a tenant its own quota holds back takes no slot meanwhile
+        ready = core.ready
+        waiting = sum(ready.protected(t) for t in ready.tenants() if not core.quota_held(t, now))
         return free - waiting - self._admitting[lane.model]
 
     def _short(self, lane: Lane) -> bool:
@@ -213,10 +216,10 @@ class OverloadControl:
 
 
 def _queued(core: DispatchCore[Ticket], entry: CoreCall[Ticket]) -> bool:
-    """A ready protected call queued for a slot: not one its tenant's own quota held back
-    while it waited. That one takes no slot while held, and how many of its tenant's calls
-    the quota lets run once released is the quota's to say (a concurrency limit: one at a
-    time): it is judged by what it waits after, never by a place in the queue."""
+    """A ready protected call queued for a slot, as the SLO targets judge it: not one its
+    tenant's own quota held back while it waited. How many of its tenant's calls the quota
+    lets run once released is the quota's to say (a concurrency limit: one at a time): such a
+    call is judged by what it waits after, never by a place in the queue."""
     ready_at = entry.payload.run.nodes[entry.call.node_id].ready_at
     tenant = entry.call.tenant_id
     return (

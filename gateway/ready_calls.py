@@ -2,25 +2,30 @@
 
 One tenant may hold tens of thousands of ready calls (its queued jobs times their nodes). The
 core answers per event (a job ended or cancelled, a share exchange, a grant) questions about one
-job or about the tenants with ready calls; answering them by scanning every ready call made each
+job, about the tenants with ready calls, or about how many protected calls each has (every
+admission at the refusing overload level); answering them by scanning every ready call made each
 such event cost every tenant time in proportion to that one tenant's backlog (20 ms a job end at
 65,000 ready calls). The index answers them in proportion to what they ask about.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterator, MutableMapping, ValuesView
 from typing import Protocol, TypeVar
 
 from tenants.policies import ReadyCall
 
 
-class HasCall(Protocol):
+class Entry(Protocol):
     @property
     def call(self) -> ReadyCall: ...
 
+    @property
+    def sheddable(self) -> bool: ...
 
-E = TypeVar("E", bound=HasCall)
+
+E = TypeVar("E", bound=Entry)
 
 
 class ReadyCalls(MutableMapping[str, E]):
@@ -28,24 +33,24 @@ class ReadyCalls(MutableMapping[str, E]):
         self._calls: dict[str, E] = {}
         self._by_job: dict[str, dict[str, E]] = {}
         self._jobs_of: dict[str, set[str]] = {}  # tenant -> its jobs with a ready call
+        self._protected: Counter[str] = Counter()  # tenant -> its calls that are not sheddable
 
     def __getitem__(self, call_id: str) -> E:
         return self._calls[call_id]
 
     def __setitem__(self, call_id: str, entry: E) -> None:
+        if call_id in self._calls:
+            del self[call_id]  # and added again, last
         call = entry.call
-        old = self._calls.get(call_id)
-        if old is not None and (old.call.job_id, old.call.tenant_id) != (
-            call.job_id,
-            call.tenant_id,
-        ):
-            del self[call_id]
         self._calls[call_id] = entry
         self._by_job.setdefault(call.job_id, {})[call_id] = entry
         self._jobs_of.setdefault(call.tenant_id, set()).add(call.job_id)
+        self._protected[call.tenant_id] += not entry.sheddable
 
     def __delitem__(self, call_id: str) -> None:
-        call = self._calls.pop(call_id).call
+        entry = self._calls.pop(call_id)
+        call = entry.call
+        self._protected[call.tenant_id] -= not entry.sheddable
         calls = self._by_job[call.job_id]
         del calls[call_id]
         if not calls:
@@ -53,7 +58,7 @@ class ReadyCalls(MutableMapping[str, E]):
             jobs = self._jobs_of[call.tenant_id]
             jobs.discard(call.job_id)
             if not jobs:
-                del self._jobs_of[call.tenant_id]
+                del self._jobs_of[call.tenant_id], self._protected[call.tenant_id]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._calls)
@@ -74,6 +79,10 @@ class ReadyCalls(MutableMapping[str, E]):
     def jobs(self, tenant_id: str) -> Collection[str]:
         """The tenant's jobs with a ready call."""
         return self._jobs_of.get(tenant_id, set())
+
+    def protected(self, tenant_id: str) -> int:
+        """How many of the tenant's ready calls are protected (their jobs do not give way)."""
+        return self._protected[tenant_id]
 
     def tenants(self) -> Collection[str]:
         """The tenants with a ready call."""
