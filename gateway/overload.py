@@ -27,7 +27,6 @@ from contextlib import contextmanager
 
 import anyio
 
-from gateway.dispatch_core import CoreCall, DispatchCore
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
 from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
@@ -185,7 +184,10 @@ class OverloadControl:
     def _waiting(self) -> Iterator[tuple[Ticket, float, bool]]:
         """The calls without a token yet (ready, being taken, or sent and not streaming), each
         with when it began to wait for the gateway (`DispatchCore.waiting_since`) and whether
-        it is queued for a slot (`_queued`)."""
+        it is queued for a slot: ready, protected, and never held back by its tenant's own
+        quota while it waited (how many of its tenant's calls the quota lets run once released
+        is the quota's to say, a concurrency limit one at a time: such a call is judged by
+        what it waits after, never by a place in the queue)."""
         for lane in self._lanes:
             core = lane.core
             for entries in (core.ready, core.taking, core.running):
@@ -193,8 +195,8 @@ class OverloadControl:
                     node = entry.payload.run.nodes[entry.call.node_id]
                     if node.first_token_at is None and node.ready_at is not None:
                         since = core.waiting_since(entry.call.tenant_id, node.ready_at)
-                        queued = entries is core.ready and _queued(core, entry)
-                        yield entry.payload, since, queued
+                        queued = entries is core.ready and not entry.sheddable
+                        yield entry.payload, since, queued and since == node.ready_at
 
     def _apply(self, level: int) -> None:
         if level == self._applied:
@@ -213,20 +215,6 @@ class OverloadControl:
         self._on_change()
         self._changed.set()
         self._changed = anyio.Event()
-
-
-def _queued(core: DispatchCore[Ticket], entry: CoreCall[Ticket]) -> bool:
-    """A ready protected call queued for a slot, as the SLO targets judge it: not one its
-    tenant's own quota held back while it waited. How many of its tenant's calls the quota
-    lets run once released is the quota's to say (a concurrency limit: one at a time): such a
-    call is judged by what it waits after, never by a place in the queue."""
-    ready_at = entry.payload.run.nodes[entry.call.node_id].ready_at
-    tenant = entry.call.tenant_id
-    return (
-        not entry.sheddable
-        and ready_at is not None
-        and core.waiting_since(tenant, ready_at) == ready_at
-    )
 
 
 def tick_interval(spent_s: float) -> float:
