@@ -222,7 +222,8 @@ class BookPolicy:
     def requeue(self, call_id: str, now: float) -> None:
         """A running call was lost with its backend: it is ready again, to run once more. What
         its attempt was charged stays charged (the service was consumed); it keeps its place
-        in counters that count ready and running calls alike, so no hook sees it arrive."""
+        in counters that count ready and running calls alike, so no hook sees it arrive as a
+        new call (`_call_requeued` sees it back)."""
         job, run = self._running(call_id)
         del job.running[call_id]
         call = run.call
@@ -231,6 +232,7 @@ class BookPolicy:
         self._ready_at[call_id] = now
         self._next_seq += 1
         self._ready_jobs[job.info.job_id] = job
+        self._call_requeued(job, call, now)
 
     def remove_job(self, job_id: str, now: float) -> None:
         job = self._job(job_id)
@@ -277,6 +279,9 @@ class BookPolicy:
 
     def _call_progressed(self, job: ActiveJob, run: RunningCall, previous: int, now: float) -> None:
         """Called after `run.output_tokens` grew from `previous`."""
+
+    def _call_requeued(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
+        """Called after a lost call moved back to `job.ready`."""
 
     def _call_refined(self, job: ActiveJob, run: RunningCall, now: float) -> None:
         """Called after `run.call.predicted_output` took the refined prediction."""

@@ -78,6 +78,9 @@ class _Remaining(NamedTuple):
 
 
 NOTHING_LEFT = _Remaining(0.0, 0.0, 0, 0.0)
+# an unsent cost this small a share of its job's whole cost is what is left of float rounding
+# once every node is sent: no offset
+_UNSENT_ROUNDING = 1e-9
 
 
 def _capped(predicted_output: float, max_tokens: int) -> float:
@@ -95,6 +98,9 @@ class JustitiaPolicy(BookPolicy):
         self._pampered_jobs = pampered_jobs
         self._clock = FairShareClock()
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
+        # job -> the estimated KV token-time of its nodes neither done nor running, kept as
+        # they change: `fair_offsets` is asked on every exchange with a shared pool's share
+        self._unsent: dict[str, float] = {}
         # job -> what is left of it; a job in `_stale` is recomputed at the next peek, which
         # also fixes `_drain` and `_ahead`
         self._remaining: dict[str, _Remaining] = {}
@@ -120,16 +126,18 @@ class JustitiaPolicy(BookPolicy):
         on other gateways, so no gateway sees them all, while its own cost each one knows."""
         offsets: dict[str, float] = {}
         for job_id in job_ids:
-            job = self._jobs[job_id]
-            running = {run.call.node_id for run in job.running.values()}
-            cost = sum(
-                kv_token_time(p, d)
-                for node_id, (p, d) in self._estimates[job_id].items()
-                if node_id not in job.done and node_id not in running
-            )
-            if cost > 0:
-                offsets[job_id] = cost / job.info.weight
+            cost = self._unsent[job_id]
+            if cost > _UNSENT_ROUNDING * self._clock.cost(job_id):
+                offsets[job_id] = cost / self._jobs[job_id].info.weight
         return offsets
+
+    def _measure_unsent(self, job_id: str) -> float:
+        job = self._jobs[job_id]
+        return sum(
+            kv_token_time(p, d)
+            for node_id, (p, d) in self._estimates[job_id].items()
+            if _unsent_node(job, node_id)
+        )
 
     def _rank(self, job: ActiveJob) -> tuple[float, float, str]:
         return (self._clock.tag(job.info.job_id), job.info.arrival, job.info.job_id)
@@ -197,11 +205,19 @@ class JustitiaPolicy(BookPolicy):
         self._estimates[job.info.job_id] = estimates
         cost = sum(kv_token_time(p, d) for p, d in estimates.values())
         self._clock.add_job(job.info.job_id, job.info.tenant_id, job.info.weight, cost)
+        self._unsent[job.info.job_id] = cost
         self._stale.add(job.info.job_id)
 
     def _call_ready(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         output = _capped(call.predicted_output, call.max_tokens)
         self._re_estimate(call.job_id, call.node_id, call.prompt_tokens, output)
+
+    def _call_dispatched(self, job: ActiveJob, run: RunningCall, now: float) -> None:
+        call = run.call
+        self._unsent[call.job_id] -= kv_token_time(*self._estimates[call.job_id][call.node_id])
+
+    def _call_requeued(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
+        self._unsent[call.job_id] += kv_token_time(*self._estimates[call.job_id][call.node_id])
 
     def _call_refined(self, job: ActiveJob, run: RunningCall, now: float) -> None:
         call = run.call
@@ -231,6 +247,7 @@ class JustitiaPolicy(BookPolicy):
             for node_id, (prompt, output) in self._estimates.pop(job_id).items()
             if node_id not in job.done
         )
+        del self._unsent[job_id]
         if delta:
             self._clock.charge(job_id, delta)
         self._clock.release(job_id)
@@ -242,6 +259,8 @@ class JustitiaPolicy(BookPolicy):
     def _re_estimate(self, job_id: str, node_id: str, prompt: int, output: float) -> None:
         estimates = self._estimates[job_id]
         delta = kv_token_time(prompt, output) - kv_token_time(*estimates[node_id])
+        if _unsent_node(self._jobs[job_id], node_id):
+            self._unsent[job_id] += delta
         if estimates[node_id] != (prompt, output):
             self._stale.add(job_id)
         estimates[node_id] = (prompt, output)
@@ -276,3 +295,10 @@ class JustitiaPolicy(BookPolicy):
         for job_id, estimates in self._estimates.items():
             cost = sum(kv_token_time(p, d) for p, d in estimates.values())
             assert abs(cost - self._clock.cost(job_id)) <= 1e-6 * max(1.0, cost)
+            unsent = self._measure_unsent(job_id)
+            assert abs(unsent - self._unsent[job_id]) <= 1e-6 * max(1.0, cost), job_id
+
+
+def _unsent_node(job: ActiveJob, node_id: str) -> bool:
+    """Neither done nor running (ready, or not ready yet)."""
+    return node_id not in job.done and job.started.get(node_id) not in job.running
