@@ -416,7 +416,7 @@ class DispatchCore(Generic[T]):
             *self.ready.tenants(),
             *(e.call.tenant_id for calls in (self.taking, self.running) for e in calls.values()),
         }
-        shown = {t: self.ready.jobs(t) for t in self.ready.tenants() if not self.quota_held(t, now)}
+        shown = {t: self.ready.jobs(t) for t in self.unheld_tenants(now)}
         job_offsets = self.policy.fair_offsets({job for jobs in shown.values() for job in jobs})
         waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
@@ -424,6 +424,11 @@ class DispatchCore(Generic[T]):
     def quota_held(self, tenant_id: str, now: float) -> bool:
         """Whether the tenant's own quota holds its calls back now."""
         return self._quota_held.get(tenant_id, -math.inf) > now
+
+    def unheld_tenants(self, now: float) -> list[str]:
+        """The tenants with a ready call that their own quota does not hold back now: those
+        that could send a call (what the pool's share is told, what a slot may be wanted by)."""
+        return [t for t in self.ready.tenants() if not self.quota_held(t, now)]
 
     def waiting_since(self, tenant_id: str, ready_at: float) -> float:
         """When a call of the tenant's that became ready at `ready_at` began to wait for the

@@ -118,8 +118,7 @@ class OverloadControl:
             free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
         # by tenant, not by call: every admission asks, and one tenant may hold tens of
         # thousands of ready calls; a tenant its own quota holds back takes no slot meanwhile
-        ready = core.ready
-        waiting = sum(ready.protected(t) for t in ready.tenants() if not core.quota_held(t, now))
+        waiting = sum(core.ready.protected(t) for t in core.unheld_tenants(now))
         return free - waiting - self._admitting[lane.model]
 
     def _short(self, lane: Lane) -> bool:
