@@ -26,6 +26,7 @@ BENCHES = {
     "backends": "bench.backends.cli",
     "replicas": "bench.replicas.cli",
     "backlog": "bench.backlog",
+    "journal": "bench.journal",
 }
 
 

@@ -293,6 +293,11 @@ class JobRun:
         self._last_sequence = self._durable = event.sequence
         self.events.append(event)
 
+    def replayed_to(self, sequence: int) -> None:
+        """The state is as of `sequence` (restored from a journal snapshot): replay goes on
+        from the next event; the log holds only what is replayed after."""
+        self._last_sequence = self._durable = sequence
+
     @property
     def last_sequence(self) -> int:
         return self._last_sequence

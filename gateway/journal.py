@@ -2,7 +2,10 @@
 
 A job's submission (a hash) and its events (a stream, one entry per event, the entry id
 `0-<sequence>`) are written before any client hears of them, so any replica can answer for the
-job and a watcher resumes on another replica from its last sequence. A job is owned by one
+job and a watcher resumes on another replica from its last sequence. Its owner also writes, with
+a batch now and then, the job's state as of that batch (`snapshot` in the hash, see
+`Journaling`): a replica answering GetJob for a job it does not run reads the snapshot and
+replays only the events after it, not the whole log. A job is owned by one
 replica under a lease (`lease_until`, judged by Redis' clock) with a fencing token: only the
 token's holder may append, a lease that runs out (its replica died) or is handed back (it shut
 down) lets another replica claim the job with a new token, and the old owner's late writes are
@@ -29,7 +32,7 @@ from typing import Any
 
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun
-from gateway.journal_codec import Submission, decode_event, encode_event
+from gateway.journal_codec import Submission, decode_event, encode_event, restore_snapshot
 from gateway.registry import MAX_ENDED_BYTES_PER_TENANT, MAX_ENDED_PER_TENANT
 from tenants.redis_client import RedisClient, fails_closed
 
@@ -52,6 +55,17 @@ class Owned:
     tenant_id: str
     job_id: str
     token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """A job's next events, in order; `ended`: they end the job; `snapshot`: the job's state
+    as of the last of them (`encode_snapshot`), or '' for none."""
+
+    owned: Owned
+    events: Sequence[JobEvent]
+    ended: bool = False
+    snapshot: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,37 +173,38 @@ class RedisJournal(RedisClient):
         return None if job_id is None else str(job_id)
 
     @_fails_closed
-    async def append(self, batches: Sequence[tuple[Owned, Sequence[JobEvent], bool]]) -> list[bool]:
-        """Write each job's batch of events (consecutive sequences; True: the batch ends the
-        job), all in one round trip; False for a job another replica owns now."""
+    async def append(self, batches: Sequence[Batch]) -> list[bool]:
+        """Write each job's batch of events, all in one round trip; False for a job another
+        replica owns now."""
         replies = await self._each(
             "append",
             [
                 (
                     [
-                        self._job(owned.tenant_id, owned.job_id),
-                        self._log(owned.tenant_id, owned.job_id),
+                        self._job(b.owned.tenant_id, b.owned.job_id),
+                        self._log(b.owned.tenant_id, b.owned.job_id),
                         self._index,
-                        *self._ended_keys(owned.tenant_id),
+                        *self._ended_keys(b.owned.tenant_id),
                     ],
                     [
-                        owned.token,
-                        events[0].sequence,
-                        _member(owned.tenant_id, owned.job_id),
-                        1 if ended else 0,
+                        b.owned.token,
+                        b.events[0].sequence,
+                        _member(b.owned.tenant_id, b.owned.job_id),
+                        1 if b.ended else 0,
                         int(self.retention_s),
                         self.max_ended_per_tenant,
                         self.max_ended_bytes_per_tenant,
                         f"{self._base}:",
-                        *(encode_event(e) for e in events),
+                        b.snapshot,
+                        *(encode_event(e) for e in b.events),
                     ],
                 )
-                for owned, events, ended in batches
+                for b in batches
             ],
         )
-        for (owned, events, _), reply in zip(batches, replies, strict=True):
+        for b, reply in zip(batches, replies, strict=True):
             if reply[0] == "gap":  # a bug, not a state: the writer sends every event in order
-                raise RuntimeError(f"{owned.job_id}: journal at {reply[1]}, batch from {events[0]}")
+                raise RuntimeError(f"{b.owned.job_id}: journal at {reply[1]}, batch {b.events[0]}")
         return [reply[0] == "ok" for reply in replies]
 
     @_fails_closed
@@ -242,7 +257,9 @@ class RedisJournal(RedisClient):
         )
         if token is None:
             return None
-        loaded = await self._load(tenant_id, job_id)
+        # every event replayed, not the snapshot: the new owner serves its watchers every
+        # event from its own log
+        loaded = await self._load(tenant_id, job_id, from_snapshot=False)
         if loaded is None:
             return None
         run, fields = loaded
@@ -250,35 +267,48 @@ class RedisJournal(RedisClient):
 
     @_fails_closed
     async def load(self, tenant_id: str, job_id: str) -> JobRun | None:
-        """The job as its journal has it (every event replayed), as a view: detached, since
-        this replica does not run it; None when there is none."""
-        loaded = await self._load(tenant_id, job_id)
+        """The job as its journal has it, as a view: detached, since this replica does not run
+        it; None when there is none. Its state is the latest snapshot's with the events after
+        it replayed, and its log holds only those events (read the rest with `read`)."""
+        loaded = await self._load(tenant_id, job_id, from_snapshot=True)
         if loaded is None:
             return None
         view = loaded[0]
         view.detached = True
         return view
 
-    async def _load(self, tenant_id: str, job_id: str) -> tuple[JobRun, dict[str, str]] | None:
+    async def _load(
+        self, tenant_id: str, job_id: str, *, from_snapshot: bool
+    ) -> tuple[JobRun, dict[str, str]] | None:
         fields: dict[str, str] = await self._redis.hgetall(self._job(tenant_id, job_id))  # type: ignore[assignment]
         if not fields:
             return None
         run = Submission.from_fields(fields).run()
-        for event in await self.read(tenant_id, job_id, 0):
+        if from_snapshot and "snapshot" in fields:
+            restore_snapshot(run, fields["snapshot"])
+        for event in await self.read(tenant_id, job_id, run.last_sequence):
             run.replay(event)
         return run, fields
 
     @_fails_closed
     async def read(
-        self, tenant_id: str, job_id: str, after: int, block_s: float | None = None
+        self,
+        tenant_id: str,
+        job_id: str,
+        after: int,
+        block_s: float | None = None,
+        limit: int | None = None,
     ) -> list[JobEvent]:
-        """The events after sequence `after`; with `block_s`, waits that long for the first."""
+        """The events after sequence `after` (the first `limit` of them); with `block_s`, waits
+        that long for the first."""
         stream = self._log(tenant_id, job_id)
         entries: Any
         if block_s is None:
-            entries = await self._redis.xrange(stream, f"0-{after + 1}", "+")
+            entries = await self._redis.xrange(stream, f"0-{after + 1}", "+", count=limit)
         else:
-            reply: Any = await self._redis.xread({stream: f"0-{after}"}, block=int(block_s * 1000))
+            reply: Any = await self._redis.xread(
+                {stream: f"0-{after}"}, count=limit, block=int(block_s * 1000)
+            )
             entries = reply[0][1] if reply else []
         return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
 

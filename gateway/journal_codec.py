@@ -1,8 +1,11 @@
-"""Journal records: a job's events and its submission as the strings the journal stores.
+"""Journal records: a job's events, its submission and its snapshots as the strings the
+journal stores.
 
 An event is one compact JSON object (its sequence number is the stream entry's id, not part of
 the record); a submission is the job's own fields beside its spec as the JobSpec proto, so
-what a replica replays is exactly what was submitted. Pure: no I/O.
+what a replica replays is exactly what was submitted; a snapshot is the job's state as of one
+sequence (every field replaying its events sets), so a replica answering for the job replays
+only the events after it. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,6 +24,21 @@ from gateway.job_run import (
     NodeChanged,
     NodeState,
     TokensAdded,
+)
+
+_JOB_TIMES = ("started_at", "finished_at")
+# a node's fields in a snapshot, in order; a PENDING node has never changed and is left out
+_NODE_FIELDS = (
+    "output",
+    "prompt_tokens",
+    "output_tokens",
+    "reason",
+    "hit_length",
+    "attempts",
+    "ready_at",
+    "started_at",
+    "first_token_at",
+    "finished_at",
 )
 
 
@@ -59,6 +77,37 @@ def decode_event(sequence: int, text: str) -> JobEvent:
             bool(record.get("hl", 0)),
         )
     return JobEvent(sequence, float(record["t"]), body)
+
+
+def encode_snapshot(run: JobRun) -> str:
+    """The job's state as of its last event (`run.last_sequence`)."""
+    nodes = [
+        [node_id, node.state.value, *(getattr(node, f) for f in _NODE_FIELDS)]
+        for node_id, node in run.nodes.items()
+        if node.state is not NodeState.PENDING
+    ]
+    record = {
+        "q": run.last_sequence,
+        "s": run.state.value,
+        "t": [getattr(run, f) for f in _JOB_TIMES],
+        "n": nodes,
+    }
+    return json.dumps(record, separators=(",", ":"))
+
+
+def restore_snapshot(run: JobRun, text: str) -> None:
+    """Bring a fresh run of the job's submission to the snapshot's state: its events after
+    the snapshot's sequence replay on from there."""
+    record = json.loads(text)
+    run.state = JobState(record["s"])
+    for name, value in zip(_JOB_TIMES, record["t"], strict=True):
+        setattr(run, name, value)
+    for node_id, state, *values in record["n"]:
+        node = run.nodes[node_id]
+        node.state = NodeState(state)
+        for name, value in zip(_NODE_FIELDS, values, strict=True):
+            setattr(node, name, value)
+    run.replayed_to(record["q"])
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
 MAX_ADMISSIONS_PER_TENANT = 256  # a sixteenth of the default max_concurrent_rpcs
 READ_BLOCK_S = 0.5  # a watch of a job another replica runs checks its stream this often
+READ_PAGE = 512  # events a watch reads from the journal at once (between them the loop runs)
 
 
 def limits_for(
@@ -268,19 +269,22 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         view = await journal.load(run.tenant_id, run.job_id)
         if view is None:
             return
-        while True:
-            fresh = [e for e in view.events if e.sequence > seen]
-            if fresh:
-                seen = fresh[-1].sequence
-                yield view, fresh
-            if view.ended or stop():
-                return
-            events = await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S)
-            if not events and not await journal.exists(run.tenant_id, run.job_id):
-                # dropped as its tenant's ended jobs passed their bounds: nothing more comes
-                raise NotFound(f"job {run.job_id!r} is no longer kept")
+        # the view's state may be ahead of `seen` (it starts at the journal's snapshot): the
+        # events up to it are read for the watcher only, those after it replayed on it too
+        while not (view.ended and seen >= view.last_sequence) and not stop():
+            behind = seen < view.last_sequence
+            block_s = None if behind else READ_BLOCK_S
+            events = await journal.read(run.tenant_id, run.job_id, seen, block_s, READ_PAGE)
+            if not events:
+                if behind or not await journal.exists(run.tenant_id, run.job_id):
+                    # dropped as its tenant's ended jobs passed their bounds: nothing more comes
+                    raise NotFound(f"job {run.job_id!r} is no longer kept")
+                continue
             for event in events:
-                view.replay(event)
+                if event.sequence > view.last_sequence:
+                    view.replay(event)
+            seen = events[-1].sequence
+            yield view, events
 
     async def _quota(self, tenant_id: str) -> TenantQuota:
         quota = self._quotas.get(tenant_id)

@@ -7,17 +7,19 @@
 -- KEYS[4] the tenant's ended jobs (a sorted set by end)  KEYS[5] their sizes (a hash, `total`)
 -- ARGV[1] token  ARGV[2] first sequence  ARGV[3] index member  ARGV[4] batch ends the job (0/1)
 -- ARGV[5] retention s of an ended job  ARGV[6] max count  ARGV[7] max bytes
--- ARGV[8] the prefix of a job's keys (before its member)  ARGV[9..] the events, encoded
+-- ARGV[8] the prefix of a job's keys (before its member)
+-- ARGV[9] the job's snapshot as of the batch's last event, or '' for none  ARGV[10..] the events
 -- Returns {'ok'} | {'fenced'}: another replica owns the job | {'gap', last sequence}
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return {'fenced'} end
 local last = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local first = tonumber(ARGV[2])
 if first > last + 1 then return {'gap', last} end
-for i = 9, #ARGV do
-  local seq = first + i - 9
+for i = 10, #ARGV do
+  local seq = first + i - 10
   if seq > last then redis.call('XADD', KEYS[2], '0-' .. seq, 'e', ARGV[i]) end
 end
-redis.call('HSET', KEYS[1], 'seq', math.max(last, first + #ARGV - 9))
+redis.call('HSET', KEYS[1], 'seq', math.max(last, first + #ARGV - 10))
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'snapshot', ARGV[9]) end
 -- the ending batch sent again (its reply was lost) must not note the job twice
 if ARGV[4] ~= '1' or redis.call('HGET', KEYS[1], 'ended') then return {'ok'} end
 

@@ -13,7 +13,7 @@ import pytest
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
-from gateway.journal import KeyTaken, RedisJournal
+from gateway.journal import Batch, KeyTaken, RedisJournal
 from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -44,7 +44,7 @@ async def test_a_journaled_job_replays_as_it_ran(journals: tuple[RedisJournal, .
     run.add_tokens("a", "lo", (3,), 104.0)
     run.finish_node("a", NodeState.SUCCEEDED, 105.0)
     run.mark_running("b", 9, 106.0)
-    assert await one.append([(owned, run.events, False)]) == [True]
+    assert await one.append([Batch(owned, run.events)]) == [True]
     view = await two.load("acme", "job-1")
     assert view is not None and view.detached
     a, b = view.nodes["a"], view.nodes["b"]
@@ -66,8 +66,8 @@ async def test_a_batch_sent_again_is_written_once(journals: tuple[RedisJournal, 
     run.start(101.0)
     first = list(run.events)
     run.mark_running("a", 7, 102.0)
-    assert await one.append([(owned, first, False)]) == [True]
-    assert await one.append([(owned, run.events, False)]) == [True]  # its reply was lost
+    assert await one.append([Batch(owned, first)]) == [True]
+    assert await one.append([Batch(owned, run.events)]) == [True]  # its reply was lost
     events = await one.read("acme", "job-2", 0)
     assert [e.sequence for e in events] == [1, 2]
 
@@ -85,7 +85,7 @@ async def test_a_taken_over_job_fences_its_old_owner_off(
     taken, replayed, cancel_asked = claimed
     assert taken.token > owned.token and not cancel_asked and not replayed.detached
     run.start(101.0)
-    assert await one.append([(owned, run.events, False)]) == [False]
+    assert await one.append([Batch(owned, run.events)]) == [False]
     renewed = await one.renew([owned])
     assert renewed.lost == [owned]
     assert await one.ask_cancel("acme", "job-3")
@@ -114,7 +114,7 @@ async def _run_to_end(journal: RedisJournal, run: JobRun, output: str = "x") -> 
         run.add_tokens(node, output, (1,), 103.0)
         run.finish_node(node, NodeState.SUCCEEDED, 104.0)
         batch = [e for e in run.events if e.sequence > sent]
-        assert await journal.append([(owned, batch, run.ended)]) == [True]
+        assert await journal.append([Batch(owned, batch, run.ended)]) == [True]
         sent = run.last_sequence
     assert run.ended
 
@@ -163,7 +163,7 @@ async def test_the_ending_batch_sent_again_notes_the_job_once(
     run.cancel(102.0, "cancelled by the client")
     assert run.ended
     for _ in range(3):
-        assert await one.append([(owned, run.events, True)]) == [True]
+        assert await one.append([Batch(owned, run.events, True)]) == [True]
     sizes = await one._redis.hgetall(one._ended_keys("acme")[1])
     assert sizes["total"] == sizes["acme/job-8"] and int(sizes["total"]) > 0
 

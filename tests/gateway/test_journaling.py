@@ -1,7 +1,8 @@
 """A replica's journal writer on a real Redis: a hand-over that starts while a batch is on its
 way waits for it, so every event lands once, in order, before the job is handed back (a second
 writer sent later events first, or handed the job back with its end still unwritten: the
-replica taking over ran a finished call again and charged it twice)."""
+replica taking over ran a finished call again and charged it twice); the snapshots it writes
+bound what another replica replays to answer for the job."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 import anyio
 import pytest
 
-from gateway.job_run import JobEvent, JobRun, NodeState
-from gateway.journal import Owned, RedisJournal
-from gateway.journaling import Journaling
+from bench.journal import journaled_job, read_elsewhere
+from gateway.job_run import JobRun, NodeState
+from gateway.journal import Batch, RedisJournal
+from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
 from tests.conftest import REDIS_URL
 from tests.gateway.test_journal import two_calls
 
@@ -28,7 +30,7 @@ class HeldJournal(RedisJournal):
         self.sending = anyio.Event()
         self.go = anyio.Event()
 
-    async def append(self, batches: Sequence[tuple[Owned, Sequence[JobEvent], bool]]) -> list[bool]:
+    async def append(self, batches: Sequence[Batch]) -> list[bool]:
         if not self.sending.is_set():
             self.sending.set()
             await self.go.wait()
@@ -98,3 +100,18 @@ async def test_out_of_time_a_hand_over_still_waits_for_the_batch_on_its_way(
     assert claimed[1].nodes["a"].state == NodeState.SUCCEEDED
     await journal.aclose()
     await other.aclose()
+
+
+async def test_another_replica_replays_only_the_events_since_the_last_snapshot(
+    redis_prefix: str,
+) -> None:
+    """A job of 16 calls streaming 64 tokens one at a time (one batch of 16 deltas a step):
+    at every moment another replica reads it as its owner answers, replaying less than a
+    snapshot interval and one batch (it replayed every event before snapshots)."""
+    journal = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    replayed = []
+    async for run in journaled_job(journal, nodes=16, tokens=64, per_delta=1):
+        replayed.append(await read_elsewhere(journal, run))
+    await journal.aclose()
+    assert run.last_sequence > 3 * SNAPSHOT_MIN_EVENTS
+    assert max(replayed) < SNAPSHOT_MIN_EVENTS + 16

@@ -13,9 +13,10 @@ import anyio
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.journaling import SNAPSHOT_MIN_EVENTS
 from tenants import RedisQuotaStore
 from tests.gateway.conftest import sim_core
-from tests.reliability.harness import Reliable, reliable_gateway
+from tests.reliability.harness import Reliable, reliable_gateway, roots
 from tests.reliability.redis_server import RedisServer
 from tests.reliability.test_redis_outage import chain
 
@@ -78,3 +79,28 @@ async def test_a_stopped_replica_hands_its_jobs_to_the_other(
         and e.node_state_changed.node.state == pb.NODE_STATE_READY
     ]
     assert reruns in ([], ["backend lost with its replica: running again"])
+
+
+async def test_a_long_job_reads_the_same_on_the_replica_that_does_not_run_it(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Past its first snapshots (more events than SNAPSHOT_MIN_EVENTS), a job another replica
+    runs is watched there with every event once and in order, live and from its start after
+    it ended, and answers as its owner does."""
+    live: list[pb.JobEvent] = []
+    after: list[pb.JobEvent] = []
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await a.tenant("t1")
+        job_id = (await a.submit("t1", roots(4, 96))).job_id
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, b, "t1", job_id, live)
+            final = await a.finished("t1", job_id)
+        await watch(b, "t1", job_id, after)
+        on_b = await b.stub.GetJob(pb.GetJobRequest(job_id=job_id), metadata=b.auth("t1"))
+        on_a = await a.stub.GetJob(pb.GetJobRequest(job_id=job_id), metadata=a.auth("t1"))
+    assert final.state == pb.JOB_STATE_SUCCEEDED
+    assert len(live) > SNAPSHOT_MIN_EVENTS
+    for seen in (live, after):
+        assert [event.sequence for event in seen] == list(range(1, len(live) + 1))
+        assert seen[-1].job_finished.job == final
+    assert on_b == on_a == final
