@@ -183,6 +183,7 @@ class JobRun:
     # are released
     charge_cut_short: bool = False
     epoch: int = 1  # the fencing token this replica owns it under (a later owner's is higher)
+    log_start: int = 0  # the log holds events after this sequence (restored from a snapshot)
 
     def __post_init__(self) -> None:
         self.nodes = {n.id: NodeRun(n) for n in self.spec.nodes}
@@ -296,7 +297,7 @@ class JobRun:
     def replayed_to(self, sequence: int) -> None:
         """The state is as of `sequence` (restored from a journal snapshot): replay goes on
         from the next event; the log holds only what is replayed after."""
-        self._last_sequence = self._durable = sequence
+        self._last_sequence = self._durable = self.log_start = sequence
 
     @property
     def last_sequence(self) -> int:

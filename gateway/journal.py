@@ -4,8 +4,8 @@ A job's submission (a hash) and its events (a stream, one entry per event, the e
 `0-<sequence>`) are written before any client hears of them, so any replica can answer for the
 job and a watcher resumes on another replica from its last sequence. Its owner also writes, with
 a batch now and then, the job's state as of that batch (`snapshot` in the hash, see
-`Journaling`): a replica answering GetJob for a job it does not run reads the snapshot and
-replays only the events after it, not the whole log. A job is owned by one
+`Journaling`): a replica answering for a job it does not run, or taking it over, reads the
+snapshot and replays only the events after it, not the whole log. A job is owned by one
 replica under a lease (`lease_until`, judged by Redis' clock) with a fencing token: only the
 token's holder may append, a lease that runs out (its replica died) or is handed back (it shut
 down) lets another replica claim the job with a new token, and the old owner's late writes are
@@ -257,9 +257,7 @@ class RedisJournal(RedisClient):
         )
         if token is None:
             return None
-        # every event replayed, not the snapshot: the new owner serves its watchers every
-        # event from its own log
-        loaded = await self._load(tenant_id, job_id, from_snapshot=False)
+        loaded = await self._load(tenant_id, job_id)
         if loaded is None:
             return None
         run, fields = loaded
@@ -270,21 +268,21 @@ class RedisJournal(RedisClient):
         """The job as its journal has it, as a view: detached, since this replica does not run
         it; None when there is none. Its state is the latest snapshot's with the events after
         it replayed, and its log holds only those events (read the rest with `read`)."""
-        loaded = await self._load(tenant_id, job_id, from_snapshot=True)
+        loaded = await self._load(tenant_id, job_id)
         if loaded is None:
             return None
         view = loaded[0]
         view.detached = True
         return view
 
-    async def _load(
-        self, tenant_id: str, job_id: str, *, from_snapshot: bool
-    ) -> tuple[JobRun, dict[str, str]] | None:
+    async def _load(self, tenant_id: str, job_id: str) -> tuple[JobRun, dict[str, str]] | None:
+        """The job from its latest snapshot, with the events after it replayed (its log holds
+        only those: `JobRun.log_start`)."""
         fields: dict[str, str] = await self._redis.hgetall(self._job(tenant_id, job_id))  # type: ignore[assignment]
         if not fields:
             return None
         run = Submission.from_fields(fields).run()
-        if from_snapshot and "snapshot" in fields:
+        if "snapshot" in fields:
             restore_snapshot(run, fields["snapshot"])
         for event in await self.read(tenant_id, job_id, run.last_sequence):
             run.replay(event)

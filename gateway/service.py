@@ -255,11 +255,16 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def _follow(
         self, run: JobRun, after: int, stop: Callable[[], bool]
     ) -> AsyncIterator[tuple[JobRun, list[JobEvent]]]:
-        """The job's events after sequence `after`, each batch with the job as it is then:
-        from this replica while it runs the job, then from the journal (another replica runs
-        it, or it was read from there), until it has ended or `stop()`."""
+        """The job's events after sequence `after`, each batch with the job as it is then (or
+        later: a batch read from the journal for the watcher only): from this replica while it
+        runs the job (the journal has those before its own log, when it took the job over from
+        a snapshot), then from the journal (another replica runs it, or it was read from
+        there), until it has ended or `stop()`."""
         seen = after
-        async for batch in run.watch_batches(after, stop):
+        async for events in self._history(run, seen, run.log_start, stop):
+            seen = events[-1].sequence
+            yield run, events
+        async for batch in run.watch_batches(seen, stop):
             if batch:
                 seen = batch[-1].sequence
                 yield run, batch
@@ -269,22 +274,34 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         view = await journal.load(run.tenant_id, run.job_id)
         if view is None:
             return
-        # the view's state may be ahead of `seen` (it starts at the journal's snapshot): the
-        # events up to it are read for the watcher only, those after it replayed on it too
-        while not (view.ended and seen >= view.last_sequence) and not stop():
-            behind = seen < view.last_sequence
-            block_s = None if behind else READ_BLOCK_S
-            events = await journal.read(run.tenant_id, run.job_id, seen, block_s, READ_PAGE)
+        async for events in self._history(view, seen, view.last_sequence, stop):
+            seen = events[-1].sequence
+            yield view, events
+        while not view.ended and not stop():
+            events = await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S, READ_PAGE)
             if not events:
-                if behind or not await journal.exists(run.tenant_id, run.job_id):
-                    # dropped as its tenant's ended jobs passed their bounds: nothing more comes
+                if not await journal.exists(run.tenant_id, run.job_id):
                     raise NotFound(f"job {run.job_id!r} is no longer kept")
                 continue
             for event in events:
-                if event.sequence > view.last_sequence:
-                    view.replay(event)
+                view.replay(event)
             seen = events[-1].sequence
             yield view, events
+
+    async def _history(
+        self, run: JobRun, after: int, until: int, stop: Callable[[], bool]
+    ) -> AsyncIterator[list[JobEvent]]:
+        """The journal's events after `after` up to `until`, a page at a time: a job restored
+        from a snapshot, here or in a view, holds no event before it."""
+        while self.journaling is not None and after < until and not stop():
+            journal = self.journaling.journal
+            page = await journal.read(run.tenant_id, run.job_id, after, None, READ_PAGE)
+            events = [event for event in page if event.sequence <= until]
+            if not events:
+                # dropped as its tenant's ended jobs passed their bounds: nothing more comes
+                raise NotFound(f"job {run.job_id!r} is no longer kept")
+            after = events[-1].sequence
+            yield events
 
     async def _quota(self, tenant_id: str) -> TenantQuota:
         quota = self._quotas.get(tenant_id)

@@ -104,3 +104,36 @@ async def test_a_long_job_reads_the_same_on_the_replica_that_does_not_run_it(
         assert [event.sequence for event in seen] == list(range(1, len(live) + 1))
         assert seen[-1].job_finished.job == final
     assert on_b == on_a == final
+
+
+async def test_a_job_taken_over_from_its_snapshot_is_watched_from_its_first_event(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The replica taking a long job over restores it from its snapshot and replays only the
+    events after it; a watch there from sequence 1 still gets the events before the snapshot
+    (from the journal) and then its own, each once and in order."""
+    async with replica(redis, tmp_path, "b") as b:
+        async with replica(redis, tmp_path, "a") as a:
+            b.keys["t1"] = await a.tenant("t1")
+            job_id = (await a.submit("t1", chain(3, 160))).job_id
+            await a.until_done("t1", job_id, 2)  # over SNAPSHOT_MIN_EVENTS events by now
+        with anyio.fail_after(30):
+            final = await b.finished("t1", job_id)  # b runs it now: a has shut down
+        run = b.gateway.jobs.get("t1", job_id)
+        assert not run.detached and run.log_start > 0  # taken over from its snapshot
+        seen: list[pb.JobEvent] = []
+        await watch(b, "t1", job_id, seen)
+    assert final.state == pb.JOB_STATE_SUCCEEDED
+    sequences = [event.sequence for event in seen]
+    # every event before the snapshot, then what b's log retains (ended calls' token deltas
+    # are dropped from memory once the job has ended with nobody watching)
+    assert sequences[: run.log_start] == list(range(1, run.log_start + 1))
+    assert sequences == sorted(set(sequences))
+    changes = [
+        (e.node_state_changed.node.id, e.node_state_changed.node.state)
+        for e in seen
+        if e.WhichOneof("event") == "node_state_changed"
+    ]
+    for node in ("n0", "n1", "n2"):
+        assert (node, pb.NODE_STATE_READY) in changes and (node, pb.NODE_STATE_SUCCEEDED) in changes
+    assert seen[-1].job_finished.job == final
