@@ -118,6 +118,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_admissions_per_tenant = max_admissions_per_tenant
         self._admitting = TenantCounts()  # per tenant, submissions under way
         self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
+        # a tenant's reads of jobs another replica runs, one at a time: each takes the loop for
+        # up to tens of ms, and one tenant's many must not queue ahead of every other tenant
+        self._reading = _KeyedLocks()
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # bumped by a key's revocation or a tenant's deletion, so that an admission that was
         # under way meanwhile is undone instead of escaping the cancel
@@ -246,11 +249,16 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         else:
             if not run.detached:  # only a journaled job is ever detached
                 return run
-        assert self.journaling is not None
-        loaded = await self.journaling.journal.load(tenant_id, job_id)
+        loaded = await self._view(tenant_id, job_id)
         if loaded is None:
             raise NotFound(f"job {job_id!r} not found")
         return loaded
+
+    async def _view(self, tenant_id: str, job_id: str) -> JobRun | None:
+        """The job as the journal has it, read in the tenant's turn."""
+        assert self.journaling is not None
+        async with self._reading.hold(tenant_id):
+            return await self.journaling.journal.load(tenant_id, job_id)
 
     async def _follow(
         self, run: JobRun, after: int, stop: Callable[[], bool]
@@ -271,7 +279,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if not run.detached or self.journaling is None or stop():
             return
         journal = self.journaling.journal
-        view = await journal.load(run.tenant_id, run.job_id)
+        view = await self._view(run.tenant_id, run.job_id)
         if view is None:
             return
         async for events in self._history(view, seen, view.last_sequence, stop):

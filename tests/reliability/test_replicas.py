@@ -7,12 +7,14 @@ other replica sees every event once and in order, and usage equals the settled c
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 
 import anyio
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.job_run import JobRun
 from gateway.journaling import SNAPSHOT_MIN_EVENTS
 from tenants import RedisQuotaStore
 from tests.gateway.conftest import sim_core
@@ -137,3 +139,56 @@ async def test_a_job_taken_over_from_its_snapshot_is_watched_from_its_first_even
     for node in ("n0", "n1", "n2"):
         assert (node, pb.NODE_STATE_READY) in changes and (node, pb.NODE_STATE_SUCCEEDED) in changes
     assert seen[-1].job_finished.job == final
+
+
+async def test_a_tenants_reads_of_jobs_another_replica_runs_go_one_at_a_time(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Each read takes b's loop for a while: a tenant asking for many jobs at once has them
+    read one after another, and another tenant's read does not wait behind them."""
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        for tenant in TENANTS:
+            b.keys[tenant] = await a.tenant(tenant)
+        jobs = {t: [(await a.run(t, roots(1))).job_id for _ in range(3)] for t in TENANTS}
+        service, journal = b.gateway.service, b.gateway.journaling.journal
+        find, load = service._find, journal.load
+        asked: Counter[str] = Counter()
+        reading: Counter[str] = Counter()
+        most: Counter[str] = Counter()
+        all_asked, t2_reads, go = anyio.Event(), anyio.Event(), anyio.Event()
+
+        async def counted_find(tenant_id: str, job_id: str) -> JobRun:
+            asked[tenant_id] += 1
+            if asked["t1"] == 3:
+                all_asked.set()
+            return await find(tenant_id, job_id)
+
+        async def held_load(tenant_id: str, job_id: str) -> JobRun | None:
+            reading[tenant_id] += 1
+            most[tenant_id] = max(most[tenant_id], reading[tenant_id])
+            if tenant_id == "t2":
+                t2_reads.set()
+            await go.wait()
+            try:
+                return await load(tenant_id, job_id)
+            finally:
+                reading[tenant_id] -= 1
+
+        service._find, journal.load = counted_find, held_load  # type: ignore[method-assign]
+        answers: list[pb.Job] = []
+
+        async def get(tenant: str, job_id: str) -> None:
+            request = pb.GetJobRequest(job_id=job_id)
+            answers.append(await b.stub.GetJob(request, metadata=b.auth(tenant)))
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for job_id in jobs["t1"]:
+                    tg.start_soon(get, "t1", job_id)
+                await all_asked.wait()  # t1's three reads asked for, its first one held
+                tg.start_soon(get, "t2", jobs["t2"][0])
+                await t2_reads.wait()
+                go.set()
+    assert most == {"t1": 1, "t2": 1}
+    assert sorted(job.job_id for job in answers) == sorted([*jobs["t1"], jobs["t2"][0]])
+    assert {job.state for job in answers} == {pb.JOB_STATE_SUCCEEDED}
