@@ -279,7 +279,9 @@ class JobRun:
 
     def replay(self, event: JobEvent) -> None:
         """Apply one event read back from the journal, as `_emit` logged it (a replica taking
-        the job over, or answering for it): the state, outputs and log are as they were."""
+        the job over, or answering for it): the state, outputs and log are as they were. A
+        detached run (a view of a job another replica runs) keeps no log: nobody watches it,
+        and a watch that follows the job to its end would otherwise hold all of it."""
         if event.sequence != self._last_sequence + 1:
             raise ValueError(f"{self.job_id}: event {event.sequence} after {self._last_sequence}")
         body, now = event.body, event.time
@@ -292,7 +294,8 @@ class JobRun:
         else:
             self.state, self.finished_at = body.state, now
         self._last_sequence = self._durable = event.sequence
-        self.events.append(event)
+        if not self.detached:
+            self.events.append(event)
 
     def replayed_to(self, sequence: int) -> None:
         """The state is as of `sequence` (restored from a journal snapshot): replay goes on

@@ -257,7 +257,7 @@ class RedisJournal(RedisClient):
         )
         if token is None:
             return None
-        loaded = await self._load(tenant_id, job_id)
+        loaded = await self._load(tenant_id, job_id, view=False)
         if loaded is None:
             return None
         run, fields = loaded
@@ -267,21 +267,20 @@ class RedisJournal(RedisClient):
     async def load(self, tenant_id: str, job_id: str) -> JobRun | None:
         """The job as its journal has it, as a view: detached, since this replica does not run
         it; None when there is none. Its state is the latest snapshot's with the events after
-        it replayed, and its log holds only those events (read the rest with `read`)."""
-        loaded = await self._load(tenant_id, job_id)
-        if loaded is None:
-            return None
-        view = loaded[0]
-        view.detached = True
-        return view
+        it replayed; it keeps no log (read the events with `read`)."""
+        loaded = await self._load(tenant_id, job_id, view=True)
+        return None if loaded is None else loaded[0]
 
-    async def _load(self, tenant_id: str, job_id: str) -> tuple[JobRun, dict[str, str]] | None:
+    async def _load(
+        self, tenant_id: str, job_id: str, *, view: bool
+    ) -> tuple[JobRun, dict[str, str]] | None:
         """The job from its latest snapshot, with the events after it replayed (its log holds
-        only those: `JobRun.log_start`)."""
+        only those: `JobRun.log_start`; a view, none)."""
         fields: dict[str, str] = await self._redis.hgetall(self._job(tenant_id, job_id))  # type: ignore[assignment]
         if not fields:
             return None
         run = Submission.from_fields(fields).run()
+        run.detached = view
         if "snapshot" in fields:
             restore_snapshot(run, fields["snapshot"])
         for event in await self.read(tenant_id, job_id, run.last_sequence):

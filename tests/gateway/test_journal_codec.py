@@ -1,6 +1,7 @@
 """Journal records: events read back are the events written, and a snapshot at any point of a
 job's life, with the events after it replayed, gives the job exactly as replaying every event
-does (each field a GetJob answer or a later replay reads)."""
+does (each field a GetJob answer or a later replay reads); a view replays to the same state and
+keeps no log."""
 
 from __future__ import annotations
 
@@ -81,10 +82,13 @@ def test_a_snapshot_and_the_events_after_it_replay_as_every_event_does(
     run, logged = lived
     events = [decode_event(e.sequence, encode_event(e)) for e in logged]
     assert events == logged
-    whole = fresh()
+    whole, view = fresh(), fresh()
+    view.detached = True  # another replica's view of the job: the same state, and no log
     for event in events:
         whole.replay(event)
-    assert state_of(whole) == state_of(run)
+        view.replay(event)
+    assert state_of(whole) == state_of(run) == state_of(view)
+    assert whole.events == events and view.events == []
 
     cut = data.draw(st.integers(0, len(events)))
     before = fresh()
