@@ -26,6 +26,7 @@ from gateway.job_run import (
     NodeState,
     TokensAdded,
 )
+from gateway.jobs import JobCounts, NodeCounts, template_counts
 from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
 from tenants.policies import kv_token_time
 
@@ -58,6 +59,30 @@ def node_spec_from_proto(msg: pb.NodeSpec) -> NodeSpec:
         name=msg.name,
         model=msg.model,
     )
+
+
+def job_counts(msg: pb.JobSpec) -> JobCounts:
+    """The request's counts, read before anything is converted (`JobCounts`)."""
+    nodes = [
+        NodeCounts(len(node.chat.messages), len(node.sampling.stop), len(node.depends_on))
+        for node in msg.nodes
+    ]
+    templates = [t for node in msg.nodes for t in _templates(node)]
+    return JobCounts(nodes, len(msg.inputs), *template_counts(templates))
+
+
+def generate_counts(msg: pb.GenerateRequest) -> JobCounts:
+    """A Generate request's counts, read before anything is converted: its one node's
+    messages (or prompt) become inputs one for one, each placed by a placeholder of the
+    gateway's own (`_single_call`), so the messages are the count to check."""
+    messages = len(msg.chat.messages) if msg.WhichOneof("input") == "chat" else 0
+    return JobCounts([NodeCounts(messages, len(msg.sampling.stop), 0)], 1, 0, 1)
+
+
+def _templates(msg: pb.NodeSpec) -> list[str]:
+    if msg.WhichOneof("prompt") == "prompt_template":
+        return [msg.prompt_template]
+    return [m.content for m in msg.chat.messages]
 
 
 def job_spec_from_proto(msg: pb.JobSpec) -> JobSpec:

@@ -53,6 +53,8 @@ from gateway.gateway_protos import (
     chat_from_proto,
     event_to_proto,
     finish_reason,
+    generate_counts,
+    job_counts,
     job_spec_from_proto,
     job_to_proto,
     sampling_from_proto,
@@ -64,6 +66,7 @@ from gateway.jobs import (
     JobLimits,
     JobSpec,
     NodeSpec,
+    check_counts,
     check_node_count,
     validate_job,
 )
@@ -321,9 +324,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         return limits_for(quota, self.dispatcher.config.max_prompt_chars, self.dispatcher.models)
 
     async def _spec(self, tenant_id: str, msg: pb.JobSpec) -> JobSpec:
-        """The request's job, converted once its node count is known to be within the tenant's
-        (`check_node_count`)."""
-        check_node_count(len(msg.nodes), self._limits(await self._quota(tenant_id)))
+        """The request's job, converted once its node count and then its other counts are
+        known to be within the tenant's limits (`check_node_count`, `check_counts`)."""
+        limits = self._limits(await self._quota(tenant_id))
+        check_node_count(len(msg.nodes), limits)
+        check_counts(job_counts(msg), limits)
         return job_spec_from_proto(msg)
 
     @grpc_edge
@@ -382,7 +387,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         async with self._stream() as stream:
-            run = await self.submit(current_tenant(), _single_call(request), streamed=True)
+            tenant = current_tenant()
+            check_counts(generate_counts(request), self._limits(await self._quota(tenant)))
+            run = await self.submit(tenant, _single_call(request), streamed=True)
             stream.watch(run)
             async with self._running_by_client(run):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so

@@ -21,10 +21,14 @@ from gateway.jobs.template import (
     rendered_chars,
 )
 from gateway.jobs.validation import (
+    JobCounts,
     JobLimits,
+    NodeCounts,
+    check_counts,
     check_node_count,
     input_sizes,
     oversized_prompt,
+    template_counts,
     validate_job,
 )
 
@@ -34,14 +38,17 @@ __all__ = [
     "DagCyclic",
     "DagUnknownNode",
     "FieldViolation",
+    "JobCounts",
     "JobInvalid",
     "JobLimits",
     "JobSpec",
+    "NodeCounts",
     "NodeSpec",
     "RefKind",
     "Reference",
     "SamplingSpec",
     "TemplateUnresolved",
+    "check_counts",
     "check_node_count",
     "input_sizes",
     "oversized_prompt",
@@ -49,5 +56,6 @@ __all__ = [
     "render",
     "render_node",
     "rendered_chars",
+    "template_counts",
     "validate_job",
 ]

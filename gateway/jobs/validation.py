@@ -46,6 +46,7 @@ _IDENTIFIER = re.compile(IDENTIFIER)
 _CYCLE_SHOWN = 8  # ids of a cycle spelt out in its violation before eliding the rest
 _SHOWN_CHARS = 32  # of an id, name or placeholder quoted in a violation
 _VIOLATION_BYTES = 4096  # UTF-8 of the violations' fields and descriptions, all together
+_CYCLES_FOUND = 32  # cycles looked for and reported: more would not fit in _VIOLATION_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,46 @@ class JobLimits:
     max_stop_chars: int = 128
     min_priority: int = -1000
     max_priority: int = 1000
+    # all nodes' templates as written, and the `{{` in them: the job holds them while it runs
+    # and every check and render works per placeholder, whatever they render to (a placeholder
+    # may render to nothing, so the rendered size bounds neither)
+    max_job_template_chars: int = 4_194_304
+    max_placeholders: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCounts:
+    messages: int
+    stop: int
+    depends_on: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    """What the checks of a job's size need before any work per item: each repeated field's
+    length, and its templates' characters and placeholders. The servicers read them off a
+    request before converting it (a 16 MiB request holds millions of items, each converted and
+    checked at microseconds), once its node count is known to be within the limit
+    (`check_node_count`)."""
+
+    nodes: Sequence[NodeCounts]
+    inputs: int
+    template_chars: int
+    placeholders: int
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> JobCounts:
+        templates = [t for node in spec.nodes for _, t in node.templates()]
+        nodes = [
+            NodeCounts(len(node.messages or ()), len(node.sampling.stop), len(node.depends_on))
+            for node in spec.nodes
+        ]
+        return cls(nodes, len(spec.inputs), *template_counts(templates))
+
+
+def template_counts(templates: Sequence[str]) -> tuple[int, int]:
+    """The templates' characters and placeholders (each `{{`) together."""
+    return sum(map(len, templates)), sum(t.count("{{") for t in templates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +140,7 @@ class _Job:
         try:  # the cycles are looked for only when the order cannot place every node
             dag, cycles = Dag.build(known), []
         except DagCyclic:
-            dag, cycles = None, find_cycles(known)
+            dag, cycles = None, find_cycles(known, _CYCLES_FOUND)
         return cls(spec, limits, first_index, edges, input_chars, prompt_chars, cycles, dag)
 
 
@@ -124,9 +165,7 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
     """
     limits = limits or JobLimits()
     check_node_count(len(spec.nodes), limits)
-    too_many = list(_check_dependency_counts(spec, limits))
-    if too_many:
-        raise JobInvalid(_bounded(too_many))
+    check_counts(JobCounts.of(spec), limits)
     job = _Job.of(spec, limits)
     violations = [
         *_check_job_fields(spec, job.limits),
@@ -158,15 +197,29 @@ def check_node_count(count: int, limits: JobLimits) -> None:
         raise JobInvalid([FieldViolation("nodes", f"{count} nodes; at most {limits.max_nodes}")])
 
 
-def _check_dependency_counts(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
-    """Each node's dependencies bound the graph checks' work too: a node cannot depend on more
-    nodes than a job holds."""
-    for index, node in enumerate(spec.nodes):
-        if len(node.depends_on) > limits.max_nodes:
-            yield FieldViolation(
-                f"nodes[{index}].depends_on",
-                f"{len(node.depends_on)} dependencies; at most {limits.max_nodes}",
-            )
+def check_counts(counts: JobCounts, limits: JobLimits) -> None:
+    """Raise JobInvalid for a job with more of any repeated item than its limits allow, or
+    more template text or placeholders: every later check works per item (the graph's per
+    dependency), so these come first."""
+    violations = [
+        *_over("inputs", counts.inputs, limits.max_inputs, "inputs"),
+        *_over("nodes", counts.template_chars, limits.max_job_template_chars, "template chars"),
+        *_over("nodes", counts.placeholders, limits.max_placeholders, "placeholders ({{) in all"),
+    ]
+    for i, node in enumerate(counts.nodes):
+        at = f"nodes[{i}]"
+        violations += [
+            *_over(f"{at}.chat.messages", node.messages, limits.max_messages_per_node, "messages"),
+            *_over(f"{at}.sampling.stop", node.stop, limits.max_stop_sequences, "stop strings"),
+            *_over(f"{at}.depends_on", node.depends_on, limits.max_nodes, "dependencies"),
+        ]
+    if violations:
+        raise JobInvalid(_bounded(violations))
+
+
+def _over(field: str, count: int, limit: int, what: str) -> Iterator[FieldViolation]:
+    if count > limit:
+        yield FieldViolation(field, f"{count} {what}; at most {limit}")
 
 
 def _check_job_fields(spec: JobSpec, limits: JobLimits) -> Iterator[FieldViolation]:
@@ -195,8 +248,6 @@ def _check_deadline(deadline: float | None, now: float | None) -> Iterator[Field
 
 
 def _check_inputs(inputs: Mapping[str, str], limits: JobLimits) -> Iterator[FieldViolation]:
-    if len(inputs) > limits.max_inputs:
-        yield FieldViolation("inputs", f"{len(inputs)} inputs; at most {limits.max_inputs}")
     for name, value in inputs.items():
         field = f"inputs[{json.dumps(_cut(name), ensure_ascii=False)}]"
         if not _is_identifier(name, limits):
@@ -263,10 +314,6 @@ def _check_messages(at: str, node: NodeSpec, limits: JobLimits) -> Iterator[Fiel
     messages = node.messages or ()
     if not messages:
         yield FieldViolation(at, "chat needs at least one message")
-    if len(messages) > limits.max_messages_per_node:
-        yield FieldViolation(
-            at, f"{len(messages)} messages; at most {limits.max_messages_per_node}"
-        )
     for k, message in enumerate(messages):
         if message.role not in CHAT_ROLES:
             yield FieldViolation(
@@ -367,8 +414,6 @@ def _check_top_p(field: str, top_p: float | None) -> Iterator[FieldViolation]:
 
 
 def _check_stop(at: str, stop: Sequence[str], limits: JobLimits) -> Iterator[FieldViolation]:
-    if len(stop) > limits.max_stop_sequences:
-        yield FieldViolation(at, f"{len(stop)} stop strings; at most {limits.max_stop_sequences}")
     for k, text in enumerate(stop):
         if not text:
             yield FieldViolation(f"{at}[{k}]", "must not be empty")

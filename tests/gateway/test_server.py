@@ -271,6 +271,44 @@ async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
     ]
 
 
+def _violations(error: grpc.aio.AioRpcError) -> list[tuple[str, str]]:
+    code, details = status_of(error)
+    assert code == code_pb2.INVALID_ARGUMENT
+    bad = next(d for d in details if isinstance(d, error_details_pb2.BadRequest))
+    return [(v.field, v.description) for v in bad.field_violations]
+
+
+async def test_a_node_past_its_message_count_is_refused_with_the_count_alone(
+    harness: Harness,
+) -> None:
+    """400,000 empty chat messages in one node (0.8 MB), or 100,000 in a Generate request, are
+    refused for their count before they are converted or checked one by one (2.9 s and 1.6 s of
+    the event loop every tenant shares)."""
+    chat = pb.ChatPrompt(messages=[pb.ChatMessage()] * 400_000)
+    spec = pb.JobSpec(nodes=[pb.NodeSpec(id="a", chat=chat)])
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha"))
+    assert _violations(caught.value) == [("nodes[0].chat.messages", "400000 messages; at most 64")]
+    chat = pb.ChatPrompt(messages=[pb.ChatMessage(role="user")] * 100_000)
+    request = pb.GenerateRequest(chat=chat)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in harness.stub.Generate(request, metadata=harness.auth("alpha")):
+            pass
+    assert _violations(caught.value) == [("nodes[0].chat.messages", "100000 messages; at most 64")]
+
+
+async def test_templates_that_render_to_nothing_are_bounded_as_written(harness: Harness) -> None:
+    """Placeholders of an empty input render to nothing, so the rendered size let 2 MB of them
+    through, checked at microseconds each (1.3 s); the job's templates as written and their
+    placeholders are bounded too, before anything is converted."""
+    bomb = "{{inputs.a}}" * 2_500
+    nodes = [pb.NodeSpec(id=f"n{i}", prompt_template=bomb) for i in range(2)]
+    spec = pb.JobSpec(nodes=nodes, inputs={"a": ""})
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=harness.auth("alpha"))
+    assert _violations(caught.value) == [("nodes", "5000 placeholders ({{) in all; at most 4096")]
+
+
 async def test_quota_refusal_carries_retry_info(harness: Harness) -> None:
     slow = pb.JobSpec(nodes=[node("a", "one", 2000)])
     await harness.stub.SubmitJob(pb.SubmitJobRequest(job=slow), metadata=harness.auth("beta"))
