@@ -140,10 +140,13 @@ class BookPolicy:
         holding = bool(self._held or self._held_tenants or self._shedding)
         by_standing: dict[tuple[str, object], tuple[tuple[int, OrderKey], ActiveJob]] = {}
         for job in self._eligible_jobs(now, load):
-            if holding and self._first_shown(job, now) is None:
-                continue
             key = self._job_order(job, now)
-            if best_key is None or key < best_key:
+            # whether a job shows a call is asked only of one that would go first or take its
+            # tenant's turn by priority: most jobs of a long backlog are neither
+            beats = best_key is None or key < best_key
+            if holding and (beats or self._prioritized) and self._first_shown(job, now) is None:
+                continue
+            if beats:
                 best, best_key = job, key
             if self._prioritized:
                 rank = (-job.info.priority, key)
