@@ -52,7 +52,7 @@ class CountingJournal(RedisJournal):
         return await super().append(batches)
 
 
-async def _nothing(*_: object) -> None:
+async def _no_orphan(*_: object) -> None:
     raise AssertionError("the bench's journal has no orphans")
 
 
@@ -82,7 +82,7 @@ async def journaled_job(
     )
     run = JobRun(f"job-{uuid.uuid4().hex[:8]}", TENANT, spec, time.time())
     owned = await journal.create(run)
-    async with Journaling(journal, _nothing, _unexpected, _unexpected) as journaling:
+    async with Journaling(journal, _no_orphan, _unexpected, _unexpected) as journaling:
         journaling.attach(owned, run)
         now = run.created_at
         run.start(now)
