@@ -26,7 +26,7 @@ from gateway.job_run import (
     NodeState,
     TokensAdded,
 )
-from gateway.jobs import JobCounts, NodeCounts, template_counts
+from gateway.jobs import JobCounts, NodeCounts
 from gateway.jobs.model import ChatMessage, JobSpec, NodeSpec, SamplingSpec
 from tenants.policies import kv_token_time
 
@@ -67,16 +67,20 @@ def job_counts(msg: pb.JobSpec) -> JobCounts:
         NodeCounts(len(node.chat.messages), len(node.sampling.stop), len(node.depends_on))
         for node in msg.nodes
     ]
-    templates = [t for node in msg.nodes for t in _templates(node)]
-    return JobCounts(nodes, len(msg.inputs), *template_counts(templates))
+    return JobCounts(nodes, len(msg.inputs))
 
 
 def generate_counts(msg: pb.GenerateRequest) -> JobCounts:
     """A Generate request's counts, read before anything is converted: its one node's
-    messages (or prompt) become inputs one for one, each placed by a placeholder of the
+    messages (or prompt) become inputs one for one, each placed by a template of the
     gateway's own (`_single_call`), so the messages are the count to check."""
     messages = len(msg.chat.messages) if msg.WhichOneof("input") == "chat" else 0
-    return JobCounts([NodeCounts(messages, len(msg.sampling.stop), 0)], 1, 0, 1)
+    return JobCounts([NodeCounts(messages, len(msg.sampling.stop), 0)], 1)
+
+
+def job_templates(msg: pb.JobSpec) -> list[str]:
+    """The request's templates as written (`check_templates`; its counts checked first)."""
+    return [t for node in msg.nodes for t in _templates(node)]
 
 
 def _templates(msg: pb.NodeSpec) -> list[str]:

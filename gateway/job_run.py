@@ -22,8 +22,9 @@ and a watch from `s` gets every retained event with sequence >= `s`.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
 import anyio
@@ -338,8 +339,7 @@ class JobRun:
         """Like `watch`, but all the durable events logged since the last batch at once. Stops
         early when the job is detached (the caller reads on from the journal)."""
         seen = from_sequence
-        self._watchers += 1
-        try:
+        with self.watching():
             while not stop() and not self.detached:
                 if seen < self._durable:
                     start = bisect.bisect_right(self.events, seen, key=lambda e: e.sequence)
@@ -350,6 +350,14 @@ class JobRun:
                     return
                 else:
                     await self._changed.wait()
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Count a watcher while the block runs: the token deltas it may still read are kept
+        (once the job has ended with no watcher, its ended nodes' deltas are dropped)."""
+        self._watchers += 1
+        try:
+            yield
         finally:
             self._watchers -= 1
             if self.ended and not self._watchers:

@@ -114,7 +114,8 @@ class Journaling(OwnsTasks):
         """Journal the job's events from now on (those it has are in the journal already)."""
         run.epoch = owned.token
         run.journal = self._record
-        self._owned[run.job_id] = _Job(owned, run)
+        # a job taken over from its snapshot has had the events since it already
+        self._owned[run.job_id] = _Job(owned, run, run.last_sequence - run.log_start)
 
     def _record(self, run: JobRun, event: JobEvent) -> None:
         self._pending.setdefault(run.job_id, []).append(event)

@@ -56,18 +56,21 @@ from gateway.gateway_protos import (
     generate_counts,
     job_counts,
     job_spec_from_proto,
+    job_templates,
     job_to_proto,
     sampling_from_proto,
     usage,
 )
 from gateway.job_run import JobEnded, JobEvent, JobRun, NodeState, TokensAdded
 from gateway.jobs import (
+    PLACEHOLDERS_PER_NODE,
     ChatMessage,
     JobLimits,
     JobSpec,
     NodeSpec,
     check_counts,
     check_node_count,
+    check_templates,
     validate_job,
 )
 from gateway.journal import KeyTaken, Owned
@@ -89,8 +92,10 @@ READ_PAGE = 512  # events a watch reads from the journal at once (between them t
 def limits_for(
     quota: TenantQuota, max_prompt_chars: int, models: frozenset[str] = frozenset()
 ) -> JobLimits:
+    max_nodes = quota.max_nodes_per_job or JobLimits().max_nodes
     return JobLimits(
-        max_nodes=quota.max_nodes_per_job or JobLimits().max_nodes,
+        max_nodes=max_nodes,
+        max_placeholders=PLACEHOLDERS_PER_NODE * max_nodes,
         max_tokens_ceiling=quota.max_tokens_ceiling,
         max_prompt_chars=max_prompt_chars,
         models=models,
@@ -272,13 +277,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         a snapshot), then from the journal (another replica runs it, or it was read from
         there), until it has ended or `stop()`."""
         seen = after
-        async for events in self._history(run, seen, run.log_start, stop):
-            seen = events[-1].sequence
-            yield run, events
-        async for batch in run.watch_batches(seen, stop):
-            if batch:
-                seen = batch[-1].sequence
-                yield run, batch
+        with run.watching():  # from the start: the deltas after the history are kept for it
+            async for events in self._history(run, seen, run.log_start, stop):
+                seen = events[-1].sequence
+                yield run, events
+            async for batch in run.watch_batches(seen, stop):
+                if batch:
+                    seen = batch[-1].sequence
+                    yield run, batch
         if not run.detached or self.journaling is None or stop():
             return
         journal = self.journaling.journal
@@ -308,6 +314,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             journal = self.journaling.journal
             page = await journal.read(run.tenant_id, run.job_id, after, None, READ_PAGE)
             events = [event for event in page if event.sequence <= until]
+            if not events and not run.detached:
+                return  # the journal dropped the job this replica still holds: its own log
             if not events:
                 # dropped as its tenant's ended jobs passed their bounds: nothing more comes
                 raise NotFound(f"job {run.job_id!r} is no longer kept")
@@ -324,11 +332,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         return limits_for(quota, self.dispatcher.config.max_prompt_chars, self.dispatcher.models)
 
     async def _spec(self, tenant_id: str, msg: pb.JobSpec) -> JobSpec:
-        """The request's job, converted once its node count and then its other counts are
-        known to be within the tenant's limits (`check_node_count`, `check_counts`)."""
+        """The request's job, converted once its node count, then its other counts, then its
+        templates' size are known to be within the tenant's limits, each bounding what the
+        next reads (`check_node_count`, `check_counts`, `check_templates`)."""
         limits = self._limits(await self._quota(tenant_id))
         check_node_count(len(msg.nodes), limits)
         check_counts(job_counts(msg), limits)
+        check_templates(job_templates(msg), limits)
         return job_spec_from_proto(msg)
 
     @grpc_edge

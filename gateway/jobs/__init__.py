@@ -21,18 +21,20 @@ from gateway.jobs.template import (
     rendered_chars,
 )
 from gateway.jobs.validation import (
+    PLACEHOLDERS_PER_NODE,
     JobCounts,
     JobLimits,
     NodeCounts,
     check_counts,
     check_node_count,
+    check_templates,
     input_sizes,
     oversized_prompt,
-    template_counts,
     validate_job,
 )
 
 __all__ = [
+    "PLACEHOLDERS_PER_NODE",
     "ChatMessage",
     "Dag",
     "DagCyclic",
@@ -50,12 +52,12 @@ __all__ = [
     "TemplateUnresolved",
     "check_counts",
     "check_node_count",
+    "check_templates",
     "input_sizes",
     "oversized_prompt",
     "references",
     "render",
     "render_node",
     "rendered_chars",
-    "template_counts",
     "validate_job",
 ]

@@ -46,7 +46,10 @@ _IDENTIFIER = re.compile(IDENTIFIER)
 _CYCLE_SHOWN = 8  # ids of a cycle spelt out in its violation before eliding the rest
 _SHOWN_CHARS = 32  # of an id, name or placeholder quoted in a violation
 _VIOLATION_BYTES = 4096  # UTF-8 of the violations' fields and descriptions, all together
-_CYCLES_FOUND = 32  # cycles looked for and reported: more would not fit in _VIOLATION_BYTES
+# a job's placeholders (`JobLimits.max_placeholders`) on average a node: a tenant allowed more
+# nodes uses more
+PLACEHOLDERS_PER_NODE = 16
+_CYCLES_SHOWN = 32  # cycles reported (one more is looked for, to say that there are more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +78,7 @@ class JobLimits:
     # and every check and render works per placeholder, whatever they render to (a placeholder
     # may render to nothing, so the rendered size bounds neither)
     max_job_template_chars: int = 4_194_304
-    max_placeholders: int = 4096
+    max_placeholders: int = PLACEHOLDERS_PER_NODE * 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,30 +90,21 @@ class NodeCounts:
 
 @dataclass(frozen=True, slots=True)
 class JobCounts:
-    """What the checks of a job's size need before any work per item: each repeated field's
-    length, and its templates' characters and placeholders. The servicers read them off a
-    request before converting it (a 16 MiB request holds millions of items, each converted and
-    checked at microseconds), once its node count is known to be within the limit
-    (`check_node_count`)."""
+    """Each repeated field's length: what every later check of a job works through item by
+    item. The servicers read them off a request before converting it (a 16 MiB request holds
+    millions of items, each converted and checked at microseconds), once its node count is
+    known to be within the limit (`check_node_count`), so reading them costs a step a node."""
 
     nodes: Sequence[NodeCounts]
     inputs: int
-    template_chars: int
-    placeholders: int
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobCounts:
-        templates = [t for node in spec.nodes for _, t in node.templates()]
         nodes = [
             NodeCounts(len(node.messages or ()), len(node.sampling.stop), len(node.depends_on))
             for node in spec.nodes
         ]
-        return cls(nodes, len(spec.inputs), *template_counts(templates))
-
-
-def template_counts(templates: Sequence[str]) -> tuple[int, int]:
-    """The templates' characters and placeholders (each `{{`) together."""
-    return sum(map(len, templates)), sum(t.count("{{") for t in templates)
+        return cls(nodes, len(spec.inputs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +134,7 @@ class _Job:
         try:  # the cycles are looked for only when the order cannot place every node
             dag, cycles = Dag.build(known), []
         except DagCyclic:
-            dag, cycles = None, find_cycles(known, _CYCLES_FOUND)
+            dag, cycles = None, find_cycles(known, _CYCLES_SHOWN + 1)
         return cls(spec, limits, first_index, edges, input_chars, prompt_chars, cycles, dag)
 
 
@@ -166,6 +160,7 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
     limits = limits or JobLimits()
     check_node_count(len(spec.nodes), limits)
     check_counts(JobCounts.of(spec), limits)
+    check_templates([t for node in spec.nodes for _, t in node.templates()], limits)
     job = _Job.of(spec, limits)
     violations = [
         *_check_job_fields(spec, job.limits),
@@ -198,14 +193,9 @@ def check_node_count(count: int, limits: JobLimits) -> None:
 
 
 def check_counts(counts: JobCounts, limits: JobLimits) -> None:
-    """Raise JobInvalid for a job with more of any repeated item than its limits allow, or
-    more template text or placeholders: every later check works per item (the graph's per
-    dependency), so these come first."""
-    violations = [
-        *_over("inputs", counts.inputs, limits.max_inputs, "inputs"),
-        *_over("nodes", counts.template_chars, limits.max_job_template_chars, "template chars"),
-        *_over("nodes", counts.placeholders, limits.max_placeholders, "placeholders ({{) in all"),
-    ]
+    """Raise JobInvalid for a job with more of any repeated item than its limits allow: every
+    later check works per item (the graph's per dependency), so these come first."""
+    violations = list(_over("inputs", counts.inputs, limits.max_inputs, "inputs"))
     for i, node in enumerate(counts.nodes):
         at = f"nodes[{i}]"
         violations += [
@@ -215,6 +205,19 @@ def check_counts(counts: JobCounts, limits: JobLimits) -> None:
         ]
     if violations:
         raise JobInvalid(_bounded(violations))
+
+
+def check_templates(templates: Sequence[str], limits: JobLimits) -> None:
+    """Raise JobInvalid for a job whose templates as written hold more characters or
+    placeholders (each `{{`) than its limits allow; asked once the counts are known to be
+    within theirs (`check_counts`), so the templates are at most a node's messages a node."""
+    chars, placeholders = sum(map(len, templates)), sum(t.count("{{") for t in templates)
+    violations = [
+        *_over("nodes", chars, limits.max_job_template_chars, "template chars"),
+        *_over("nodes", placeholders, limits.max_placeholders, "placeholders ({{) in all"),
+    ]
+    if violations:
+        raise JobInvalid(violations)
 
 
 def _over(field: str, count: int, limit: int, what: str) -> Iterator[FieldViolation]:
@@ -421,10 +424,12 @@ def _check_stop(at: str, stop: Sequence[str], limits: JobLimits) -> Iterator[Fie
 
 
 def _check_graph(job: _Job) -> Iterator[FieldViolation]:
-    for cycle in job.cycles:
+    for cycle in job.cycles[:_CYCLES_SHOWN]:
         index = job.first_index[cycle[-1]]
         closing = job.spec.nodes[index].depends_on.index(cycle[0])
         yield FieldViolation(f"nodes[{index}].depends_on[{closing}]", _describe_cycle(cycle))
+    if len(job.cycles) > _CYCLES_SHOWN:
+        yield FieldViolation("nodes", f"more dependency cycles than the {_CYCLES_SHOWN} shown")
     dag = job.dag
     if dag is None or not dag.order:
         return

@@ -150,3 +150,17 @@ def test_the_first_cancel_decides_whether_calls_cut_short_are_charged(first: boo
     assert not run.ended
     run.cancel(0.3, "second", charge=not first)
     assert run.charge_cut_short is first
+
+
+def test_a_watcher_keeps_the_deltas_of_a_job_that_ends_while_it_reads() -> None:
+    """A watch counts from its start, before it reads anything (a replica that took the job
+    over reads the events before its snapshot from the journal first): the job ending meanwhile
+    keeps the token deltas it has still to read, and drops them once nobody watches."""
+    run = make_run(("a", ()))
+    run.start(0.0)
+    run.mark_running("a", 2, 0.1)
+    run.add_tokens("a", "hi", (1,), 0.2)
+    with run.watching():
+        run.finish_node("a", NodeState.SUCCEEDED, 0.3)
+        assert run.ended and any(isinstance(e.body, TokensAdded) for e in run.events)
+    assert not any(isinstance(e.body, TokensAdded) for e in run.events)
