@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from fairgate.v1 import gateway_pb2 as pb
 from gateway.gateway_protos import job_to_proto
 from gateway.job_run import JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
@@ -106,12 +107,23 @@ async def journaled_job(
         await _durable(run, seen)
 
 
-async def read_elsewhere(journal: RedisJournal, run: JobRun) -> int:
-    """Another replica's GetJob: the job as the journal has it, and the reply; returns how
-    many events it replayed after the snapshot."""
-    view = await journal.load(TENANT, run.job_id)
-    assert view is not None and job_to_proto(view) == job_to_proto(run)
+async def _read(journal: RedisJournal, job_id: str) -> tuple[JobRun, pb.Job]:
+    """Another replica's GetJob: the job as the journal has it, and the reply."""
+    view = await journal.load(TENANT, job_id)
+    assert view is not None
+    return view, job_to_proto(view)
+
+
+def _replayed(view: JobRun, reply: pb.Job, run: JobRun) -> int:
+    """How many events a read replayed after the snapshot, its reply checked against the
+    owner's (outside the read's time)."""
+    assert reply == job_to_proto(run)
     return view.last_sequence - view.log_start
+
+
+async def read_elsewhere(journal: RedisJournal, run: JobRun) -> int:
+    """Another replica's GetJob of the run's job, checked; how many events it replayed."""
+    return _replayed(*await _read(journal, run.job_id), run)
 
 
 async def _answer(run: JobRun) -> object:
@@ -143,9 +155,9 @@ async def measure(
     reads, answers, after_snapshot = [], [], []
     try:
         async for run in journaled_job(journal, nodes, tokens, per_delta):
-            read_ms, replayed = await _timed(read_elsewhere(journal, run))
+            read_ms, (view, reply) = await _timed(_read(journal, run.job_id))
             reads.append(read_ms)
-            after_snapshot.append(replayed)
+            after_snapshot.append(_replayed(view, reply, run))
             answers.append((await _timed(_answer(run)))[0])
         replay_all = [(await _timed(_replay_all(journal, run)))[0] for _ in range(repeats)]
     finally:
