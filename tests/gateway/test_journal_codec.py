@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.job_run import ENDED, JobEvent, JobRun, NodeState
@@ -75,6 +75,9 @@ def lived(draw: st.DrawFn) -> tuple[JobRun, list[JobEvent]]:
     return run, logged
 
 
+# a job's life is drawn step by step: an example may take longer than the 200 ms default on a
+# machine busy with the rest of the suite, which says nothing about the codec
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lived(), st.data())
 def test_a_snapshot_and_the_events_after_it_replay_as_every_event_does(
     lived: tuple[JobRun, list[JobEvent]], data: st.DataObject
