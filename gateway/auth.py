@@ -5,10 +5,18 @@ The interceptor wraps every fairgate handler so that, when the call runs, the ke
 put in context variables for the handler; a bad key aborts with UNAUTHENTICATED, a tenant
 key on the Admin service with PERMISSION_DENIED. Health and reflection stay open.
 
+The request is parsed only once its key has passed: gRPC hands the handler the raw bytes, so a
+caller without a key cannot make the event loop parse a message of up to `max_message_bytes`
+(a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
+calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT.
+
 Failed authentications are throttled per peer address: each failure takes a token from the
 peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
 calls with RESOURCE_EXHAUSTED + RetryInfo (reason AUTH_RATE_LIMITED) before the store is asked,
-so guessing keys is slow and costs the store nothing. Known keys are cached for `cache_ttl_s`;
+so guessing keys is slow and costs the store nothing. A key that passed within the last hour
+is not a guess: it is checked as usual whatever its peer's bucket holds, so a caller guessing
+from a shared address (a load balancer, a NAT) does not lock out the tenants behind it (a key
+never seen before waits for the bucket there). Known keys are cached for `cache_ttl_s`;
 `forget_key` and `forget_tenant` drop them at once when a key is revoked or a tenant deleted.
 """
 
@@ -23,8 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from cachetools import TTLCache
+from google.protobuf.message import DecodeError
 
-from gateway.errors import AuthThrottled, PermissionDenied, Unauthenticated, abort_with
+from gateway.errors import (
+    AuthThrottled,
+    MalformedRequest,
+    PermissionDenied,
+    Unauthenticated,
+    abort_with,
+)
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
 
@@ -34,6 +49,7 @@ ADMIN = "__admin__"
 ADMIN_PREFIX = "/fairgate.v1.Admin/"
 OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 FAILURES_PER_MINUTE = 30
+PASSED_KEYS_KEPT_S = 3600.0  # how long a key that passed is exempt from its peer's throttle
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
 else:
@@ -95,12 +111,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         admin_key: str,
         cache_ttl_s: float = 5.0,
         throttle: FailureThrottle | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
         self.throttle = throttle or FailureThrottle()
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
-        self._known: TTLCache[str, Caller] = TTLCache(maxsize=65_536, ttl=cache_ttl_s)
+        self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
+        # digests of the keys that passed lately: not guesses, so never throttled
+        self._passed: TTLCache[str, bool] = TTLCache(65_536, PASSED_KEYS_KEPT_S, timer=clock)
 
     def forget_key(self, key_id: str) -> None:
         for digest in [d for d, c in self._known.items() if c.key_id == key_id]:
@@ -125,14 +144,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _wrap(handler, lambda peer: self._caller(credential, admin, peer))
 
     async def _caller(self, credential: str, admin: bool, peer: str) -> Caller:
-        retry = self.throttle.retry_after(peer)
-        if retry is not None:
-            raise AuthThrottled(retry)
+        digest = hash_key(credential)
+        if digest not in self._passed:
+            retry = self.throttle.retry_after(peer)
+            if retry is not None:
+                raise AuthThrottled(retry)
         try:
-            return await self._check(credential, admin)
+            caller = await self._check(credential, admin)
         except Unauthenticated:
+            self._passed.pop(digest, None)
             self.throttle.failed(peer)
             raise
+        self._passed[digest] = True
+        return caller
 
     async def _check(self, credential: str, admin: bool) -> Caller:
         if not credential:
@@ -160,27 +184,28 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
 
 def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handler:
+    parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda raw: raw)
+    # without a deserializer, gRPC passes the handlers the request's bytes as they came
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
 
-        async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             tokens = await _authenticate(caller, context)
             try:
-                return await inner(request, context)
+                return await inner(await _parsed(parse, raw, context), context)
             finally:
                 _reset(tokens)
 
-        return grpc.unary_unary_rpc_method_handler(
-            unary, handler.request_deserializer, handler.response_serializer
-        )
+        return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
     if handler.unary_stream is not None:
         inner_stream: Any = handler.unary_stream
 
         async def stream(
-            request: Any, context: grpc.aio.ServicerContext[Any, Any]
+            raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
             tokens = await _authenticate(caller, context)
             try:
+                request = await _parsed(parse, raw, context)
                 async for response in inner_stream(request, context):
                     yield response
             finally:
@@ -189,9 +214,7 @@ def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handl
                 with contextlib.suppress(ValueError):
                     _reset(tokens)
 
-        return grpc.unary_stream_rpc_method_handler(
-            stream, handler.request_deserializer, handler.response_serializer
-        )
+        return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
     return handler  # no client-streaming RPCs in fairgate
 
 
@@ -206,6 +229,15 @@ async def _authenticate(
     except Exception as exc:  # refusals and the store failing: translated once, at the edge
         await abort_with(context, exc)
     return CALLER.set(found.tenant_id), CALLER_KEY.set(found.key_id)
+
+
+async def _parsed(
+    parse: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+) -> Any:
+    try:
+        return parse(raw)
+    except DecodeError as exc:
+        await abort_with(context, MalformedRequest(f"the request does not parse: {exc}"))
 
 
 def _reset(tokens: _Tokens) -> None:

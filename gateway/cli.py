@@ -27,6 +27,7 @@ BENCHES = {
     "replicas": "bench.replicas.cli",
     "backlog": "bench.backlog",
     "journal": "bench.journal",
+    "strangers": "bench.strangers",
 }
 
 

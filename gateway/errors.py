@@ -54,6 +54,10 @@ class FieldsInvalid(ValueError):
         super().__init__(f"invalid request: {summary}")
 
 
+class MalformedRequest(ValueError):
+    """Request bytes that are not the method's message."""
+
+
 class NotFound(Exception):
     """The named object does not exist for this caller (other tenants' jobs included)."""
 
@@ -140,7 +144,10 @@ def to_status(exc: BaseException) -> status_pb2.Status:
             code_pb2.RESOURCE_EXHAUSTED, "AUTH_RATE_LIMITED", str(exc), exc.retry_after_s
         )
     simple: list[tuple[type[BaseException] | tuple[type[BaseException], ...], int]] = [
-        ((InvalidRequest, QuotaInvalid, RequestInvalid, TenantInvalid), code_pb2.INVALID_ARGUMENT),
+        (
+            (InvalidRequest, MalformedRequest, QuotaInvalid, RequestInvalid, TenantInvalid),
+            code_pb2.INVALID_ARGUMENT,
+        ),
         ((NotFound, TenantNotFound), code_pb2.NOT_FOUND),
         ((TenantExists, CallClosed, IdempotencyConflict), code_pb2.ALREADY_EXISTS),
         ((AuthFailed, Unauthenticated), code_pb2.UNAUTHENTICATED),

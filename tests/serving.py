@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 import grpc
 
 from gateway.auth import AuthInterceptor
-from tenants import QuotaStore
+from tenants import MemoryQuotaStore, QuotaStore
 
 ADMIN_KEY = "fgadmin_test-admin-key"
 AddService = Callable[[grpc.aio.Server], None]
@@ -27,3 +27,15 @@ async def serving(store: QuotaStore, *services: AddService) -> AsyncIterator[str
         yield f"127.0.0.1:{port}"
     finally:
         await server.stop(grace=None)
+
+
+class CountingStore(MemoryQuotaStore):
+    """The memory store, counting the keys it is asked to check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.authentications = 0
+
+    async def authenticate(self, plaintext: str) -> str:
+        self.authentications += 1
+        return await super().authenticate(plaintext)

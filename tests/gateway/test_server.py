@@ -353,6 +353,36 @@ async def test_missing_or_wrong_key_is_unauthenticated(harness: Harness) -> None
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+NOT_A_MESSAGE = b"\xff\xff\xff\xff"  # a field number of zero: no message parses from it
+
+
+@pytest.mark.parametrize("method", ["GetJob", "WatchJob"])
+async def test_a_request_is_parsed_only_once_its_key_passes(harness: Harness, method: str) -> None:
+    """A caller without a key cannot make the gateway parse a message (up to 16 MiB of
+    repeated fields, hundreds of milliseconds of the event loop): bytes that are no message
+    are refused for the key first; with a good key, as what they are."""
+    path = f"/fairgate.v1.Gateway/{method}"
+    call = (
+        harness.channel.unary_unary(path)
+        if method == "GetJob"
+        else harness.channel.unary_stream(path)
+    )
+    for metadata, code in (
+        ((), grpc.StatusCode.UNAUTHENTICATED),
+        ((("authorization", "Bearer fg_nope_nope"),), grpc.StatusCode.UNAUTHENTICATED),
+        (harness.auth("alpha"), grpc.StatusCode.INVALID_ARGUMENT),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            reply = call(NOT_A_MESSAGE, metadata=metadata)
+            if method == "GetJob":
+                await reply
+            else:
+                async for _ in reply:
+                    pass
+        assert caught.value.code() == code
+    assert "does not parse" in (caught.value.details() or "")
+
+
 async def test_idempotency_key_returns_the_same_job(harness: Harness) -> None:
     spec = pb.JobSpec(nodes=[node("a", "x")], idempotency_key="k-1")
     first = await harness.stub.SubmitJob(

@@ -20,6 +20,7 @@ from gateway.settings import Settings
 from tenants import MemoryQuotaStore, Tenant, TenantQuota
 from tests.gateway.conftest import ADMIN_KEY, sim_core
 from tests.reliability.harness import Reliable, reliable_gateway, roots
+from tests.serving import CountingStore
 
 pytestmark = pytest.mark.anyio
 SLOW = 0.01  # a simulated step: a 200-token call runs about 2 s
@@ -100,34 +101,53 @@ async def test_a_deleted_tenant_stops_at_once_and_its_id_starts_clean() -> None:
         await h.unharmed()
 
 
-class CountingStore(MemoryQuotaStore):
-    def __init__(self) -> None:
-        super().__init__()
-        self.authentications = 0
-
-    async def authenticate(self, plaintext: str) -> str:
-        self.authentications += 1
-        return await super().authenticate(plaintext)
+async def guesses(h: Reliable, count: int) -> list[grpc.aio.AioRpcError]:
+    """`count` calls with a key nobody issued, from the test's address; their refusals."""
+    guess = (("authorization", "Bearer fg_0123456789abcdef_" + "a" * 43),)
+    refusals = []
+    for _ in range(count):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=guess)
+        refusals.append(refused.value)
+    return refusals
 
 
 async def test_failed_authentications_are_throttled_per_peer() -> None:
     store = CountingStore()
     async with reliable_gateway(store=store, auth_failures_per_minute=5) as h:
         await h.tenant("acme")
-        h.keys["guess"] = "fg_0123456789abcdef_" + "a" * 43
-        codes = []
-        for _ in range(8):
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=h.auth("guess"))
-            codes.append(refused.value.code())
-        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5 + [
+        refusals = await guesses(h, 8)
+        assert [r.code() for r in refusals] == [grpc.StatusCode.UNAUTHENTICATED] * 5 + [
             grpc.StatusCode.RESOURCE_EXHAUSTED
         ] * 3
         assert store.authentications == 5  # throttled guesses never reach the store
-        status = rpc_status.from_call(refused.value)
+        status = rpc_status.from_call(refusals[-1])
         assert status is not None
         kinds = [d for d in status.details if d.Is(error_details_pb2.RetryInfo.DESCRIPTOR)]
         assert kinds
+
+
+async def test_a_guesser_on_a_shared_address_does_not_lock_out_keys_that_passed() -> None:
+    """Behind a load balancer every caller has its address: a guesser emptying that address's
+    bucket must not refuse the tenants whose keys passed, only keys not seen yet."""
+    store = CountingStore()
+    async with reliable_gateway(store=store, auth_failures_per_minute=3) as h:
+        await h.tenant("acme")
+        await h.tenant("newcomer")
+        await h.serving()  # the bystander's key passes
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:  # acme's key passes, its job is not
+            await h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=h.auth("acme"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        refusals = await guesses(h, 4)
+        assert refusals[-1].code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # its address is throttled
+        for tenant, code in (
+            ("acme", grpc.StatusCode.NOT_FOUND),  # served as before
+            ("newcomer", grpc.StatusCode.RESOURCE_EXHAUSTED),  # not seen yet: a guess
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=h.auth(tenant))
+            assert caught.value.code() == code
+        await h.unharmed()
 
 
 def make_certs(directory: Path) -> dict[str, Path]:

@@ -1,0 +1,185 @@
+"""`fairgate bench strangers`: what callers without a key cost the tenants.
+
+A gateway (this process; the simulated engine with instant steps, the memory store) serves one
+tenant's client, in a process of its own, sending single-call `Generate` requests one after
+another for `--seconds`: first alone, then while `--strangers` concurrent callers in a third
+process send requests with no key as fast as they are refused. Each stranger's request is the
+worst a message of `max_message_bytes` (16 MiB) can be to parse: millions of empty chat
+messages, over a second of the gateway's one event loop were it parsed. The failure throttle is
+off, as it would be for strangers on many addresses. Figures: the tenant's
+calls per second and call time p50 / p99, alone and beside the strangers (medians over
+`--repeats` runs), and the strangers' requests per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+import numpy as np
+
+from bench.gateway_overhead import one_call
+from fairgate.v1 import gateway_pb2 as pb
+from fairgate.v1 import gateway_pb2_grpc
+from gateway.server import running_gateway
+from gateway.settings import Settings
+from tenants import MemoryQuotaStore, TenantQuota
+
+EMPTY_MESSAGE_BYTES = 2  # a repeated message field's tag and a zero length
+
+
+@dataclass(frozen=True, slots=True)
+class StrangersRun:
+    alone_calls_per_s: float
+    beside_calls_per_s: float
+    alone_p50_ms: float
+    alone_p99_ms: float
+    beside_p50_ms: float
+    beside_p99_ms: float
+    stranger_requests_per_s: float
+
+
+def worst_request(max_message_bytes: int) -> bytes:
+    """A GenerateRequest just within the message limit, of as many empty chat messages as fit."""
+    request = pb.GenerateRequest()
+    for _ in range(max_message_bytes // EMPTY_MESSAGE_BYTES - 16):
+        request.chat.messages.add()
+    return request.SerializeToString()
+
+
+async def _tenant_calls(port: int, key: str, seconds: float) -> list[float]:
+    metadata = (("authorization", f"Bearer {key}"),)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        for _ in range(20):  # warm-up: the connection, the code paths
+            await one_call(stub, metadata)
+        latencies: list[float] = []
+        with anyio.move_on_after(seconds):
+            while True:
+                latencies.append(await one_call(stub, metadata))
+        return latencies
+
+
+def _tenant_process(port: int, key: str, seconds: float, out: Any) -> None:
+    out.put(anyio.run(_tenant_calls, port, key, seconds))
+
+
+async def _strangers(port: int, strangers: int, size: int, out: Any, stop: Any) -> None:
+    body = worst_request(size)
+    options = [("grpc.max_send_message_length", size)]
+    sent = 0
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        generate: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+            "/fairgate.v1.Gateway/Generate"
+        )
+
+        async def stranger() -> None:
+            nonlocal sent
+            while not stop.is_set():
+                try:
+                    async for _ in generate(body):
+                        pass
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                        raise
+                sent += 1
+                if sent == strangers:
+                    out.put(None)  # every stranger is sending
+
+        start = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(strangers):
+                tg.start_soon(stranger)
+        out.put(sent / (anyio.current_time() - start))
+
+
+def _strangers_process(port: int, strangers: int, size: int, out: Any, stop: Any) -> None:
+    anyio.run(_strangers, port, strangers, size, out, stop)
+
+
+def _ms(latencies: list[float]) -> tuple[float, float]:
+    ms = np.array(latencies) * 1e3
+    return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
+
+
+async def measure(seconds: float, strangers: int, message_bytes: int) -> StrangersRun:
+    """One run: the tenant alone, then beside the strangers."""
+    # no failure throttle: every stranger's request is checked, as from strangers on many
+    # addresses (one address is throttled after a few tries)
+    settings = Settings(
+        port=0,
+        simulated_engine=True,
+        policy="justitia",
+        auth_failures_per_minute=10**9,
+        max_message_bytes=message_bytes,
+    )
+    store = MemoryQuotaStore()
+    await store.create_tenant("t", "t", TenantQuota())
+    key = (await store.issue_key("t"))[1]
+    context = multiprocessing.get_context("spawn")
+    async with running_gateway(settings, store=store) as gateway:
+        port = gateway.port
+
+        async def tenant() -> list[float]:
+            results = context.Queue()
+            process = context.Process(target=_tenant_process, args=(port, key, seconds, results))
+            process.start()
+            latencies: list[float] = await anyio.to_thread.run_sync(results.get)
+            await anyio.to_thread.run_sync(process.join)
+            return latencies
+
+        alone = await tenant()
+        news, stop = context.Queue(), context.Event()
+        size = settings.max_message_bytes
+        flood = context.Process(target=_strangers_process, args=(port, strangers, size, news, stop))
+        flood.start()
+        await anyio.to_thread.run_sync(news.get)  # every stranger has been refused once
+        beside = await tenant()
+        stop.set()
+        rate: float = await anyio.to_thread.run_sync(news.get)
+        await anyio.to_thread.run_sync(flood.join)
+    rates = (len(alone) / seconds, len(beside) / seconds)
+    return StrangersRun(*rates, *_ms(alone), *_ms(beside), rate)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10.0, help="each phase's length")
+    parser.add_argument("--strangers", type=int, default=4, help="concurrent callers, no key")
+    parser.add_argument(
+        "--message-bytes", type=int, default=Settings().max_message_bytes, help="the limit"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    runs = [
+        anyio.run(measure, args.seconds, args.strangers, args.message_bytes)
+        for _ in range(args.repeats)
+    ]
+    figures = {
+        name: statistics.median(getattr(r, name) for r in runs)
+        for name in StrangersRun.__dataclass_fields__
+    }
+    print(
+        f"a tenant's calls/s, p50 / p99: alone {figures['alone_calls_per_s']:.0f}, "
+        f"{figures['alone_p50_ms']:.1f} / {figures['alone_p99_ms']:.1f} ms; beside "
+        f"{args.strangers} strangers ({figures['stranger_requests_per_s']:.1f} requests/s of "
+        f"{args.message_bytes} bytes) {figures['beside_calls_per_s']:.1f}, "
+        f"{figures['beside_p50_ms']:.1f} / {figures['beside_p99_ms']:.1f} ms "
+        f"(median of {len(runs)} runs)"
+    )
+    if args.json:
+        result = {**figures, "runs": [asdict(r) for r in runs], "args": vars(args)}
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The key check's throttle, on an injected clock: who is refused when a peer's bucket is empty."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.auth import PASSED_KEYS_KEPT_S, AuthInterceptor, FailureThrottle
+from gateway.errors import AuthThrottled, Unauthenticated
+from tenants import TenantQuota
+from tests.fake_clock import FakeClock
+from tests.serving import CountingStore
+
+pytestmark = pytest.mark.anyio
+ADMIN_KEY = "admin-key-for-tests-0123456789abcdef"
+PEER = "ipv4:10.0.0.1"  # a load balancer: every caller's address
+GUESS = "Bearer fg_0123456789abcdef_" + "a" * 43
+
+
+async def test_a_key_that_passed_is_checked_again_after_its_cache_whatever_the_bucket() -> None:
+    store, clock = CountingStore(), FakeClock(0.0)
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key = "Bearer " + (await store.issue_key("acme"))[1]
+    throttle = FailureThrottle(per_minute=2, clock=clock)
+    auth = AuthInterceptor(store, ADMIN_KEY, cache_ttl_s=5.0, throttle=throttle, clock=clock)
+    assert (await auth._caller(key, False, PEER)).tenant_id == "acme"
+    for _ in range(2):
+        with pytest.raises(Unauthenticated):
+            await auth._caller(GUESS, False, PEER)
+    with pytest.raises(AuthThrottled):
+        await auth._caller(GUESS, False, PEER)
+    clock.now = 6.0  # past the cache: the key is asked of the store again, not refused
+    asked = store.authentications
+    assert (await auth._caller(key, False, PEER)).tenant_id == "acme"
+    assert store.authentications == asked + 1
+    await store.delete_tenant("acme")  # revoked: it fails, and is a guess from then on
+    clock.now = 12.0
+    with pytest.raises(Unauthenticated):
+        await auth._caller(key, False, PEER)
+    with pytest.raises(AuthThrottled):
+        await auth._caller(key, False, PEER)
+
+
+async def test_a_key_is_exempt_only_for_a_while_after_it_passed() -> None:
+    store, clock = CountingStore(), FakeClock(0.0)
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key = "Bearer " + (await store.issue_key("acme"))[1]
+    throttle = FailureThrottle(per_minute=1, clock=clock)
+    auth = AuthInterceptor(store, ADMIN_KEY, throttle=throttle, clock=clock)
+    await auth._caller(key, False, PEER)
+    clock.now = PASSED_KEYS_KEPT_S + 1.0
+    with pytest.raises(Unauthenticated):
+        await auth._caller(GUESS, False, PEER)
+    with pytest.raises(AuthThrottled):
+        await auth._caller(key, False, PEER)
