@@ -447,9 +447,11 @@ class Dispatcher(OwnsTasks):
         if self.paused:
             return
         for lane in self.lanes.values():
+            granting = False  # a grant asked now carries the heads as they are when it goes
             while (dispatch := lane.core.next(self.clock(), lane.capacities())) is not None:
                 entry = dispatch.entry
                 if dispatch.taken:
+                    granting |= dispatch.needs_grant
                     self.tasks.start_soon(self._take, entry, dispatch.needs_grant)
                 else:
                     self._start(entry)
@@ -457,7 +459,8 @@ class Dispatcher(OwnsTasks):
                 self.backends[victim.backend].abort(victim.call.call_id)
                 if self.metrics is not None:
                     self.metrics.yielded(victim.call.tenant_id)
-            if lane.core.gated and self._heads(lane).outdated(self._published.get(lane.model)):
+            published = self._published.get(lane.model)
+            if lane.core.gated and not granting and self._heads(lane).outdated(published):
                 self._share_changed.set()
 
     async def _take(self, entry: Entry, grant: bool) -> None:

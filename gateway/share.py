@@ -59,10 +59,12 @@ class Heads:
 
     def outdated(self, published: Heads | None) -> bool:
         """Whether these heads must be published at once in place of `published`: a tenant
-        came or went, or one of its jobs here now comes earlier in the pool's order. An offset
-        that grew goes with the next exchange: meanwhile the others only defer a little longer
-        to a tenant that asks for its calls as soon as it has room."""
-        if published is None or self.active != published.active:
+        came, began or stopped waiting, or one of its jobs here now comes earlier in the pool's
+        order. A tenant gone from here and an offset that grew go with the next exchange (within
+        a third of the heads' lifetime): meanwhile the others only defer a little longer to a
+        tenant that asks for its calls as soon as it has room, and the pool takes the tenant
+        gone for active a moment longer (it is not lifted should it come back meanwhile)."""
+        if published is None or not set(self.active) <= set(published.active):
             return True
         if self.waiting.keys() != published.waiting.keys():
             return True

@@ -147,8 +147,11 @@ def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
     published = Heads(("t1", "t2"), {"t1": 10.0})
     assert Heads(("t1", "t2"), {"t1": 5.0}).outdated(published)
     assert not Heads(("t1", "t2"), {"t1": 20.0}).outdated(published)
-    assert Heads(("t1", "t2"), {"t1": 20.0, "t2": 0.0}).outdated(published)
-    assert Heads(("t1",), {"t1": 10.0}).outdated(published)
+    assert Heads(("t1", "t2"), {"t1": 20.0, "t2": 0.0}).outdated(published)  # t2 waits
+    assert Heads(("t1", "t2"), {}).outdated(published)  # t1 waits no more
+    assert Heads(("t1", "t2", "t3"), {"t1": 10.0}).outdated(published)  # t3 came
+    # t2 went: it goes with the next exchange, whatever it is
+    assert not Heads(("t1",), {"t1": 10.0}).outdated(published)
     assert published.outdated(None)
 
 
