@@ -25,6 +25,7 @@ from gateway.job_run import (
     NodeState,
     TokensAdded,
 )
+from gateway.jobs.model import JobSpec
 
 _JOB_TIMES = ("started_at", "finished_at")
 # a node's fields in a snapshot, in order; a PENDING node has never changed and is left out
@@ -110,6 +111,9 @@ def restore_snapshot(run: JobRun, text: str) -> None:
     run.replayed_to(record["q"])
 
 
+SUBMISSION_WITHOUT_SPEC = ("job_id", "tenant_id", "created_at", "key_id", "fingerprint", "streamed")
+
+
 @dataclass(frozen=True, slots=True)
 class Submission:
     """What a replica needs besides the events to stand a job up again."""
@@ -120,7 +124,7 @@ class Submission:
     key_id: str
     fingerprint: str
     streamed: bool
-    spec: str  # the JobSpec proto, base64
+    spec: str  # the JobSpec proto, base64 ('' when read without it: `SUBMISSION_WITHOUT_SPEC`)
 
     @classmethod
     def of(cls, run: JobRun) -> Submission:
@@ -155,12 +159,16 @@ class Submission:
             fields["key_id"],
             fields["fingerprint"],
             fields["streamed"] == "1",
-            fields["spec"],
+            fields.get("spec", ""),
         )
 
-    def run(self) -> JobRun:
-        """A fresh JobRun of this submission, before any event."""
-        spec = job_spec_from_proto(pb.JobSpec.FromString(base64.b64decode(self.spec)))
+    def decoded_spec(self) -> JobSpec:
+        return job_spec_from_proto(pb.JobSpec.FromString(base64.b64decode(self.spec)))
+
+    def run(self, spec: JobSpec | None = None) -> JobRun:
+        """A fresh JobRun of this submission, before any event; `spec`: its spec, decoded
+        already (a job's spec never changes)."""
+        spec = spec or self.decoded_spec()
         run = JobRun(self.job_id, self.tenant_id, spec, self.created_at)
         run.key_id, run.fingerprint, run.streamed = self.key_id, self.fingerprint, self.streamed
         return run

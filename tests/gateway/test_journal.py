@@ -119,6 +119,43 @@ async def _run_to_end(journal: RedisJournal, run: JobRun, output: str = "x") -> 
     assert run.ended
 
 
+async def test_a_job_read_again_keeps_its_decoded_spec_and_sees_what_came_since(
+    redis_prefix: str,
+) -> None:
+    """A job's spec never changes, so a replica decodes it once; the rest is read each time,
+    and a job the journal dropped is not found, however its spec was kept."""
+    one = RedisJournal(REDIS_URL, "one", prefix=redis_prefix, max_ended_per_tenant=1)
+    two = RedisJournal(REDIS_URL, "two", prefix=redis_prefix)
+    try:
+        run = JobRun("job-1", "acme", two_calls(), 100.0)
+        owned = await one.create(run)
+        run.start(101.0)
+        run.mark_running("a", 7, 102.0)
+        assert await one.append([Batch(owned, run.events)]) == [True]
+        first = await two.load("acme", "job-1")
+        assert first is not None and first.nodes["a"].state is NodeState.RUNNING
+        sent = run.last_sequence
+        run.finish_node("a", NodeState.SUCCEEDED, 103.0)
+        assert await one.append([Batch(owned, run.events[sent:])]) == [True]
+        assert await one.ask_cancel("acme", "job-1")
+        again = await two.load("acme", "job-1")
+        assert again is not None and again.spec is first.spec  # decoded once
+        assert again.nodes["a"].state is NodeState.SUCCEEDED
+        assert again.last_sequence == run.last_sequence
+        claimed = await two.claim("acme", "job-1")  # its lease runs: not claimed
+        assert claimed is None
+        sent = run.last_sequence
+        run.mark_running("b", 1, 104.0)
+        run.finish_node("b", NodeState.SUCCEEDED, 105.0)
+        assert await one.append([Batch(owned, run.events[sent:], run.ended)]) == [True]
+        for i in (2, 3):  # ended jobs past the tenant's bound of 1 are dropped
+            await _run_to_end(one, JobRun(f"job-{i}", "acme", two_calls(), 100.0))
+        assert await two.load("acme", "job-1") is None
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
 @pytest.mark.parametrize("bound", ["count", "bytes"])
 async def test_a_tenants_ended_jobs_are_kept_within_their_bounds(
     redis_prefix: str, bound: str
