@@ -88,13 +88,19 @@ class FailureThrottle:
         self.clock = clock
         self._buckets: TTLCache[str, _Bucket] = TTLCache(maxsize=65_536, ttl=3600, timer=clock)
 
-    def retry_after(self, peer: str) -> float | None:
-        """Seconds until the peer may try again, or None when it may now."""
+    def take(self, peer: str) -> float | None:
+        """Take a token for an attempt whose outcome is not known yet (attempts made at once
+        must not all pass one check): None when taken, else the seconds until one is there."""
         level = self._level(peer)
-        return None if level >= 1 else (1 - level) * 60 / self.per_minute
+        if level < 1:
+            return (1 - level) * 60 / self.per_minute
+        self._buckets[peer] = _Bucket(level - 1, self.clock())
+        return None
 
-    def failed(self, peer: str) -> None:
-        self._buckets[peer] = _Bucket(self._level(peer) - 1, self.clock())
+    def give_back(self, peer: str) -> None:
+        """The attempt passed: its token was not a failure's."""
+        level = min(float(self.per_minute), self._level(peer) + 1)
+        self._buckets[peer] = _Bucket(level, self.clock())
 
     def _level(self, peer: str) -> float:
         bucket = self._buckets.get(peer)
@@ -144,17 +150,26 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _wrap(handler, lambda peer: self._caller(credential, admin, peer))
 
     async def _caller(self, credential: str, admin: bool, peer: str) -> Caller:
-        digest = hash_key(credential)
-        if digest not in self._passed:
-            retry = self.throttle.retry_after(peer)
+        try:  # the key itself, however its header is spelled, so that one key is one entry
+            digest = hash_key(bearer_token(credential))
+        except AuthFailed:
+            digest = ""
+        exempt = digest in self._passed
+        if not exempt:
+            retry = self.throttle.take(peer)
             if retry is not None:
                 raise AuthThrottled(retry)
         try:
             caller = await self._check(credential, admin)
         except Unauthenticated:
             self._passed.pop(digest, None)
-            self.throttle.failed(peer)
             raise
+        except BaseException:
+            if not exempt:
+                self.throttle.give_back(peer)  # not a failed authentication
+            raise
+        if not exempt:
+            self.throttle.give_back(peer)
         self._passed[digest] = True
         return caller
 

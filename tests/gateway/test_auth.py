@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from gateway.auth import PASSED_KEYS_KEPT_S, AuthInterceptor, FailureThrottle
@@ -52,3 +54,42 @@ async def test_a_key_is_exempt_only_for_a_while_after_it_passed() -> None:
         await auth._caller(GUESS, False, PEER)
     with pytest.raises(AuthThrottled):
         await auth._caller(key, False, PEER)
+
+
+async def test_one_key_is_one_exempt_entry_however_its_header_is_spelled() -> None:
+    """Spellings of one key must not fill the exempt keys and push the others out."""
+    store = CountingStore()
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key = (await store.issue_key("acme"))[1]
+    auth = AuthInterceptor(store, ADMIN_KEY)
+    for spelling in ("Bearer ", "bearer ", "BEARER  ", "bEaReR    "):
+        assert (await auth._caller(spelling + key, False, PEER)).tenant_id == "acme"
+    assert len(auth._passed) == 1
+
+
+class Yielding(CountingStore):
+    """A store whose lookups take a turn of the loop, as a real one's do."""
+
+    async def authenticate(self, plaintext: str) -> str:
+        await anyio.lowlevel.checkpoint()
+        return await super().authenticate(plaintext)
+
+
+async def test_guesses_made_at_once_take_their_tokens_before_the_store_answers() -> None:
+    store, clock = Yielding(), FakeClock(0.0)
+    auth = AuthInterceptor(store, ADMIN_KEY, throttle=FailureThrottle(2, clock), clock=clock)
+    outcomes: list[type[Exception]] = []
+
+    async def guess() -> None:
+        try:
+            await auth._caller(GUESS, False, PEER)
+        except (Unauthenticated, AuthThrottled) as exc:
+            outcomes.append(type(exc))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(guess)
+    assert store.authentications == 2  # the bucket's two tokens, not ten lookups
+    assert sorted(o.__name__ for o in outcomes) == ["AuthThrottled"] * 8 + ["Unauthenticated"] * 2
+    clock.now = 60.0  # the bucket refilled, and was never driven below empty
+    assert auth.throttle.take(PEER) is None
