@@ -3,7 +3,8 @@
 The interceptor wraps every fairgate handler so that, when the call runs, the key is checked
 (tenant keys against the quota store, the admin key for `fairgate.v1.Admin`) and the caller is
 put in context variables for the handler; a bad key aborts with UNAUTHENTICATED, a tenant
-key on the Admin service with PERMISSION_DENIED. Health and reflection stay open.
+key on the Admin service with PERMISSION_DENIED. Health and reflection stay open, for messages
+of up to `OPEN_MESSAGE_BYTES` (a service or file name): a larger one is refused unparsed.
 
 The request is parsed only once its key has passed: gRPC hands the handler the raw bytes, so a
 caller without a key cannot make the event loop parse a message of up to `max_message_bytes`
@@ -49,6 +50,7 @@ ADMIN = "__admin__"
 ADMIN_PREFIX = "/fairgate.v1.Admin/"
 OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 FAILURES_PER_MINUTE = 30
+OPEN_MESSAGE_BYTES = 64 * 1024  # a health or reflection request names a service or a file
 PASSED_KEYS_KEPT_S = 3600.0  # how long a key that passed is exempt from its peer's throttle
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -142,8 +144,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     ) -> Handler | None:
         handler = await continuation(details)
         method: str = details.method
-        if handler is None or method.startswith(OPEN_PREFIXES):
-            return handler
+        if handler is None:
+            return None
+        if method.startswith(OPEN_PREFIXES):
+            return _bounded(handler)
         metadata = dict(details.invocation_metadata or ())
         credential = str(metadata.get("authorization", ""))
         admin = method.startswith(ADMIN_PREFIX)
@@ -196,6 +200,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return Caller(await self.store.authenticate(key), key_id_of(key))
         except AuthFailed:
             raise Unauthenticated("invalid API key") from None
+
+
+def _bounded(handler: Handler) -> Handler:
+    """The open handler, refusing a message over OPEN_MESSAGE_BYTES before it is parsed."""
+    parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda raw: raw)
+
+    def bounded(raw: bytes) -> Any:
+        if len(raw) > OPEN_MESSAGE_BYTES:
+            raise ValueError(f"a message of {len(raw)} bytes, over {OPEN_MESSAGE_BYTES}")
+        return parse(raw)
+
+    return handler._replace(request_deserializer=bounded)  # type: ignore[attr-defined,no-any-return]
 
 
 def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handler:

@@ -430,6 +430,16 @@ async def test_a_one_token_generate_is_one_response(harness: Harness) -> None:
     assert responses[0].usage.output_tokens == 1
 
 
+async def test_an_open_service_parses_no_large_message(harness: Harness) -> None:
+    """Health and reflection need no key: a message over a service name's size is refused
+    before it is parsed; one of a name's size is answered."""
+    stub = health_pb2_grpc.HealthStub(harness.channel)
+    for size, code in ((1_000, grpc.StatusCode.NOT_FOUND), (70_000, grpc.StatusCode.UNKNOWN)):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Check(health_pb2.HealthCheckRequest(service="x" * size))
+        assert caught.value.code() == code
+
+
 async def test_health_reports_serving(harness: Harness) -> None:
     stub = health_pb2_grpc.HealthStub(harness.channel)
     reply = await stub.Check(health_pb2.HealthCheckRequest(service="fairgate.v1.Gateway"))
