@@ -126,16 +126,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self.throttle = throttle or FailureThrottle()
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
-        # digests of the keys that passed lately: not guesses, so never throttled
-        self._passed: TTLCache[str, bool] = TTLCache(65_536, PASSED_KEYS_KEPT_S, timer=clock)
+        # the same digests, of the keys that passed lately: not guesses, so never throttled
+        self._passed: TTLCache[str, Caller] = TTLCache(65_536, PASSED_KEYS_KEPT_S, timer=clock)
 
     def forget_key(self, key_id: str) -> None:
-        for digest in [d for d, c in self._known.items() if c.key_id == key_id]:
-            self._known.pop(digest, None)
+        self._forget(lambda caller: caller.key_id == key_id)
 
     def forget_tenant(self, tenant_id: str) -> None:
-        for digest in [d for d, c in self._known.items() if c.tenant_id == tenant_id]:
+        self._forget(lambda caller: caller.tenant_id == tenant_id)
+
+    def _forget(self, whose: Callable[[Caller], bool]) -> None:
+        for digest in [d for d, c in self._passed.items() if whose(c)]:
             self._known.pop(digest, None)
+            self._passed.pop(digest, None)
 
     async def intercept_service(
         self,
@@ -174,7 +177,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             raise
         if not exempt:
             self.throttle.give_back(peer)
-        self._passed[digest] = True
+        self._passed[digest] = caller
         return caller
 
     async def _check(self, credential: str, admin: bool) -> Caller:

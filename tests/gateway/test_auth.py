@@ -93,3 +93,20 @@ async def test_guesses_made_at_once_take_their_tokens_before_the_store_answers()
     assert sorted(o.__name__ for o in outcomes) == ["AuthThrottled"] * 8 + ["Unauthenticated"] * 2
     clock.now = 60.0  # the bucket refilled, and was never driven below empty
     assert auth.throttle.take(PEER) is None
+
+
+async def test_a_revoked_key_is_exempt_no_more() -> None:
+    """A key revoked on this replica is a guess from then on, before its next check fails."""
+    store, clock = CountingStore(), FakeClock(0.0)
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key = "Bearer " + (await store.issue_key("acme"))[1]
+    auth = AuthInterceptor(store, ADMIN_KEY, throttle=FailureThrottle(1, clock), clock=clock)
+    caller = await auth._caller(key, False, PEER)
+    with pytest.raises(Unauthenticated):
+        await auth._caller(GUESS, False, PEER)  # the address's bucket is empty
+    assert (await auth._caller(key, False, PEER)) == caller  # exempt
+    auth.forget_key(caller.key_id)
+    asked = store.authentications
+    with pytest.raises(AuthThrottled):
+        await auth._caller(key, False, PEER)
+    assert store.authentications == asked
