@@ -205,9 +205,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             raise Unauthenticated("invalid API key") from None
 
 
+def _parser(handler: Handler) -> Callable[[bytes], Any]:
+    """How the handler's requests are parsed (without a deserializer, gRPC passes the bytes)."""
+    return handler.request_deserializer or (lambda raw: raw)
+
+
 def _bounded(handler: Handler) -> Handler:
     """The open handler, refusing a message over OPEN_MESSAGE_BYTES before it is parsed."""
-    parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda raw: raw)
+    parse = _parser(handler)
 
     def bounded(raw: bytes) -> Any:
         if len(raw) > OPEN_MESSAGE_BYTES:
@@ -218,8 +223,7 @@ def _bounded(handler: Handler) -> Handler:
 
 
 def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handler:
-    parse: Callable[[bytes], Any] = handler.request_deserializer or (lambda raw: raw)
-    # without a deserializer, gRPC passes the handlers the request's bytes as they came
+    parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
 

@@ -11,6 +11,7 @@ only the events after it. Pure: no I/O.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from dataclasses import dataclass
 
@@ -111,9 +112,6 @@ def restore_snapshot(run: JobRun, text: str) -> None:
     run.replayed_to(record["q"])
 
 
-SUBMISSION_WITHOUT_SPEC = ("job_id", "tenant_id", "created_at", "key_id", "fingerprint", "streamed")
-
-
 @dataclass(frozen=True, slots=True)
 class Submission:
     """What a replica needs besides the events to stand a job up again."""
@@ -168,7 +166,12 @@ class Submission:
     def run(self, spec: JobSpec | None = None) -> JobRun:
         """A fresh JobRun of this submission, before any event; `spec`: its spec, decoded
         already (a job's spec never changes)."""
-        spec = spec or self.decoded_spec()
+        if spec is None:
+            spec = self.decoded_spec()
         run = JobRun(self.job_id, self.tenant_id, spec, self.created_at)
         run.key_id, run.fingerprint, run.streamed = self.key_id, self.fingerprint, self.streamed
         return run
+
+
+# the hash fields of a submission but its spec (a replica that has decoded the spec reads these)
+SUBMISSION_WITHOUT_SPEC = tuple(f.name for f in dataclasses.fields(Submission) if f.name != "spec")
