@@ -39,7 +39,8 @@ the pool (the same one only in a pool of one); lost again, it fails.
 
 A gated core (a pool shared with other gateway replicas, gateway/share.py) takes every call,
 even one reserved with its job, so that the caller first asks the pool's share for it: `charge`
-is what a grant costs its tenant (worst-case KV token-time per unit of weight), `granted` records
+is what a grant costs its tenant (worst-case KV token-time per unit of weight; nothing where the
+policy does not share by weight), `granted` records
 it with the call's key in the pool's order (the priority a shared server is told, so that what
 several replicas sent it runs in that order; not re-keyed later: a server takes a priority once),
 `retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
@@ -395,8 +396,11 @@ class DispatchCore(Generic[T]):
         """What a grant charges the call in the pool's share: its worst case, the KV token-time
         of its prompt and max_tokens, per unit of its tenant's weight (trued up when it ends).
         A prediction would do on average, but one that falls short lets a tenant take a whole
-        wave of freed slots before its calls' true cost is known: the worst case cannot."""
+        wave of freed slots before its calls' true cost is known: the worst case cannot. Nothing
+        for a policy that does not share by weight: its order is its jobs' own keys."""
         call = entry.call
+        if not self.policy.by_weight:
+            return 0.0
         return kv_token_time(call.prompt_tokens, call.max_tokens) / self._weight(call.tenant_id)
 
     def granted(self, call_id: str, tenant_id: str, charge: float, key: float) -> None:
@@ -417,7 +421,7 @@ class DispatchCore(Generic[T]):
             *(e.call.tenant_id for calls in (self.taking, self.running) for e in calls.values()),
         }
         shown = {t: self.ready.jobs(t) for t in self.unheld_tenants(now)}
-        job_offsets = self.policy.fair_offsets({job for jobs in shown.values() for job in jobs})
+        job_offsets = self.policy.pool_offsets({job for jobs in shown.values() for job in jobs})
         waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
 
@@ -439,12 +443,12 @@ class DispatchCore(Generic[T]):
 
     def offset(self, entry: CoreCall[T]) -> float:
         """Where the taken call's tenant stands in the pool's order here beyond its service: the
-        least offset (the policy's `fair_offsets`) of the call's job and of the tenant's jobs
+        least offset (the policy's `pool_offsets`) of the call's job and of the tenant's jobs
         with a ready call. The tenant asks at the place it is published at, so that it never
         holds the pool back at a key it does not ask at; which of its own jobs goes first is
         its own affair, as it is in the policy."""
         jobs = {entry.call.job_id, *self.ready.jobs(entry.call.tenant_id)}
-        job_offsets = self.policy.fair_offsets(jobs)
+        job_offsets = self.policy.pool_offsets(jobs)
         return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 
     def take_owed(self) -> dict[str, float]:

@@ -62,7 +62,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import HIDDEN_ARTIFACT, PromptModel
 from tenants import MemoryQuotaStore, QuotaStore, RedisQuotaStore
-from tenants.policies import WEIGHTED_POLICY_NAMES, make_serving_policy
+from tenants.policies import make_serving_policy
 
 log = logging.getLogger(__name__)
 SERVICES = (
@@ -203,11 +203,7 @@ async def running_gateway(
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,
         )
         planner = _planner(settings, pools)
-        shared_order = (
-            settings.store != "memory"
-            and not settings.per_replica_share
-            and settings.policy in WEIGHTED_POLICY_NAMES
-        )
+        shared_order = settings.store != "memory" and not settings.per_replica_share
         lanes = [
             make_lane(
                 pool.model,
@@ -224,7 +220,10 @@ async def running_gateway(
         share = None  # a client only where some pool is granted by it
         if any(lane.core.gated for lane in lanes):
             share = RedisShare(
-                settings.store, settings.replica(), slack_calls=settings.share_slack_calls
+                settings.store,
+                settings.replica(),
+                settings.policy,
+                slack_calls=settings.share_slack_calls,
             )
             stack.push_async_callback(share.aclose)
         genai = None

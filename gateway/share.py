@@ -1,27 +1,33 @@
-"""One pool's fair share across gateway replicas, kept in Redis and granted call by call.
+"""One pool's order across gateway replicas, kept in Redis and granted call by call.
 
 With the redis store every replica is fair to the whole deployment, not only to the jobs it
-happens to own. Each pool's service counters live in Redis: per tenant, the KV token-time its
-calls took divided by its weight (VTC's counter over the cost unit of docs/ARCHITECTURE.md §3).
-A replica publishes the tenants it has work for (`active`: ready, being sent or running) and,
-among them, those with a call it could send now (`waiting`: not held by a quota), each with an
-offset; each entry lapses `ttl_s` after it was published, so a dead replica's tenants stop
-counting within it.
+happens to own, and orders its calls as one gateway would. Each pool's service counters live in
+Redis: per tenant, the KV token-time its calls took divided by its weight (VTC's counter over
+the cost unit of docs/ARCHITECTURE.md §3). A replica publishes the tenants it has work for
+(`active`: ready, being sent or running) and, among them, those with a call it could send now
+(`waiting`: not held by a quota), each with an offset; each entry lapses `ttl_s` after it was
+published, so a dead replica's tenants stop counting within it.
 
 One order for the pool: a job's *key* is its tenant's counter plus the job's offset (the
-policy's `fair_offsets`: with justitia the predicted cost of its calls not yet granted per unit
+policy's `pool_offsets`: with justitia the predicted cost of its calls not yet granted per unit
 of weight; 0 with vtc, which orders tenants only). Under GPS every backlogged tenant's counter
 advances alike, so the key is the job's fair-share finish in the pool's units were it its
 tenant's only job, comparable across replicas: justitia's completion order made global, where
 each replica's own tags see only the jobs it owns. A waiting tenant is published, and asks, at
-the least offset of its jobs there. Before it sends a call of a fair-share policy (vtc, justitia) a
-replica asks for a grant: `share.lua` grants it and charges its worst-case cost, unless the call's
-key leads the lowest key waiting anywhere in the pool (other tenants, and its own tenant on other
-replicas) by more than `slack` mean charges; then the call waits and the replica sends its other
-tenants' calls, while the replica holding the lowest key takes the room. When the call ends, what it
-used beyond its grant (or short of it; everything for a call that never ran) is paid with the next
-exchange. A tenant that becomes active is lifted to the least-served active tenant (to the
-most-served with none active), so idle time banks no credit.
+the least offset of its jobs there. Before it sends a call a replica asks for a grant:
+`share.lua` grants it and charges its worst-case cost, unless the call's key leads the lowest
+key waiting anywhere in the pool (other tenants, and its own tenant on other replicas) by more
+than `slack` mean charges; then the call waits and the replica sends its other tenants' calls,
+while the replica holding the lowest key takes the room. When the call ends, what it used beyond
+its grant (or short of it; everything for a call that never ran) is paid with the next exchange.
+A tenant that becomes active is lifted to the least-served active tenant (to the most-served
+with none active), so idle time banks no credit.
+
+A policy that does not share by weight (fcfs, las) charges nothing, so every counter stays 0:
+the key is the job's own key in the policy's order (its arrival, its attained service), and as
+the mean charge is 0 the slack is too: the pool serves first come, first served (or least
+attained first) as one gateway would, where each replica alone would serve only its own jobs
+in that order and the server would interleave the replicas' queues.
 
 Why a slack: justitia's own guarantee lets a job end up to one largest call's service after its
 fair-share finish, so its order needs some room to pick; one mean call's lead leaves each
@@ -31,8 +37,9 @@ slack each replica's policy keeps its order (justitia's tags, its knee and chain
 jobs it owns.
 
 Redis unreachable: no grant, so no new dispatch (fail closed); a call waits for the store as a
-reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash tag:
-`<prefix>:{pool:<model>}:counters`, `:active`, `:waiting`.
+reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash tag and the
+policy (replicas of different policies do not share an order):
+`<prefix>:{pool:<model>}:<policy>:counters`, `:active`, `:waiting`.
 """
 
 from __future__ import annotations
@@ -106,6 +113,7 @@ class RedisShare(RedisClient):
         self,
         url: str,
         replica_id: str,
+        policy: str,
         *,
         ttl_s: float = ENTRY_TTL_S,
         slack_calls: float = SLACK_CALLS,
@@ -116,13 +124,14 @@ class RedisShare(RedisClient):
         if " " in replica_id:
             raise ValueError(f"a replica id holds no space, got {replica_id!r}")
         self.replica_id = replica_id
+        self.policy = policy
         self.ttl_s = ttl_s
         self.slack_calls = slack_calls
         self._prefix = prefix
         self._script = self._redis.register_script(_source())
 
     def keys(self, pool: str) -> list[str]:
-        base = f"{self._prefix}:{{pool:{pool}}}"
+        base = f"{self._prefix}:{{pool:{pool}}}:{self.policy}"
         return [f"{base}:counters", f"{base}:active", f"{base}:waiting"]
 
     @_fails_closed

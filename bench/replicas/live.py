@@ -3,8 +3,8 @@
 The live check's workload and tiny model (`bench/live`: the study's generator, scaled down,
 think delays removed; a random Llama that never stops) run on one `fairgate engine serve`
 process (the check's 1 MB of KV, its prefix cache on: a server has no switch for it), behind N
-gateway replicas in this process (redis store, so the pool's share grants every call of vtc and
-justitia), each tenant's jobs sent round robin over the replicas (`bench.live.replay.drive`).
+gateway replicas in this process (redis store, so the pool's order grants every call, whatever
+the policy), each tenant's jobs sent round robin over the replicas (`bench.live.replay.drive`).
 Every job is also run alone, one after another, through one replica of fcfs: a job's queueing
 is its JCT less that. For N = 1 and 3, every serving policy, `rounds` rounds in rotated order:
 average JCT and queueing per run; per N the policies ranked by their median average JCT, and

@@ -34,7 +34,6 @@ from tenants.policies.errors import (
 from tenants.policies.factory import (
     POLICY_NAMES,
     SERVING_POLICY_NAMES,
-    WEIGHTED_POLICY_NAMES,
     check_servable,
     make_policy,
     make_serving_policy,
@@ -48,7 +47,6 @@ from tenants.policies.vtc import VtcPolicy
 __all__ = [
     "POLICY_NAMES",
     "SERVING_POLICY_NAMES",
-    "WEIGHTED_POLICY_NAMES",
     "BookPolicy",
     "CallNotFound",
     "CallNotReady",

@@ -82,6 +82,9 @@ class Policy(Protocol):
     """
 
     name: str
+    # whether the policy shares the backends among tenants by weight (a shared pool charges
+    # each tenant's service per unit of its weight); otherwise its order is its jobs' own keys
+    by_weight: bool
 
     def add_job(self, job: JobInfo, now: float) -> None: ...
 
@@ -115,11 +118,13 @@ class Policy(Protocol):
 
     def priority(self, call_id: str) -> float: ...
 
-    def fair_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
-        """For each of these active jobs, the service its tenant must still receive (KV
-        token-time per unit of weight) before the job would end under the fair share, by this
-        policy's estimates; a job absent has none. A pool shared by several gateways orders jobs
-        across them by their tenant's service plus this (gateway/share.py); a policy that orders
-        tenants only, or jobs by anything else, gives none, so only its tenants' service counts
-        there. Asked for the jobs with a ready call on every dispatch pass: only those."""
+    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """For each of these active jobs, its place in a shared pool's order beyond its
+        tenant's service (gateway/share.py: several gateways order their calls as one by
+        `service + offset`, least first); a job absent has 0. By weight (`by_weight`): the
+        service its tenant must still receive (KV token-time per unit of weight) before the job
+        would end under the fair share, by this policy's estimates, or none for a policy that
+        orders tenants only. Otherwise there is no service, and the offset is the job's own
+        key in the policy's order (its arrival, its attained service). Asked for the jobs with
+        a ready call on every dispatch pass: only those."""
         ...

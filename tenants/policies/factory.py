@@ -29,9 +29,6 @@ _STUDY_ONLY = {
     "knows (it is the scheduling study's yardstick, `fairgate bench sched`)",
 }
 SERVING_POLICY_NAMES: tuple[str, ...] = tuple(n for n in POLICY_NAMES if n not in _STUDY_ONLY)
-# the policies that share the backends among tenants by weight: with several gateway replicas
-# their share is the whole pool's, granted in Redis (gateway/share.py); fcfs and las share nothing
-WEIGHTED_POLICY_NAMES: tuple[str, ...] = (VtcPolicy.name, JustitiaPolicy.name)
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:

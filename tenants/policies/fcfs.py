@@ -7,6 +7,8 @@ job's calls first. Invariant: none beyond the book's; the order is a pure functi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey
 
 
@@ -19,3 +21,8 @@ class FcfsPolicy(BookPolicy):
 
     def _job_priority(self, job: ActiveJob) -> float:
         return job.info.arrival
+
+    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """Each job's arrival: the gateways that share a pool serve it first come, first served
+        as one (their clocks agree as well as the hosts' wall clocks do)."""
+        return {job_id: self._job(job_id).info.arrival for job_id in job_ids}

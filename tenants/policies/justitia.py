@@ -90,6 +90,7 @@ def _capped(predicted_output: float, max_tokens: int) -> float:
 
 class JustitiaPolicy(BookPolicy):
     name = "justitia"
+    by_weight = True
 
     def __init__(self, *, pampered_jobs: int = PAMPERED_JOBS) -> None:
         if pampered_jobs < 1:
@@ -99,7 +100,7 @@ class JustitiaPolicy(BookPolicy):
         self._clock = FairShareClock()
         self._estimates: dict[str, dict[str, tuple[int, float]]] = {}  # job -> node -> (p, d)
         # job -> the estimated KV token-time of its nodes neither done nor running, kept as
-        # they change: `fair_offsets` is asked on every exchange with a shared pool's share
+        # they change: `pool_offsets` is asked on every exchange with a shared pool's share
         self._unsent: dict[str, float] = {}
         # job -> what is left of it; a job in `_stale` is recomputed at the next peek, which
         # also fixes `_drain` and `_ahead`
@@ -117,7 +118,7 @@ class JustitiaPolicy(BookPolicy):
         """The job's ideal finish in virtual time (comparable across all active jobs)."""
         return self._clock.tag(job_id)
 
-    def fair_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
         """Each job's predicted cost of its calls not yet dispatched, per unit of its tenant's
         weight: added to its tenant's service it is the job's fair-share finish were it its
         tenant's only job. A dispatched call is in its tenant's service already where the

@@ -12,6 +12,8 @@ present, is the critical-path maximum of it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tenants.policies.base import ReadyCall, kv_token_time
 from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
 
@@ -41,6 +43,11 @@ class LasPolicy(BookPolicy):
 
     def _job_priority(self, job: ActiveJob) -> float:
         return self.attained_service(job.info.job_id)
+
+    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+        """Each job's attained service: the gateways that share a pool serve the least attained
+        first as one (a starving job's precedence stays with its own gateway)."""
+        return {job_id: self.attained_service(job_id) for job_id in job_ids}
 
     def _standing(self, key: OrderKey) -> object:
         return key[0]  # a starving job's precedence is its own (see `_job_order`)

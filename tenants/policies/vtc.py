@@ -21,6 +21,7 @@ from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, Runnin
 
 class VtcPolicy(BookPolicy):
     name = "vtc"
+    by_weight = True
 
     def __init__(self, *, prompt_weight: float = 1.0, output_weight: float = 2.0) -> None:
         super().__init__()

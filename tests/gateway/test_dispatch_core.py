@@ -458,6 +458,22 @@ def test_justitia_s_heads_give_each_waiting_tenant_its_least_job_offset() -> Non
     assert core.offset(long_call.entry) == kv_token_time(16, 1)
 
 
+def test_first_come_first_served_is_granted_free_at_each_job_s_arrival() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("fcfs"), gated=True)
+    add_job(core, "late", now=7.0, tenant="t1")
+    add_job(core, "early", now=3.0, tenant="t1")
+    add_job(core, "other", now=5.0, tenant="t2")
+    assert core.heads(7.0) == (("t1", "t2"), {"t1": 3.0, "t2": 5.0})  # the least arrival
+    dispatch = core.next(7.0, {"x": room()})
+    assert dispatch is not None and dispatch.needs_grant
+    assert dispatch.entry.call.job_id == "early" and core.charge(dispatch.entry) == 0.0
+    assert core.offset(dispatch.entry) == 3.0
+    core.granted(dispatch.entry.call.call_id, "t1", 0.0, 3.0)
+    assert core.launched(dispatch.entry.call.call_id, 7.0) is not None
+    core.finished(dispatch.entry.call.call_id, 16, 16, 8.0)
+    assert core.take_owed() == {}  # nothing was charged, nothing is owed
+
+
 def test_a_granted_call_is_sent_at_its_key_in_the_pool_s_order() -> None:
     core: DispatchCore[str] = DispatchCore(make_policy("justitia"), gated=True)
     add_job(core, "a", nodes=2)

@@ -2,7 +2,8 @@
 job's key (its service plus the job's offset) leads the lowest key waiting on any replica by
 more than the slack; a tenant that becomes active is lifted, so idle time banks no credit; what
 ended calls owe is paid; a replica's heads are replaced by what it publishes next and lapse with
-their lifetime; an unreachable or closed store grants nothing."""
+their lifetime; an unreachable or closed store grants nothing. A policy that does not share by
+weight (fcfs) orders the pool by its jobs' own keys alone, apart from another policy's order."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ POOL = "m"
 
 @pytest.fixture
 async def replicas(redis_prefix: str) -> AsyncIterator[tuple[RedisShare, RedisShare]]:
-    a = RedisShare(REDIS_URL, "a", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
-    b = RedisShare(REDIS_URL, "b", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
+    a = RedisShare(REDIS_URL, "a", "vtc", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
+    b = RedisShare(REDIS_URL, "b", "vtc", slack_calls=2.0, ttl_s=60.0, prefix=redis_prefix)
     yield a, b
     await a.aclose()
     await b.aclose()
@@ -91,8 +92,8 @@ async def test_what_ended_calls_owe_is_paid_and_refunds_count(
 async def test_heads_are_replaced_by_the_next_publish_and_lapse_with_their_lifetime(
     redis_prefix: str,
 ) -> None:
-    a = RedisShare(REDIS_URL, "a", slack_calls=0.0, ttl_s=60.0, prefix=redis_prefix)
-    gone = RedisShare(REDIS_URL, "gone", slack_calls=0.0, ttl_s=0.0, prefix=redis_prefix)
+    a = RedisShare(REDIS_URL, "a", "vtc", slack_calls=0.0, ttl_s=60.0, prefix=redis_prefix)
+    gone = RedisShare(REDIS_URL, "gone", "vtc", slack_calls=0.0, ttl_s=0.0, prefix=redis_prefix)
     try:
         assert await a.exchange(POOL, waiting("t1"), {}, Ask("t1", 10.0))
         # another replica's t2 (at the lifted 10) is published with no lifetime left: it lapses
@@ -143,6 +144,31 @@ async def test_a_tenant_s_shorter_job_on_another_replica_comes_first(
     assert await a.exchange(POOL, mine, {}, Ask("t1", 10.0, 100.0))
 
 
+async def test_first_come_first_served_holds_across_replicas(redis_prefix: str) -> None:
+    a, b, weighted = (
+        RedisShare(REDIS_URL, name, policy, slack_calls=1.0, ttl_s=60.0, prefix=redis_prefix)
+        for name, policy in (("a", "fcfs"), ("b", "fcfs"), ("c", "vtc"))
+    )
+    try:
+        # a vtc replica's service in the pool is another order's: fcfs keys do not add it
+        assert await weighted.exchange(POOL, waiting("t1"), {}, Ask("t1", 1000.0))
+        # b's t2 has a job that came at 100; a's t1 one that came at 101
+        await b.exchange(POOL, Heads(("t2",), {"t2": 100.0}), {})
+        later = Heads(("t1",), {"t1": 101.0})
+        # nothing is charged, so the mean charge and the slack are 0: a second's lead waits
+        assert not await a.exchange(POOL, later, {}, Ask("t1", 0.0, 101.0))
+        assert await b.exchange(POOL, Heads(("t2",), {"t2": 100.0}), {}, Ask("t2", 0.0, 100.0))
+        assert not await a.exchange(POOL, later, {}, Ask("t1", 0.0, 101.0))  # t2 still waits
+        # b's next job of t2 came after a's: a goes first, at its arrival
+        await b.exchange(POOL, Heads(("t2",), {"t2": 102.0}), {})
+        assert await a.exchange(POOL, later, {}, Ask("t1", 0.0, 101.0)) == Grant(True, 101.0)
+        assert await a.counters(POOL) == {"t1": 0.0, "t2": 0.0}
+        assert await weighted.counters(POOL) == {"t1": 1000.0}
+    finally:
+        for share in (a, b, weighted):
+            await share.aclose()
+
+
 def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
     published = Heads(("t1", "t2"), {"t1": 10.0})
     assert Heads(("t1", "t2"), {"t1": 5.0}).outdated(published)
@@ -156,11 +182,11 @@ def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
 
 
 async def test_no_grant_without_the_store(redis_prefix: str) -> None:
-    unreachable = RedisShare("redis://127.0.0.1:1/0", "a", socket_timeout_s=0.2)
+    unreachable = RedisShare("redis://127.0.0.1:1/0", "a", "vtc", socket_timeout_s=0.2)
     with pytest.raises(ShareUnavailable, match="fair-share store unavailable"):
         await unreachable.exchange(POOL, waiting("t1"), {}, Ask("t1", 1.0))
     await unreachable.aclose()
-    closed = RedisShare(REDIS_URL, "a", prefix=redis_prefix)
+    closed = RedisShare(REDIS_URL, "a", "vtc", prefix=redis_prefix)
     await closed.aclose()
     with pytest.raises(ShareUnavailable):
         await closed.exchange(POOL, waiting("t1"), {}, Ask("t1", 1.0))
@@ -168,7 +194,7 @@ async def test_no_grant_without_the_store(redis_prefix: str) -> None:
 
 def test_a_replica_id_with_a_space_is_refused() -> None:
     with pytest.raises(ValueError, match="no space"):
-        RedisShare(REDIS_URL, "a b")
+        RedisShare(REDIS_URL, "a b", "vtc")
 
 
 async def test_each_exchange_is_one_round_trip(replicas: tuple[RedisShare, RedisShare]) -> None:

@@ -31,3 +31,11 @@ def test_later_jobs_are_preempted_first() -> None:
     submit(policy, make_job("late", arrival=2.0), now=2.0)
     dispatch_all(policy, 2.0)
     assert policy.priority("early/n") < policy.priority("late/n")
+
+
+def test_a_shared_pool_orders_jobs_by_their_arrival() -> None:
+    policy = FcfsPolicy()
+    submit(policy, make_job("early", arrival=1.0), now=1.0)
+    submit(policy, make_job("late", "t2", arrival=4.0), now=4.0)
+    assert not policy.by_weight  # nothing charged by weight: the arrival is the whole key
+    assert policy.pool_offsets(["late", "early"]) == {"late": 4.0, "early": 1.0}

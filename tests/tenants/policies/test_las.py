@@ -20,6 +20,19 @@ def test_served_jobs_yield_to_fresh_ones_whatever_their_predictions() -> None:
     assert dispatch_all(policy, 1.0) == ["new/n", "old/b"]
 
 
+def test_a_shared_pool_orders_jobs_by_their_attained_service() -> None:
+    policy = LasPolicy()
+    submit(policy, make_job("served", "t1", [make_node("a"), make_node("b")]))
+    submit(policy, make_job("fresh", "t2"))
+    policy.mark_dispatched("served/a", 0.0)
+    policy.on_progress("served/a", 7, 1.0)
+    assert not policy.by_weight
+    assert policy.pool_offsets(["served", "fresh"]) == {
+        "served": kv_token_time(100, 7),
+        "fresh": 0.0,
+    }
+
+
 def test_attained_service_is_the_critical_path_not_the_sum() -> None:
     policy = LasPolicy()
     fan = [make_node("x"), make_node("y"), make_node("join", ["x", "y"])]
