@@ -5,14 +5,18 @@ chosen once, so that it can be killed and started again where its clients look f
 own outbox file (what it could not settle waits there for its next start). Settings come as
 `FAIRGATE_*` variables and a TOML file for the `[[backends]]` tables; start-up waits for the
 line that says it serves. Stop is SIGTERM (it hands its jobs over), `kill` is SIGKILL.
+`running` starts several at once and stops them all when done.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+
+import anyio
 
 from bench.backends.process import ServerProcess, free_port
 from bench.paths import REPO_ROOT
@@ -89,3 +93,17 @@ class GatewayReplica:
 
     def stop(self) -> None:
         self._process.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(gateways: Sequence[GatewayReplica]) -> AsyncIterator[Sequence[GatewayReplica]]:
+    """The gateways started at once (each start waits until its process serves), and stopped
+    when the block ends, however it ends."""
+    try:
+        async with anyio.create_task_group() as tg:
+            for gateway in gateways:
+                tg.start_soon(anyio.to_thread.run_sync, gateway.start)
+        yield gateways
+    finally:
+        for gateway in gateways:
+            gateway.stop()

@@ -21,7 +21,7 @@ import grpc
 from redis.asyncio import Redis
 
 from bench.replicas import ADMIN_KEY
-from bench.replicas.gateways import GatewayReplica
+from bench.replicas.gateways import GatewayReplica, running
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2_grpc
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.backends.settings import BackendSettings
@@ -111,19 +111,13 @@ async def run_with_a_kill(
     redis_url: str, backends: Sequence[BackendSettings], directory: Path, jobs: int = 30
 ) -> KillRun:
     gateways = [GatewayReplica(f"r{i}", redis_url, directory, backends, SETTINGS) for i in range(3)]
-    try:
-        async with anyio.create_task_group() as tg:
-            for replica in gateways:
-                tg.start_soon(anyio.to_thread.run_sync, replica.start)
+    async with running(gateways):
         channels = [grpc.aio.insecure_channel(g.target) for g in gateways]
         try:
             run = await _drive(gateways, channels, jobs, redis_url)
         finally:
             for channel in channels:
                 await channel.close()
-    finally:
-        for replica in gateways:
-            replica.stop()
     return dataclasses.replace(run, warnings={g.name: g.warnings() for g in gateways})
 
 

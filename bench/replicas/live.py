@@ -3,24 +3,25 @@
 The live check's workload and tiny model (`bench/live`: the study's generator, scaled down,
 think delays removed; a random Llama that never stops) run on one `fairgate engine serve`
 process (the check's 1 MB of KV, its prefix cache on: a server has no switch for it), behind N
-gateway replicas in this process (redis store, so the pool's order grants every call, whatever
-the policy), each tenant's jobs sent round robin over the replicas (`bench.live.replay.drive`).
-Every job is also run alone, one after another, through one replica of fcfs: a job's queueing
-is its JCT less that. For N = 1 and 3, every serving policy, `rounds` rounds in rotated order:
-average JCT and queueing per run; per N the policies ranked by their median average JCT, and
-justitia's median queueing over fcfs's. As `bench/live` does, the clock is the engine's steps
-(the server's `fairgate:engine_steps_total`, read before and after each run): a JCT in steps is
-its seconds at the run's mean rate, a job alone takes the steps the engine ran for it; a machine
-shared by the engine, the gateways, Redis and the clients slows steps, which seconds carry and
-steps mostly do not. The same figures in seconds come beside them (`live_seconds_*`). With
-`priority` the server schedules its queue by the calls' priority (vLLM's `--scheduling-policy
-priority`; `fairgate engine serve` always does): a granted call's key in the pool's order, so
-that calls several replicas sent at once run in that order.
+`fairgate serve` processes (redis store, so the pool's order grants every call, whatever the
+policy; each replica a process of its own, as deployed: replicas in one process would share one
+event loop, so each added replica would slow the others' dispatch), each tenant's jobs sent
+round robin over the replicas (`bench.live.replay.drive`). Every job is also run alone, one
+after another, through one replica of fcfs: a job's queueing is its JCT less that. For N = 1 and
+3, every serving policy, `rounds` rounds in rotated order: average JCT and queueing per run; per
+N the policies ranked by their median average JCT, and justitia's median queueing over fcfs's.
+As `bench/live` does, the clock is the engine's steps (the server's
+`fairgate:engine_steps_total`, read before and after each run): a JCT in steps is its seconds at
+the run's mean rate, a job alone takes the steps the engine ran for it; a machine shared by the
+engine, the gateways, Redis and the clients slows steps, which seconds carry and steps mostly do
+not. The same figures in seconds come beside them (`live_seconds_*`). With `priority` the server
+schedules its queue by the calls' priority (vLLM's `--scheduling-policy priority`; `fairgate
+engine serve` always does): a granted call's key in the pool's order, so that calls several
+replicas sent at once run in that order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,12 +35,11 @@ from bench.engine_servers import server_metric
 from bench.live.check import LiveConfig, live_workload
 from bench.live.replay import drive, output_ceiling
 from bench.replicas import ADMIN_KEY
-from bench.replicas.share import start_replicas
+from bench.replicas.gateways import GatewayReplica, running
 from bench.workloads.format import Job
 from fairgate.results import Job as JobResult
 from fairgate.results import JobState
 from gateway.backends.settings import BackendSettings
-from gateway.settings import Settings
 
 POLICIES = ("fcfs", "vtc", "justitia", "las")
 STEPS = "fairgate:engine_steps_total"
@@ -74,21 +74,23 @@ async def _run(
     scale: float,
     ceiling: int,
 ) -> _Run:
-    """Each job's JCT through `replicas` gateways with `policy`, and the steps the engine ran."""
+    """Each job's JCT through `replicas` gateway processes with `policy`, and the steps the
+    engine ran."""
     assert backend.url is not None
-    async with contextlib.AsyncExitStack() as stack:
-        settings = Settings(
-            admin_key=ADMIN_KEY,
-            store=redis_url,
-            policy=policy,
-            backends=[backend],
-            default_temperature=0.0,
-            hidden_refine=False,
-        )
-        targets = await start_replicas(stack, settings, replicas, directory)
+    settings = {
+        "admin_key": ADMIN_KEY,
+        "policy": policy,
+        "default_temperature": "0.0",
+        "hidden_refine": "false",
+    }
+    gateways = [
+        GatewayReplica(f"live{replicas}-{i}", redis_url, directory, [backend], settings)
+        for i in range(replicas)
+    ]
+    async with running(gateways):
         steps_before = await server_metric(backend.url, STEPS)
         start = time.monotonic()
-        results, _ = await drive(targets, ADMIN_KEY, jobs, scale, ceiling)
+        results, _ = await drive([g.target for g in gateways], ADMIN_KEY, jobs, scale, ceiling)
         wall = time.monotonic() - start
         steps = await server_metric(backend.url, STEPS) - steps_before
     return _Run({job_id: _jct(result) for job_id, result in results.items()}, steps, wall)

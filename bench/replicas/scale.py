@@ -27,7 +27,7 @@ from bench.backends.process import free_port
 from bench.engine_servers import server_metric
 from bench.gateway_overhead import one_call
 from bench.replicas import ADMIN_KEY
-from bench.replicas.gateways import GatewayReplica
+from bench.replicas.gateways import GatewayReplica, running
 from fairgate import AdminClient
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.backends.settings import BackendSettings
@@ -80,14 +80,8 @@ async def measure_scale(
         )
         for i, port in enumerate(ports)
     ]
-    try:
-        async with anyio.create_task_group() as tg:
-            for gateway in gateways:
-                tg.start_soon(anyio.to_thread.run_sync, gateway.start)
+    async with running(gateways):
         return await _drive(gateways, ports, calls, clients, latency_calls)
-    finally:
-        for gateway in gateways:
-            gateway.stop()
 
 
 async def _drive(
