@@ -460,7 +460,8 @@ class Dispatcher(OwnsTasks):
                 if self.metrics is not None:
                     self.metrics.yielded(victim.call.tenant_id)
             published = self._published.get(lane.model)
-            if lane.core.gated and not granting and self._heads(lane).outdated(published):
+            exact = not lane.core.policy.by_weight  # no slack: a grown offset holds others back
+            if lane.core.gated and not granting and self._heads(lane).outdated(published, exact):
                 self._share_changed.set()
 
     async def _take(self, entry: Entry, grant: bool) -> None:
@@ -510,7 +511,9 @@ class Dispatcher(OwnsTasks):
         False when it must wait (it is ready again, its tenant held a moment)."""
         ticket = entry.payload
         call, lane = ticket.call, self._lane(ticket)
-        ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry))
+        if call.call_id not in lane.core.taking:  # its job ended while the grant was due
+            return False
+        ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry, self.clock()))
         grant = await retry_unavailable(
             lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
         )

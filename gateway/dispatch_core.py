@@ -40,9 +40,9 @@ the pool (the same one only in a pool of one); lost again, it fails.
 A gated core (a pool shared with other gateway replicas, gateway/share.py) takes every call,
 even one reserved with its job, so that the caller first asks the pool's share for it: `charge`
 is what a grant costs its tenant (worst-case KV token-time per unit of weight; nothing where the
-policy does not share by weight), `granted` records
-it with the call's key in the pool's order (the priority a shared server is told, so that what
-several replicas sent it runs in that order; not re-keyed later: a server takes a priority once),
+policy does not share by weight), `granted` records it with the call's key in the pool's order
+(the priority a shared server is told, so that what several replicas sent it runs in that order;
+not re-keyed later: a server takes a priority once),
 `retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
 tenants have work here and which could send a call now (not held by a quota). When an attempt
 that was granted ends, however it ends, what it used beyond its grant (all of it back for an
@@ -421,7 +421,8 @@ class DispatchCore(Generic[T]):
             *(e.call.tenant_id for calls in (self.taking, self.running) for e in calls.values()),
         }
         shown = {t: self.ready.jobs(t) for t in self.unheld_tenants(now)}
-        job_offsets = self.policy.pool_offsets({job for jobs in shown.values() for job in jobs})
+        ready_jobs = {job for jobs in shown.values() for job in jobs}
+        job_offsets = self.policy.pool_offsets(ready_jobs, now)
         waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
 
@@ -441,14 +442,14 @@ class DispatchCore(Generic[T]):
         itself wait, and must not raise the overload level that sheds every tenant."""
         return max(ready_at, self._quota_held.get(tenant_id, -math.inf))
 
-    def offset(self, entry: CoreCall[T]) -> float:
+    def offset(self, entry: CoreCall[T], now: float) -> float:
         """Where the taken call's tenant stands in the pool's order here beyond its service: the
         least offset (the policy's `pool_offsets`) of the call's job and of the tenant's jobs
         with a ready call. The tenant asks at the place it is published at, so that it never
         holds the pool back at a key it does not ask at; which of its own jobs goes first is
         its own affair, as it is in the policy."""
         jobs = {entry.call.job_id, *self.ready.jobs(entry.call.tenant_id)}
-        job_offsets = self.policy.pool_offsets(jobs)
+        job_offsets = self.policy.pool_offsets(jobs, now)
         return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 
     def take_owed(self) -> dict[str, float]:

@@ -124,10 +124,11 @@ class Settings(BaseSettings):
     replica_id: str = Field(default="", max_length=128)
     lease_ttl_s: float = Field(default=10.0, ge=0.5)
     job_retention_s: float = Field(default=86_400.0, ge=60.0)
-    # the pool's fair share across replicas (vtc, justitia; gateway/share.py): how far, in mean
-    # calls' cost, a tenant may lead the least-served tenant waiting anywhere in the pool
+    # the pool's order across replicas (gateway/share.py): how far, in mean calls' cost, a
+    # tenant may lead the least-served tenant waiting anywhere in the pool (vtc, justitia; fcfs
+    # and las charge nothing, so they lead by nothing)
     share_slack_calls: float = Field(default=SLACK_CALLS, ge=0.0)
-    # benchmarks only: each replica fair only to the jobs it owns, as before the pool's share
+    # benchmarks only: each replica orders only the jobs it owns, as before the pool's order
     # (`fairgate bench replicas` measures the error this makes)
     per_replica_share: bool = False
     # where calls run: `[[backends]]` tables in the TOML (gateway/backends/settings.py); none:

@@ -64,17 +64,21 @@ class Heads:
     # offset of its jobs with such a call
     waiting: Mapping[str, float]
 
-    def outdated(self, published: Heads | None) -> bool:
+    def outdated(self, published: Heads | None, exact: bool = False) -> bool:
         """Whether these heads must be published at once in place of `published`: a tenant
         came, began or stopped waiting, or one of its jobs here now comes earlier in the pool's
         order. A tenant gone from here and an offset that grew go with the next exchange (within
         a third of the heads' lifetime): meanwhile the others only defer a little longer to a
         tenant that asks for its calls as soon as it has room, and the pool takes the tenant
-        gone for active a moment longer (it is not lifted should it come back meanwhile)."""
+        gone for active a moment longer (it is not lifted should it come back meanwhile). With
+        `exact` (a policy that does not share by weight: no slack) an offset that grew goes at
+        once too, as the stale lower key would hold every other replica back outright."""
         if published is None or not set(self.active) <= set(published.active):
             return True
         if self.waiting.keys() != published.waiting.keys():
             return True
+        if exact:
+            return self.waiting != published.waiting
         return any(offset < published.waiting[t] for t, offset in self.waiting.items())
 
 

@@ -1,7 +1,7 @@
 """What N gateway replicas cost per call: throughput, added latency, CPU and Redis round trips.
 
-N `fairgate serve` processes (`gateways.py`, redis store, justitia: every call takes the
-pool's share) in front of one `fairgate engine serve --simulated` process with instant steps, so
+N `fairgate serve` processes (`gateways.py`, redis store, justitia; every call takes the
+pool's grant) in front of one `fairgate engine serve --simulated` process with instant steps, so
 everything measured is gateway. The clients, in this process, send single-call `Generate`
 requests of one output token, spread over the replicas round robin: first `latency_calls` one
 after another (no queueing: p50 / p99 of a call's time, the latency the gateway adds), then

@@ -1,19 +1,20 @@
--- share: one pool's fair share across every replica (gateway/share.py). A replica publishes the
+-- share: one pool's order across every replica (gateway/share.py). A replica publishes the
 -- tenants it has work for, pays what its ended calls owe, and may ask for one call's grant.
 -- KEYS[1] counters  hash  tenant -> service per unit of weight (KV token-time / weight);
 --                         '~mean': the moving mean of a grant's charge (tenant ids never hold '~')
 -- KEYS[2] active    zset  '<tenant> <replica>' -> when it lapses (ms): work ready, taken or running
 -- KEYS[3] waiting   zset  '<tenant> <replica> <offset>' -> when it lapses (ms): a ready call it
---                         could send; offset: the least of its jobs' there (gateway/share.py;
---                         per unit of weight; 0 for a policy that orders tenants only)
+--                         could send; offset: the least of its jobs' there (gateway/share.py:
+--                         per unit of weight, 0 for a policy that orders tenants only; the
+--                         job's own key for one that charges nothing, fcfs and las)
 -- ARGV[1] replica id  ARGV[2] entry ttl ms  ARGV[3] slack, in mean charges
 -- ARGV[4] tenant asking for a grant ('': none)  ARGV[5] its charge (cost / weight)
 -- ARGV[6] the offset the tenant asks at (its least there)
 -- ARGV[7] a: count of active tenants, then a tenant ids; then w: count of waiting ones, then w
 -- pairs of tenant id and offset; then pairs of tenant id, what it owes (charge per unit of
 -- weight; negative: a refund)
--- A job comes in the pool's order at its key, counter + offset: the service at which it would
--- end were it its tenant's only job.
+-- A job comes in the pool's order at its key, counter + offset: by weight, the service at which
+-- it would end were it its tenant's only job; otherwise (no charges, counters 0) its own key.
 -- Returns {1, key}: granted (charged), at the call's key | {0, lead}: the asking call's key
 -- leads the lowest key of another waiting entry by more than the slack | {2}: nothing asked
 local counters, active, waiting, me = KEYS[1], KEYS[2], KEYS[3], ARGV[1]

@@ -118,13 +118,13 @@ class Policy(Protocol):
 
     def priority(self, call_id: str) -> float: ...
 
-    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str], now: float) -> dict[str, float]:
         """For each of these active jobs, its place in a shared pool's order beyond its
         tenant's service (gateway/share.py: several gateways order their calls as one by
         `service + offset`, least first); a job absent has 0. By weight (`by_weight`): the
         service its tenant must still receive (KV token-time per unit of weight) before the job
         would end under the fair share, by this policy's estimates, or none for a policy that
         orders tenants only. Otherwise there is no service, and the offset is the job's own
-        key in the policy's order (its arrival, its attained service). Asked for the jobs with
-        a ready call on every dispatch pass: only those."""
+        key in the policy's order at `now` (its arrival, its attained service). Asked for the jobs
+        with a ready call on every dispatch pass: only those."""
         ...

@@ -98,7 +98,7 @@ class BookPolicy:
     """Base of every policy: validated bookkeeping plus hooks; subclasses define the order."""
 
     name: str
-    by_weight = False
+    by_weight: bool  # each policy says (see Policy)
 
     def __init__(self) -> None:
         self._jobs: dict[str, ActiveJob] = {}
@@ -253,7 +253,7 @@ class BookPolicy:
     def priority(self, call_id: str) -> float:
         return self._job_priority(self._owner(call_id))
 
-    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str], now: float) -> dict[str, float]:
         return {}
 
     # --- hooks and order, for subclasses ----------------------------------------------------

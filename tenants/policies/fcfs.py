@@ -14,6 +14,7 @@ from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey
 
 class FcfsPolicy(BookPolicy):
     name = "fcfs"
+    by_weight = False
 
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
         first = next(iter(job.ready))
@@ -22,7 +23,7 @@ class FcfsPolicy(BookPolicy):
     def _job_priority(self, job: ActiveJob) -> float:
         return job.info.arrival
 
-    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str], now: float) -> dict[str, float]:
         """Each job's arrival: the gateways that share a pool serve it first come, first served
         as one (their clocks agree as well as the hosts' wall clocks do)."""
         return {job_id: self._job(job_id).info.arrival for job_id in job_ids}

@@ -118,7 +118,7 @@ class JustitiaPolicy(BookPolicy):
         """The job's ideal finish in virtual time (comparable across all active jobs)."""
         return self._clock.tag(job_id)
 
-    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str], now: float) -> dict[str, float]:
         """Each job's predicted cost of its calls not yet dispatched, per unit of its tenant's
         weight: added to its tenant's service it is the job's fair-share finish were it its
         tenant's only job. A dispatched call is in its tenant's service already where the

@@ -17,9 +17,14 @@ from collections.abc import Iterable
 from tenants.policies.base import ReadyCall, kv_token_time
 from tenants.policies.bookkeeping import ActiveJob, BookPolicy, OrderKey, RunningCall
 
+# lowers a starving job's wait start (seconds) below any attained service (KV token-time, >= 0)
+# in a shared pool's order; at this size a double still tells waits 0.1 ms apart
+STARVING_OFFSET = -1e12
+
 
 class LasPolicy(BookPolicy):
     name = "las"
+    by_weight = False
 
     def __init__(self, *, starvation_wait: float | None = 60.0) -> None:
         if starvation_wait is not None and not starvation_wait > 0:
@@ -36,18 +41,34 @@ class LasPolicy(BookPolicy):
         return attained
 
     def _job_order(self, job: ActiveJob, now: float) -> OrderKey:
-        waited_since = self._ready_at[next(iter(job.ready))]
-        if self._starvation_wait is not None and now - waited_since > self._starvation_wait:
+        waited_since = self._starving_since(job, now)
+        if waited_since is not None:
             return (0.0, waited_since, job.info.arrival, job.info.job_id)
         return (1.0, self.attained_service(job.info.job_id), job.info.arrival, job.info.job_id)
+
+    def _starving_since(self, job: ActiveJob, now: float) -> float | None:
+        """When the job's oldest ready call became ready, if it has waited past the limit."""
+        waited_since = self._ready_at[next(iter(job.ready))]
+        if self._starvation_wait is not None and now - waited_since > self._starvation_wait:
+            return waited_since
+        return None
 
     def _job_priority(self, job: ActiveJob) -> float:
         return self.attained_service(job.info.job_id)
 
-    def pool_offsets(self, job_ids: Iterable[str]) -> dict[str, float]:
+    def pool_offsets(self, job_ids: Iterable[str], now: float) -> dict[str, float]:
         """Each job's attained service: the gateways that share a pool serve the least attained
-        first as one (a starving job's precedence stays with its own gateway)."""
-        return {job_id: self.attained_service(job_id) for job_id in job_ids}
+        first as one. A starving job comes before them all, the longest starving first: at when
+        it began to wait, lowered by `STARVING_OFFSET`."""
+        offsets = {}
+        for job_id in job_ids:
+            job = self._job(job_id)
+            waited_since = self._starving_since(job, now) if job.ready else None
+            if waited_since is not None:
+                offsets[job_id] = waited_since + STARVING_OFFSET
+            else:
+                offsets[job_id] = self.attained_service(job_id)
+        return offsets
 
     def _standing(self, key: OrderKey) -> object:
         return key[0]  # a starving job's precedence is its own (see `_job_order`)

@@ -17,6 +17,7 @@ from tenants.policies.errors import InvalidJob
 
 class SjfOraclePolicy(BookPolicy):
     name = "sjf-oracle"
+    by_weight = False
 
     def __init__(self) -> None:
         super().__init__()

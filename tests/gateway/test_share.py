@@ -179,6 +179,9 @@ def test_heads_are_published_at_once_when_a_tenant_comes_earlier_only() -> None:
     # t2 went: it goes with the next exchange, whatever it is
     assert not Heads(("t1",), {"t1": 10.0}).outdated(published)
     assert published.outdated(None)
+    # with no slack, an offset that grew is published at once too
+    assert Heads(("t1", "t2"), {"t1": 20.0}).outdated(published, exact=True)
+    assert not Heads(("t1", "t2"), {"t1": 10.0}).outdated(published, exact=True)
 
 
 async def test_no_grant_without_the_store(redis_prefix: str) -> None:

@@ -1,6 +1,7 @@
 """The pool's share fails closed: a replica whose Redis froze sends no new call to its shared
 backend (the call's grant cannot be had), the call fails once the reserve deadline passes, and
-when Redis returns the job ends with it failed, what ran settled and nothing held."""
+when Redis returns the job ends with it failed, what ran settled and nothing held. Whatever the
+policy: every one orders a shared pool through the grant."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ from tests.reliability.test_redis_outage import chain
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
 
-async def test_no_call_is_sent_without_the_pool_s_share(redis: RedisServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy", ["justitia", "fcfs", "las"])
+async def test_no_call_is_sent_without_the_pool_s_share(
+    redis: RedisServer, tmp_path: Path, policy: str
+) -> None:
     async with (
         engine_servers(tmp_path, 1, step_s=0.01) as (server,),
         reliable_gateway(
@@ -31,9 +35,11 @@ async def test_no_call_is_sent_without_the_pool_s_share(redis: RedisServer, tmp_
             replica_id="a",
             outbox_file=tmp_path / "outbox.jsonl",
             reserve_deadline_s=1.0,
+            policy=policy,
         ) as h,
     ):
-        assert h.gateway.dispatcher.share is not None  # a shared pool: every call is granted
+        share = h.gateway.dispatcher.share
+        assert share is not None and share.policy == policy  # a shared pool: every call granted
         await h.tenant("t1")
         job = await h.submit("t1", chain(2, 100))  # its first call runs for about a second
         dispatcher = h.gateway.dispatcher

@@ -38,4 +38,4 @@ def test_a_shared_pool_orders_jobs_by_their_arrival() -> None:
     submit(policy, make_job("early", arrival=1.0), now=1.0)
     submit(policy, make_job("late", "t2", arrival=4.0), now=4.0)
     assert not policy.by_weight  # nothing charged by weight: the arrival is the whole key
-    assert policy.pool_offsets(["late", "early"]) == {"late": 4.0, "early": 1.0}
+    assert policy.pool_offsets(["late", "early"], 4.0) == {"late": 4.0, "early": 1.0}

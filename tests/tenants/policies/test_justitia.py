@@ -11,7 +11,6 @@ from tenants.policies import (
     JustitiaPolicy,
     NodeCost,
     kv_token_time,
-    make_policy,
 )
 from tests.tenants.policies.factories import (
     NO_KNEE,
@@ -356,19 +355,16 @@ def test_a_job_s_offset_is_its_cost_not_yet_dispatched_per_unit_of_weight() -> N
     call, heavy = kv_token_time(100, 10), kv_token_time(100, 40) / 2.0
     big = kv_token_time(100, 30)
     jobs = ("two", "one", "heavy")
-    assert policy.pool_offsets(["one"]) == pytest.approx({"one": big})  # only those asked for
-    assert policy.pool_offsets(jobs) == pytest.approx({"two": 2 * call, "one": big, "heavy": heavy})
+    assert policy.by_weight  # a shared pool charges its tenants' service by weight
+    assert policy.pool_offsets(["one"], 0.0) == pytest.approx({"one": big})  # only those asked for
+    offsets = policy.pool_offsets(jobs, 0.0)
+    assert offsets == pytest.approx({"two": 2 * call, "one": big, "heavy": heavy})
     policy.mark_dispatched("two/a", 0.0)  # dispatched: in its tenant's service, not its offset
-    assert policy.pool_offsets(jobs) == pytest.approx({"two": call, "one": big, "heavy": heavy})
+    offsets = policy.pool_offsets(jobs, 0.0)
+    assert offsets == pytest.approx({"two": call, "one": big, "heavy": heavy})
     policy.on_finished("two/a", 100, 10, 1.0)
     policy.mark_dispatched("two/b", 1.0)
-    assert policy.pool_offsets(jobs) == pytest.approx({"one": big, "heavy": heavy})
-
-
-def test_a_policy_that_orders_tenants_only_gives_no_offsets() -> None:
-    policy = make_policy("vtc")
-    submit(policy, make_job("a", "t1"))
-    assert policy.by_weight and policy.pool_offsets(["a"]) == {}
+    assert policy.pool_offsets(jobs, 0.0) == pytest.approx({"one": big, "heavy": heavy})
 
 
 def test_a_tenant_with_many_short_jobs_yields_once_it_leads_gps_by_more_than_a_call() -> None:

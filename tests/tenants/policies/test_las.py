@@ -1,6 +1,7 @@
 import pytest
 
 from tenants.policies import LasPolicy, kv_token_time
+from tenants.policies.las import STARVING_OFFSET
 from tests.tenants.policies.factories import (
     NO_KNEE,
     dispatch_all,
@@ -27,7 +28,7 @@ def test_a_shared_pool_orders_jobs_by_their_attained_service() -> None:
     policy.mark_dispatched("served/a", 0.0)
     policy.on_progress("served/a", 7, 1.0)
     assert not policy.by_weight
-    assert policy.pool_offsets(["served", "fresh"]) == {
+    assert policy.pool_offsets(["served", "fresh"], 1.0) == {
         "served": kv_token_time(100, 7),
         "fresh": 0.0,
     }
@@ -60,3 +61,19 @@ def test_a_call_waiting_too_long_is_promoted(starvation_wait: float | None, firs
     submit(policy, make_job("new", "t2", arrival=11.0), now=11.0)
     peeked = policy.peek(11.0, NO_KNEE)
     assert peeked is not None and peeked.call_id == first
+
+
+def test_a_starving_job_comes_first_in_a_shared_pool_the_longest_starving_first() -> None:
+    policy = LasPolicy(starvation_wait=10.0)
+    submit(policy, make_job("old", "t1", [make_node("a"), make_node("b")]))  # b ready at 0
+    submit(policy, make_job("older", "t3", [make_node("c"), make_node("d")]))
+    policy.mark_dispatched("old/a", 0.0)
+    policy.on_progress("old/a", 20, 1.0)
+    policy.mark_dispatched("older/c", 0.0)
+    submit(policy, make_job("new", "t2", arrival=11.0), now=11.0)
+    assert policy.pool_offsets(["old"], 5.0) == {"old": kv_token_time(100, 20)}  # not yet
+    offsets = policy.pool_offsets(["old", "older", "new"], 11.0)
+    # both starve since 0 (their ready calls came with them): below every attained service,
+    # ties kept as the policy keeps them
+    assert offsets["old"] == offsets["older"] == STARVING_OFFSET
+    assert offsets["new"] == 0.0 and offsets["old"] < offsets["new"]

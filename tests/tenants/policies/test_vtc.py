@@ -144,3 +144,9 @@ def test_service_gap_of_backlogged_tenants_stays_bounded(
 def test_the_gap_harness_catches_an_unfair_order() -> None:
     gaps, bound = _normalized_service_gaps(FcfsPolicy(), {"a": 1.0, "b": 1.0}, seed=1)
     assert max(gaps) > 10 * bound
+
+
+def test_a_shared_pool_orders_tenants_by_their_service_alone() -> None:
+    policy = VtcPolicy()
+    submit(policy, make_job("a", "t1"))
+    assert policy.by_weight and policy.pool_offsets(["a"], 0.0) == {}
