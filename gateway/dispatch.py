@@ -474,9 +474,12 @@ class Dispatcher(OwnsTasks):
                 deadline = self.clock() + self.config.reserve_deadline_s
                 if run.spec.deadline_unix_s is not None:
                     deadline = min(deadline, run.spec.deadline_unix_s)
-                if grant and not await self._grant(entry, deadline):
+                # its job may have ended before this task ran: nothing to ask for, and the end
+                # of the take below releases what its job's admission reserved for it
+                gone = call.call_id not in self._lane(ticket).core.taking
+                if grant and not gone and not await self._grant(entry, deadline):
                     return
-                if not entry.reserved:
+                if not entry.reserved and not gone:
                     await reserve_within(
                         self.store,
                         call.tenant_id,
@@ -511,8 +514,6 @@ class Dispatcher(OwnsTasks):
         False when it must wait (it is ready again, its tenant held a moment)."""
         ticket = entry.payload
         call, lane = ticket.call, self._lane(ticket)
-        if call.call_id not in lane.core.taking:  # its job ended while the grant was due
-            return False
         ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry, self.clock()))
         grant = await retry_unavailable(
             lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
