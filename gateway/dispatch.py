@@ -295,13 +295,18 @@ class Dispatcher(OwnsTasks):
             self._encode_blanks, run, limiter=self._limiter(run.tenant_id)
         )
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
-        info = job_info(run, quota, now, blanks, self.planner, models)
+        # it arrived when its client submitted it: first come, first served keeps its place
+        info = job_info(run, quota, run.created_at, blanks, self.planner, models)
         await self._admit_in_store(run, None)
         self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
         self._track(run, quota, info)
         for node_id, node in run.nodes.items():
-            if node.state is NodeState.READY:
+            if node.state is not NodeState.READY:
+                continue
+            if run.dag.parents[node_id]:  # its prompt holds its parents' outputs
                 self.tasks.start_soon(self._prepare, run, node_id)
+            else:  # its prompt is its blank, as when it was submitted
+                self._plan_ready(run, node_id, blanks[node_id])
         self._wake.set()
 
     def _add_job(self, run: JobRun, info: JobInfo, now: float, nodes: set[str]) -> None:

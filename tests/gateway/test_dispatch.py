@@ -25,7 +25,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
-from tenants.policies import JustitiaPolicy
+from tenants.policies import FcfsPolicy, JustitiaPolicy, Policy
 from tests.gateway.conftest import sim_core
 from tests.gateway.factories import hidden_refiner
 from tests.gateway.jobs.factories import make_node
@@ -152,6 +152,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             knee_calls: int | None = None,
             refiner: PromptModel | None = None,
             tracker: ErrorTracker | None = None,
+            policy: Policy | None = None,
         ) -> Env:
             hidden_size = 0 if refiner is None else refiner.hidden_size
             engine = RecordingEngine(sim_core(num_blocks=num_blocks, hidden_size=hidden_size))
@@ -161,7 +162,8 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             history = HistoryPredictor(LENGTH_PRIOR)
             planner = RecordingPlanner(history, AnomalyGuard(), CallDefaults(), refiner, tracker)
             backends = [LocalBackend(engine, "sim")]
-            tokenizer, policy = engine.core.tokenizer, RecordingJustitia()
+            tokenizer = engine.core.tokenizer
+            policy = policy if policy is not None else RecordingJustitia()
             lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls)
             dispatcher = Dispatcher([lane], store, planner, DispatchConfig(knee_calls=knee_calls))
             return Env(engine, await stack.enter_async_context(dispatcher))
@@ -169,11 +171,11 @@ async def make_env() -> AsyncIterator[MakeEnv]:
         yield make
 
 
-def job(job_id: str, *nodes: tuple[str, int]) -> JobRun:
+def job(job_id: str, *nodes: tuple[str, int], created_at: float | None = None) -> JobRun:
     spec = JobSpec(
         nodes=tuple(make_node(n, f"say {n}", sampling=SamplingSpec(max_tokens=m)) for n, m in nodes)
     )
-    return JobRun(job_id, "acme", spec, time.time())
+    return JobRun(job_id, "acme", spec, time.time() if created_at is None else created_at)
 
 
 async def test_room_counts_the_output_that_waiting_calls_will_reserve(make_env: MakeEnv) -> None:
@@ -349,3 +351,24 @@ async def admit(
     """What the Gateway service does with a new job; `then` runs before the loop can."""
     dispatcher.submit(run, QUOTA, await dispatcher.admit(run, QUOTA))
     then()
+
+
+async def test_a_job_taken_over_keeps_its_place_first_come_first_served(
+    make_env: MakeEnv,
+) -> None:
+    # One large call fills the engine, which does not step; a job submitted now waits, then a
+    # job submitted a minute ago is taken over from another replica: when room comes, the job
+    # that came first runs first, not the one this replica heard of first
+    env = await make_env(MemoryQuotaStore(), num_blocks=32, steps=False, policy=FcfsPolicy())
+    blocker = job("blocker", ("a", 1000))
+    await admit(env.dispatcher, blocker)
+    await admit(env.dispatcher, job("late", ("a", 1000)))
+    early = job("early", ("a", 1000), created_at=time.time() - 60)
+    early.start(early.created_at)  # by the replica that ran it before
+    await env.dispatcher.resume(early, QUOTA)
+    await anyio.wait_all_tasks_blocked()
+    assert sorted(env.dispatcher.core.ready) == ["early/a", "late/a"]
+    env.dispatcher.cancel(blocker, "to make room")
+    await anyio.wait_all_tasks_blocked()
+    assert [r.request_id for r in env.engine.core.scheduler.waiting] == ["early/a"]
+    assert list(env.dispatcher.core.ready) == ["late/a"]
