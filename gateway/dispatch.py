@@ -479,12 +479,13 @@ class Dispatcher(OwnsTasks):
                 deadline = self.clock() + self.config.reserve_deadline_s
                 if run.spec.deadline_unix_s is not None:
                     deadline = min(deadline, run.spec.deadline_unix_s)
-                # its job may have ended before this task ran: nothing to ask for, and the end
-                # of the take below releases what its job's admission reserved for it
+                # its job may have ended before this task ran: nothing to ask for (what its
+                # job's admission reserved for it was released as the job ended)
                 gone = call.call_id not in self._lane(ticket).core.taking
                 if grant and not gone and not await self._grant(entry, deadline):
                     return
-                if not entry.reserved and not gone:
+                reserving = not entry.reserved and not gone
+                if reserving:
                     await reserve_within(
                         self.store,
                         call.tenant_id,
@@ -508,8 +509,11 @@ class Dispatcher(OwnsTasks):
                 return
             finally:
                 self._wake.set()  # its promised room is free again, or it runs now
-            if self._lane(ticket).core.launched(call.call_id, self.clock()) is None:  # ended
-                await self._send(Close("release", call.tenant_id, ticket.quota_id))
+            if self._lane(ticket).core.launched(call.call_id, self.clock()) is None:
+                # its job ended meanwhile, which released a reserve made with its admission;
+                # the one made here is this task's to release
+                if reserving:
+                    await self._send(Close("release", call.tenant_id, ticket.quota_id))
                 return
             self.leases.hold_call(call.tenant_id, ticket.quota_id)
             self._start(entry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,16 +17,18 @@ from engine import AsyncEngine, LLMEngine, SimulatedRunner
 from gateway.backends import LocalBackend
 from gateway.calls import CallDefaults, CallPlan, CallPlanner, tracker_key
 from gateway.dispatch import DispatchConfig, Dispatcher
-from gateway.job_run import JobRun, NodeChanged, NodeState, TokensAdded
+from gateway.job_run import JobRun, JobState, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.lanes import make_lane
 from gateway.server import LENGTH_PRIOR
+from gateway.share import RedisShare
 from predictor.anomaly import AnomalyGuard
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
 from tenants.policies import FcfsPolicy, JustitiaPolicy, Policy
+from tests.conftest import REDIS_URL
 from tests.gateway.conftest import sim_core
 from tests.gateway.factories import hidden_refiner
 from tests.gateway.jobs.factories import make_node
@@ -153,6 +156,8 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             refiner: PromptModel | None = None,
             tracker: ErrorTracker | None = None,
             policy: Policy | None = None,
+            share: RedisShare | None = None,
+            dispatcher_type: type[Dispatcher] = Dispatcher,
         ) -> Env:
             hidden_size = 0 if refiner is None else refiner.hidden_size
             engine = RecordingEngine(sim_core(num_blocks=num_blocks, hidden_size=hidden_size))
@@ -164,8 +169,10 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             backends = [LocalBackend(engine, "sim")]
             tokenizer = engine.core.tokenizer
             policy = policy if policy is not None else RecordingJustitia()
-            lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls)
-            dispatcher = Dispatcher([lane], store, planner, DispatchConfig(knee_calls=knee_calls))
+            gated = share is not None  # a pool shared with other replicas
+            lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls, gated=gated)
+            config = DispatchConfig(knee_calls=knee_calls)
+            dispatcher = dispatcher_type([lane], store, planner, config, share=share)
             return Env(engine, await stack.enter_async_context(dispatcher))
 
         yield make
@@ -372,3 +379,57 @@ async def test_a_job_taken_over_keeps_its_place_first_come_first_served(
     await anyio.wait_all_tasks_blocked()
     assert [r.request_id for r in env.engine.core.scheduler.waiting] == ["early/a"]
     assert list(env.dispatcher.core.ready) == ["late/a"]
+
+
+class ReleaseWatchingStore(CountingStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = anyio.Event()
+
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        try:
+            return await super().release(tenant_id, call_id)
+        finally:
+            self.released.set()
+
+
+class CancelsAfterThePass(Dispatcher):
+    """Cancels `victim` right after the dispatch pass that took its call, before the task that
+    asks for the call's grant has run: a client's cancel that lands between the two."""
+
+    victim: JobRun | None = None
+
+    def _dispatch_ready(self) -> None:
+        super()._dispatch_ready()
+        victim = self.victim
+        if victim is not None and f"{victim.job_id}/a" in self.core.taking:
+            self.victim = None
+            self.cancel(victim, "cancelled as its call was taken")
+
+
+@pytest.mark.redis
+async def test_a_call_whose_job_ends_before_its_take_runs_asks_nothing_and_keeps_nothing(
+    make_env: MakeEnv, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = ReleaseWatchingStore()
+    share = RedisShare(REDIS_URL, "r1", "fcfs", prefix=redis_prefix)
+    try:
+        env = await make_env(
+            store, policy=FcfsPolicy(), share=share, dispatcher_type=CancelsAfterThePass
+        )
+        dispatcher = env.dispatcher
+        assert isinstance(dispatcher, CancelsAfterThePass)
+        doomed = dispatcher.victim = job("doomed", ("a", 100))
+        await admit(dispatcher, doomed)  # reserved with its admission: it starts at once
+        with anyio.fail_after(5):
+            await store.released.wait()
+        assert doomed.state is JobState.CANCELLED
+        # released once, as the job ended: the take had reserved nothing of its own
+        assert sorted(store.ops) == ["admit_job_and_reserve", "finish_job", "release"]
+        usage = await store.usage("acme")
+        assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 0)
+        assert await share.counters("sim") == {}  # no grant was asked, so none was charged
+        assert not env.engine.core.scheduler.requests
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # nothing failed
+    finally:
+        await share.aclose()
