@@ -207,7 +207,9 @@ class DispatchCore(Generic[T]):
         busy = sum(c.running + c.waiting for c in capacities.values()) + len(self.taking)
         serving = sum(c.healthy for c in capacities.values())
         knee = None if self.knee_calls is None else self.knee_calls * max(serving, 1)
-        return EngineLoad(busy, 0, knee)
+        # a pool shared with other replicas runs their calls too: the policy's jobs hold these
+        own = len(self.running) + len(self.taking) if self.gated else None
+        return EngineLoad(busy, 0, knee, own)
 
     @property
     def blocked(self) -> bool:

@@ -67,6 +67,14 @@ class EngineLoad:
     running_calls: int  # calls admitted and not finished
     batch_tokens: int  # tokens in the engine's current batch (informational)
     knee_calls: int | None  # batch size past which step efficiency saturates; None: no knee
+    # of the running calls, those of the jobs this policy holds, where the engine also runs
+    # other gateways' calls (replicas sharing it: the policy sees only its own jobs); None: all
+    own_calls: int | None = None
+
+    @property
+    def calls_of_these_jobs(self) -> int:
+        """The running calls of the jobs this policy holds."""
+        return self.running_calls if self.own_calls is None else self.own_calls
 
 
 class Policy(Protocol):

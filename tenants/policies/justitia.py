@@ -26,7 +26,9 @@ Chains: a job whose remaining critical path (the output estimates along its long
 unfinished calls, a running call counting its whole estimate; a token a step at best) exceeds
 `CHAIN_FACTOR` times the steps the engine needs to drain every active job's estimated remaining
 output at its current batch size (the engine's running calls, at least 1: on an idle or
-single-call engine no job qualifies), with at least `MIN_CHAIN_CALLS` calls on a path left,
+single-call engine no job qualifies; where other gateway replicas share the engine, the backlog
+of the jobs this policy holds over their own running calls, as it sees only those jobs), with
+at least `MIN_CHAIN_CALLS` calls on a path left,
 would end last whatever the order; held back by tag it only
 stretches the end (the makespan, hence throughput). Such a job goes before the tag order, with
 all its ready calls (a chain has one; a single long call qualifies too), below the knee; past
@@ -168,7 +170,9 @@ class JustitiaPolicy(BookPolicy):
         self._refresh_remaining()
         self._measure_shares()
         if load.knee_calls is None or load.running_calls < load.knee_calls:
-            self._drain = self._remaining_total / max(load.running_calls, 1)
+            # its jobs' remaining output over the batch they hold: where other gateways' calls
+            # share the engine, its own jobs are only part of the backlog and of the batch
+            self._drain = self._remaining_total / max(load.calls_of_these_jobs, 1)
             return self._ready_jobs.values()
         self._drain = math.inf  # past the knee a slot is scarce: no chain goes before the tags
         admitted = heapq.nsmallest(self._pampered_jobs, self._jobs.values(), key=self._rank)

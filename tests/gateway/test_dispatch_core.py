@@ -426,6 +426,19 @@ def test_with_the_pool_s_share_every_call_is_granted_before_it_is_sent() -> None
     assert core.heads(0.0) == (("t",), {})  # taken, so not waiting
 
 
+def test_a_shared_pool_tells_the_policy_which_running_calls_are_its_jobs() -> None:
+    # other replicas' calls fill the server too: the policy's backlog is drained by its own
+    for gated in (False, True):
+        core: DispatchCore[str] = DispatchCore(make_policy("justitia"), gated=gated)
+        add_job(core, "a", nodes=2)
+        first = core.next(0.0, {"x": room()})
+        assert first is not None and core.launched(first.entry.call.call_id, 0.0) is not None
+        assert core.next(0.0, {"x": room(running=1)}) is not None  # taken, not yet launched
+        load = core.load({"x": room(running=6, waiting=1)})  # its first call among the 6
+        assert load.running_calls == 8
+        assert load.own_calls == (2 if gated else None)
+
+
 def test_a_share_refusal_keeps_the_tenant_waiting_and_a_quota_refusal_does_not() -> None:
     core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
     add_job(core, "a", tenant="t1")

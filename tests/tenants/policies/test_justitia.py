@@ -289,6 +289,15 @@ def test_a_chain_the_backlog_outlasts_waits_for_its_tag() -> None:
     assert dispatch_all_at(policy, narrow) == [*(f"s{i}/n" for i in range(6)), "chain/c0"]
 
 
+def test_a_shared_engine_drains_this_policys_backlog_with_its_own_calls_only() -> None:
+    # Replicas share the engine: 8 calls run, 2 of them for these jobs. The backlog held here
+    # (320 tokens) drains at 2 calls a step, 160 steps: the chain's 200 is not 1.5 x that, as
+    # with an engine of 2 calls (above); counted against all 8 it would seem to go first.
+    policy = chain_setup()
+    shared = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=None, own_calls=2)
+    assert dispatch_all_at(policy, shared) == [*(f"s{i}/n" for i in range(6)), "chain/c0"]
+
+
 def test_past_the_knee_a_chain_gets_no_precedence() -> None:
     policy = chain_setup()
     at_knee = EngineLoad(running_calls=8, batch_tokens=0, knee_calls=4)
