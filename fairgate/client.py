@@ -103,9 +103,11 @@ class Client(Connection):
             request.chat.CopyFrom(pb.ChatPrompt(messages=messages))
         parts: list[str] = []
         async for message in self.stream(self._gateway.Generate, request):
-            if message.text or message.token_ids:
+            if message.restarted:
+                parts.clear()
+            if message.text or message.token_ids or message.restarted:
                 parts.append(message.text)
-                yield TextDelta(message.text, tuple(message.token_ids))
+                yield TextDelta(message.text, tuple(message.token_ids), message.restarted)
             if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
                 reason = enum_from_proto(FinishReason, message.finish_reason)
                 usage = usage_from_proto(message.usage)

@@ -131,10 +131,13 @@ JobEvent = NodeStateChanged | TokenDelta | JobFinished
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    """Generated text from Generate, as it arrives."""
+    """Generated text from Generate, as it arrives. `restarted`: the call runs again from its
+    prompt (its backend was lost, or it gave its slot to another call): the text before this
+    delta is void, and this delta's text starts it over."""
 
     text: str
     token_ids: tuple[int, ...]
+    restarted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

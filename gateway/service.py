@@ -61,7 +61,7 @@ from gateway.gateway_protos import (
     sampling_from_proto,
     usage,
 )
-from gateway.job_run import JobEnded, JobEvent, JobRun, NodeState, TokensAdded
+from gateway.job_run import JobEnded, JobEvent, JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs import (
     PLACEHOLDERS_PER_NODE,
     ChatMessage,
@@ -405,7 +405,12 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so
                 async for view, batch in self._follow(run, 0, stream.is_closed):
                     response = _generate_response(view, batch)
-                    if response.token_ids or response.text or response.HasField("usage"):
+                    if (
+                        response.token_ids
+                        or response.text
+                        or response.restarted
+                        or response.HasField("usage")
+                    ):
                         yield response
 
     @asynccontextmanager
@@ -440,6 +445,11 @@ def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:
         if isinstance(event.body, TokensAdded):
             response.text += event.body.text
             response.token_ids.extend(event.body.token_ids)
+        elif isinstance(event.body, NodeChanged) and event.body.previous is NodeState.RUNNING:
+            if event.body.state is NodeState.READY:  # run again from its prompt: start over
+                response.restarted = True
+                response.text = ""
+                del response.token_ids[:]
         elif isinstance(event.body, JobEnded):
             node = run.nodes["generate"]
             response.finish_reason = finish_reason(node)

@@ -752,12 +752,18 @@ class GenerateResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    RESTARTED_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     finish_reason: Global___FinishReason.ValueType
     """Set on the last response only."""
     reason: _builtins.str
     """On the last response of a call that failed, was cancelled or was capped: why, as its
     node's reason says (a quota it ran out of, a backend lost twice, the guard's cap).
+    """
+    restarted: _builtins.bool
+    """The call runs again from its prompt (its backend was lost, or it gave its slot to another
+    tenant's call): the text and token ids of every earlier response are void, and this
+    response's text and token ids start the call over.
     """
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
@@ -773,10 +779,11 @@ class GenerateResponse(_message.Message):
         finish_reason: Global___FinishReason.ValueType = ...,
         usage: Global___TokenUsage | None = ...,
         reason: _builtins.str = ...,
+        restarted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "reason", b"reason", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "reason", b"reason", "restarted", b"restarted", "text", b"text", "token_ids", b"token_ids", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -119,6 +119,7 @@ class GatewayServicer:
     def Generate(self, request, context):
         """One call without a job: streams text deltas (tokens that come together share a response);
         the last response carries finish_reason and usage, and the last text if there is any.
+        A call that runs again from its prompt says so (`restarted`): drop the text before it.
         Closing the stream cancels the call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -56,6 +56,7 @@ class GatewayStub:
     Generate: _aio.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateResponse]
     """One call without a job: streams text deltas (tokens that come together share a response);
     the last response carries finish_reason and usage, and the last text if there is any.
+    A call that runs again from its prompt says so (`restarted`): drop the text before it.
     Closing the stream cancels the call.
     """
 
@@ -124,6 +125,7 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
     ) -> _abc.AsyncIterator[_gateway_pb2.GenerateResponse]:
         """One call without a job: streams text deltas (tokens that come together share a response);
         the last response carries finish_reason and usage, and the last text if there is any.
+        A call that runs again from its prompt says so (`restarted`): drop the text before it.
         Closing the stream cancels the call.
         """
 

@@ -167,3 +167,47 @@ async def fill_with_sheddable(h: Reliable) -> AsyncIterator[pb.JobEvent]:
         if running == SLOTS:
             break
     return events
+
+
+async def test_a_generate_call_that_gives_its_slot_away_starts_its_text_over() -> None:
+    # With share_slots the tenant holding every slot gives its newest call, a Generate, to
+    # another tenant's waiting call: the Generate runs again from its prompt, and its stream
+    # says that what it sent before is void
+    async with reliable_gateway(core=sim_core(0.01), share_slots=True) as h:
+        await h.tenant("hog", max_concurrent_calls=0)
+        await h.tenant("gold")
+        job = await h.submit("hog", roots(SLOTS - 1, 150))
+        events = h.stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=h.auth("hog"))
+        running = 0
+        async for event in events:
+            running += event.node_state_changed.node.state == pb.NODE_STATE_RUNNING
+            if running == SLOTS - 1:
+                break
+        events.cancel()
+        request = pb.GenerateRequest(prompt="hello", sampling=pb.SamplingSpec(max_tokens=150))
+        call = h.stub.Generate(request, metadata=h.auth("hog"))
+        responses = [await call.read()]  # its first tokens: it holds the last slot
+        assert responses[0].token_ids and not responses[0].restarted
+        gold = await h.submit("gold", roots(1))
+        while (response := await call.read()) is not grpc.aio.EOF:
+            responses.append(response)
+        restarts = [i for i, r in enumerate(responses) if r.restarted]
+        assert len(restarts) == 1, restarts
+        again = responses[restarts[0] :]
+        assert len([t for r in again for t in r.token_ids]) == again[-1].usage.output_tokens
+        assert again[-1].usage.output_tokens == 150
+        assert again[-1].finish_reason == pb.FINISH_REASON_LENGTH
+        assert (await h.finished("gold", gold.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        finished = await h.finished("hog", job.job_id)
+        assert finished.state == pb.JOB_STATE_SUCCEEDED
+        await h.serving()
+        await h.gateway.dispatcher.outbox.wait_drained()
+        await h.settled_as_finished("gold", h.jobs["gold"])
+        # the attempt that gave its slot away was released: the Generate is charged once
+        generated = again[-1].usage
+        usage = await h.usage("hog")
+        assert (usage.active_reservations, usage.settled_calls) == (0, SLOTS)
+        assert usage.output_tokens == sum(n.output_tokens for n in finished.nodes) + 150
+        assert usage.input_tokens == (
+            sum(n.prompt_tokens for n in finished.nodes) + generated.prompt_tokens
+        )
