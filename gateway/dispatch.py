@@ -58,7 +58,7 @@ from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
 from gateway.errors import ShareUnavailable
-from gateway.job_run import ENDED, JobRun, NodeState
+from gateway.job_run import ENDED, JobRun, JobState, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within, retry_unavailable
@@ -285,7 +285,8 @@ class Dispatcher(OwnsTasks):
     async def resume(self, run: JobRun, quota: TenantQuota) -> None:
         """Run on a job that another replica started (taken over from the journal): its ended
         nodes stay as they are, a node that was running runs again from its prompt (the
-        lost-call rule: its partial output is cleared), the others go as usual. Raises the
+        lost-call rule: its partial output is cleared), the others go as usual; a job journaled
+        and no more (its replica stopped before its roots were ready) starts here. Raises the
         store's refusals (its admission is idempotent by job id)."""
         now = self.clock()
         for node_id, node in run.nodes.items():
@@ -300,6 +301,8 @@ class Dispatcher(OwnsTasks):
         await self._admit_in_store(run, None)
         self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
         self._track(run, quota, info)
+        if run.state is JobState.QUEUED:  # its first owner stopped before it started it
+            run.start(now)
         for node_id, node in run.nodes.items():
             if node.state is not NodeState.READY:
                 continue

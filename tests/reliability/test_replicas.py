@@ -7,6 +7,7 @@ other replica sees every event once and in order, and usage equals the settled c
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import pytest
 from redis.asyncio import Redis
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
+from gateway.journal import RedisJournal
 from gateway.journaling import SNAPSHOT_MIN_EVENTS
 from tenants import RedisQuotaStore
 from tests.gateway.conftest import sim_core
@@ -200,3 +203,21 @@ async def test_a_tenants_reads_of_jobs_another_replica_runs_go_one_at_a_time(
     assert most == {"t1": 1, "t2": 1}
     assert sorted(job.job_id for job in answers) == sorted([*jobs["t1"], jobs["t2"][0]])
     assert {job.state for job in answers} == {pb.JOB_STATE_SUCCEEDED}
+
+
+async def test_a_job_journaled_by_a_replica_that_stopped_before_starting_it_runs_on_another(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    # replica "gone" admitted and journaled the job (its client was answered), then stopped
+    # before the roots' READY events were written: the journal holds the job QUEUED
+    async with replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await b.tenant("t1")
+        gone = RedisJournal(redis.url, "gone", lease_ttl_s=0.2)
+        run = JobRun("job-0123456789abcdef", "t1", job_spec_from_proto(chain(2)), time.time())
+        await gone.create(run)
+        await gone.aclose()
+        b.jobs["t1"].append(run.job_id)
+        with anyio.fail_after(10):
+            finished = await b.finished("t1", run.job_id)
+        assert finished.state == pb.JOB_STATE_SUCCEEDED
+        await b.unharmed()
