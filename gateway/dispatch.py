@@ -362,7 +362,7 @@ class Dispatcher(OwnsTasks):
             self._forget(run, now)
         else:  # a finished call is being settled: the job ends with it
             for lane in self._lanes_of(run):
-                self._release_held(lane.core.withdraw_ready(run.job_id, now))
+                self._release_held(lane.core.withdraw_unsent(run.job_id, now))
 
     def _abort(self, run: JobRun, node_id: str) -> None:
         call_id = f"{run.job_id}/{node_id}"

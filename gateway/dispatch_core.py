@@ -191,12 +191,13 @@ class DispatchCore(Generic[T]):
         self.router.forget(job_id)
         return self._forget_waiting(job_id)
 
-    def withdraw_ready(self, job_id: str, now: float) -> list[CoreCall[T]]:
-        """A cancelled job that has a call still ending: its ready calls leave unserved."""
-        dropped = self.ready.of_job(job_id)
+    def withdraw_unsent(self, job_id: str, now: float) -> list[CoreCall[T]]:
+        """A cancelled job that has a call still ending: its ready calls and those being taken
+        leave unserved (a taken one is not launched when its reserve or grant lands)."""
+        taken = [e for e in self.taking.values() if e.call.job_id == job_id]
+        dropped = [*self.ready.of_job(job_id), *taken]
         for entry in dropped:
-            del self.ready[entry.call.call_id]
-            self._end_unserved(entry.call.call_id, now)
+            self.drop(entry.call.call_id, now)
         return dropped
 
     # --- dispatch -------------------------------------------------------------------------

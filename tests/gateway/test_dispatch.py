@@ -433,3 +433,67 @@ async def test_a_call_whose_job_ends_before_its_take_runs_asks_nothing_and_keeps
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # nothing failed
     finally:
         await share.aclose()
+
+
+class HoldingStore(CountingStore):
+    """Holds call b's reserve and call a's settle until the test lets each go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reserving_b, self.reserve_b = anyio.Event(), anyio.Event()
+        self.settling_a, self.settle_a = anyio.Event(), anyio.Event()
+        self.released = anyio.Event()
+
+    async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
+        if call_id.startswith("j/b"):
+            self.reserving_b.set()
+            await self.reserve_b.wait()
+        return await super().reserve(tenant_id, call_id, tokens, ttl_s)
+
+    async def settle(
+        self,
+        tenant_id: str,
+        call_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        *,
+        finish_job: str | None = None,
+    ) -> bool:
+        if call_id.startswith("j/a"):
+            self.settling_a.set()
+            await self.settle_a.wait()
+        return await super().settle(
+            tenant_id, call_id, input_tokens, output_tokens, finish_job=finish_job
+        )
+
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        try:
+            return await super().release(tenant_id, call_id)
+        finally:
+            self.released.set()
+
+
+async def test_a_job_cancelled_while_a_call_settles_never_starts_the_call_being_taken(
+    make_env: MakeEnv,
+) -> None:
+    store = HoldingStore()
+    env = await make_env(store)
+    run = job("j", ("a", 4), ("b", 4))
+    await admit(env.dispatcher, run)  # both calls taken: a reserved and run, b's reserve held
+    with anyio.fail_after(5):
+        await store.reserving_b.wait()
+        await store.settling_a.wait()  # a has ended: the job stays open until it is settled
+    env.dispatcher.cancel(run, charge=True)
+    assert run.nodes["b"].state is NodeState.CANCELLED and not run.ended
+    store.reserve_b.set()  # b's reserve lands after the cancel: it is released, not sent
+    with anyio.fail_after(5):
+        await store.released.wait()
+    assert run.nodes["b"].state is NodeState.CANCELLED
+    assert not env.engine.core.scheduler.requests
+    store.settle_a.set()
+    await anyio.wait_all_tasks_blocked()
+    assert run.state is JobState.CANCELLED and run.nodes["b"].state is NodeState.CANCELLED
+    # b's reserve released once it landed; only a settled
+    assert store.ops == ["admit_job", "reserve", "reserve", "release", "settle", "finish_job"]
+    usage = await store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
