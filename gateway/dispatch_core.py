@@ -254,9 +254,9 @@ class DispatchCore(Generic[T]):
 
     def _route(self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity]) -> str | None:
         """A backend with room for the call now (another than the one it was lost on, where
-        there is another), or None."""
+        another serves), or None."""
         rooms = self.rooms(capacities)
-        if entry.lost_on and len(rooms) > 1:
+        if entry.lost_on and any(r.healthy for b, r in rooms.items() if b != entry.lost_on):
             rooms.pop(entry.lost_on, None)
         return self.router.route(entry.call, entry.kv_tokens, rooms)
 

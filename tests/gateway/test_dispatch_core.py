@@ -171,6 +171,16 @@ def test_in_a_pool_of_one_a_lost_call_runs_again_on_the_same_backend() -> None:
     assert dispatch is not None and dispatch.entry.backend == "x"
 
 
+def test_a_lost_call_runs_again_on_the_same_backend_while_the_others_are_down() -> None:
+    # kept off x while y is down, it would wait for y, and hold the pool's order back with it
+    core = make_core()
+    add_job(core, "a")
+    assert core.next(0.0, {"x": room(), "y": room()}) is not None and core.launched("a/n0", 0.0)
+    assert core.lost("a/n0", 1.0) is not None
+    dispatch = core.next(2.0, {"x": room(), "y": room(healthy=False)})
+    assert dispatch is not None and dispatch.entry.backend == "x"
+
+
 def test_a_removed_job_forgets_its_waiting_calls_and_its_running_calls_end_alone() -> None:
     core = make_core()
     add_job(core, "a", nodes=3)
