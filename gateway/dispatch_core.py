@@ -27,7 +27,8 @@ waiting call's wait is what the SLO targets judge. With `share_slots`, a fair sh
 backends is kept as well as a fair order: when the waiting call's tenant runs fewer calls than
 its weighted share of the serving slots (shared among the tenants with calls running or ready)
 and another tenant runs more than its share even after giving one up, that tenant's newest call
-yields, and is held back until the waiting call has been dispatched (or has gone), so the room
+(a sheddable one, for a sheddable waiting call) yields, and is held back until the waiting call
+has been dispatched (or has gone), so the room
 goes to the call it was given up for. Without it a tenant whose calls took every slot while
 others had none keeps them for as long as its calls run: the order decides who waits, not who
 holds the engine.
@@ -332,14 +333,18 @@ class DispatchCore(Generic[T]):
         self, waiting: CoreCall[T], capacities: Mapping[str, BackendCapacity]
     ) -> CoreCall[T] | None:
         """With `share_slots`: the newest call of the tenant furthest over its share of the
-        slots, to yield to `waiting` and wait until it is sent; one at a time."""
+        slots, to yield to `waiting` and wait until it is sent; one at a time. A protected call
+        never yields to a sheddable one (which would give its room back to it at once)."""
         call_id = waiting.call.call_id
         if not self.share_slots or self._yielding or call_id in self._yielded_to:
             return None
         over = self._over_share(waiting.call.tenant_id, capacities)
         if over is None:
             return None
-        victim = self._newest(capacities, lambda entry: entry.call.tenant_id == over)
+        victim = self._newest(
+            capacities,
+            lambda e: e.call.tenant_id == over and (e.sheddable or not waiting.sheddable),
+        )
         if victim is not None:
             victim.yields_to = call_id
             self._mark_yielding(victim, call_id)

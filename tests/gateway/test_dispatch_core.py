@@ -383,6 +383,19 @@ def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> No
     assert run_all(core, 3.0, slots=1, running=4) == ["heavy/n3"]
 
 
+def test_a_protected_call_never_gives_its_share_to_a_sheddable_one() -> None:
+    # the sheddable tenant runs under its share, but a protected call that yielded to it would
+    # wait as a protected call and take the room back at once: both aborted again and again
+    core = make_core("fcfs")
+    core.share_slots = True
+    add_job(core, "heavy", nodes=4, tenant="h")
+    assert run_all(core, 0.0, slots=4) == [f"heavy/n{i}" for i in range(4)]
+    add_job(core, "bg", now=1.0, tenant="s", priority=-1)
+    full = {"x": room(free_slots=0, running=4)}
+    assert core.next(1.0, full) is None and core.blocked
+    assert core.to_yield(1.0, full) == []
+
+
 def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() -> None:
     core = make_core("fcfs")
     add_job(core, "heavy", nodes=3, tenant="h")
