@@ -28,10 +28,9 @@ backends is kept as well as a fair order: when the waiting call's tenant runs fe
 its weighted share of the serving slots (shared among the tenants with calls running or ready)
 and another tenant runs more than its share even after giving one up, that tenant's newest call
 (a sheddable one, for a sheddable waiting call) yields, and is held back until the waiting call
-has been dispatched (or has gone), so the room
-goes to the call it was given up for. Without it a tenant whose calls took every slot while
-others had none keeps them for as long as its calls run: the order decides who waits, not who
-holds the engine.
+has been dispatched (or has gone), so the room goes to the call it was given up for. Without
+it a tenant whose calls took every slot while others had none keeps them for as long as its
+calls run: the order decides who waits, not who holds the engine.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`). A call
