@@ -80,7 +80,8 @@ class EventStream(StreamingResponse):
 
 
 async def create_completion(served: Served, http: HttpRequest, body: bytes) -> Response:
-    request = parse_request(body)
+    # a body may hold megabytes of token ids: parsed on the event loop, every stream would stop
+    request = await anyio.to_thread.run_sync(parse_request, body)
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     prompt = await _prompt_ids(served, request)

@@ -161,17 +161,18 @@ def _parse(model: type[M], body: bytes) -> M:
 
 
 def check_prompt(token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:
-    """Refuse a prompt that is empty, out of vocabulary or leaves no room for output."""
+    """Refuse a prompt that is empty, leaves no room for output or is out of vocabulary (its
+    length first: a prompt far too long is refused before its ids are scanned)."""
     if not token_ids:
         raise BadRequest("the prompt is empty", "prompt")
-    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
-        raise BadRequest(f"prompt token ids must be in [0, {vocab_size})", "prompt")
     if len(token_ids) >= max_model_len:
         raise BadRequest(
             f"the prompt has {len(token_ids)} tokens; max_model_len {max_model_len} leaves no "
             "room for output",
             "prompt",
         )
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise BadRequest(f"prompt token ids must be in [0, {vocab_size})", "prompt")
 
 
 class Usage(BaseModel):

@@ -19,7 +19,7 @@ from engine.openai_api.protocol import TokenizeResponse, parse_tokenize
 
 
 async def tokenize(served: Served, body: bytes) -> Response:
-    request = parse_tokenize(body)
+    request = await anyio.to_thread.run_sync(parse_tokenize, body)  # off the event loop
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     if len(request.prompt) > served.max_prompt_chars:

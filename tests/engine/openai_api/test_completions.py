@@ -129,6 +129,8 @@ async def test_a_stop_string_ends_the_text_and_min_tokens_holds_it_back(server: 
         ({"prompt": [1, 100_000]}, "prompt", "prompt token ids must be in [0, "),
         ({"prompt": []}, "prompt", "the prompt is empty"),
         ({"prompt": [5] * MAX_MODEL_LEN}, "prompt", "leaves no room for output"),
+        # too long is refused before its ids are scanned
+        ({"prompt": [100_000] * MAX_MODEL_LEN}, "prompt", "leaves no room for output"),
         ({"temperature": 0.001}, None, "temperature must be 0 (greedy) or in"),
         ({"stop": [""]}, "stop", "stop strings must have 1 to"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "needs stream: true"),
