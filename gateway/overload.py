@@ -155,20 +155,24 @@ class OverloadControl:
         calls stop coming back. A call its tenant's own quota holds back is not waiting for
         the gateway: it is not judged, nor counted as taking a slot, until released."""
         now = self._clock()
-        for ticket, wait in self._expected_waits(now):
+        waiting = list(self._waiting())
+        self.monitor.still_waiting({ticket.call.call_id for ticket, _, _ in waiting})
+        for ticket, wait in self._expected_waits(waiting, now):
             call = ticket.call
             self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
         if self.level >= 1 and any(map(self._short, self._lanes)):
             self.monitor.acted(now)
         self._apply(self.monitor.update(now))
 
-    def _expected_waits(self, now: float) -> Iterator[tuple[Ticket, float]]:
+    def _expected_waits(
+        self, waiting: list[tuple[Ticket, float, bool]], now: float
+    ) -> Iterator[tuple[Ticket, float]]:
         """Each call without a token yet, with the wait it can expect in all: a call sent to
         its backend what it has waited; a protected call waiting for room that, plus a slot's
         turn (at the rate calls end) for itself and each protected call that became ready
         before it."""
         queue = []
-        for ticket, since, queued in self._waiting():
+        for ticket, since, queued in waiting:
             if since > now:
                 continue  # its tenant's own quota holds it back
             if queued:

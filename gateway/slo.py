@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 MAX_LEVEL = 3
@@ -105,6 +105,16 @@ class SloMonitor:
         if target is not None and waited_s > target.ttft_s and call_id not in self._overdue:
             self._overdue.add(call_id)
             self._judge(True, now, per_token=False)
+
+    def still_waiting(self, call_ids: Set[str]) -> None:
+        """Only these calls are still without a token: the others judged overdue are gone
+        (their job cancelled, or dropped unserved) and are forgotten."""
+        self._overdue &= call_ids
+
+    @property
+    def overdue_calls(self) -> int:
+        """Calls judged past their TTFT target that have no token yet."""
+        return len(self._overdue)
 
     def ended(
         self, call_id: str, tenant: str, sheddable: bool, tpot_s: float | None, now: float

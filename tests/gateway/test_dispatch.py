@@ -22,6 +22,7 @@ from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.lanes import make_lane
 from gateway.server import LENGTH_PRIOR
 from gateway.share import RedisShare
+from gateway.slo import SloConfig, SloTarget
 from predictor.anomaly import AnomalyGuard
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
@@ -29,6 +30,7 @@ from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
 from tenants.policies import FcfsPolicy, JustitiaPolicy, Policy
 from tests.conftest import REDIS_URL
+from tests.fake_clock import FakeClock
 from tests.gateway.conftest import sim_core
 from tests.gateway.factories import hidden_refiner
 from tests.gateway.jobs.factories import make_node
@@ -497,3 +499,37 @@ async def test_a_job_cancelled_while_a_call_settles_never_starts_the_call_being_
     assert store.ops == ["admit_job", "reserve", "reserve", "release", "settle", "finish_job"]
     usage = await store.usage("acme")
     assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
+
+
+class MonitoredDispatcher(Dispatcher):
+    """A dispatcher with an SLO monitor (every call's TTFT target 1 s) on a clock of the test's."""
+
+    clock_now = FakeClock()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        slo = SloConfig((SloTarget("*", ttft_s=1.0),))
+        super().__init__(*args, **kwargs, slo=slo, clock=self.clock_now)
+
+
+async def test_calls_judged_overdue_leave_the_slo_monitor_with_their_cancelled_jobs(
+    make_env: MakeEnv,
+) -> None:
+    # the engine does not step: every call waits without a token, past its target
+    env = await make_env(
+        MemoryQuotaStore(), num_blocks=32, steps=False, dispatcher_type=MonitoredDispatcher
+    )
+    dispatcher = env.dispatcher
+    runs = [job(f"j{i}", ("a", 1000), created_at=MonitoredDispatcher.clock_now()) for i in range(4)]
+    for run in runs:
+        await admit(dispatcher, run)
+    await anyio.wait_all_tasks_blocked()
+    MonitoredDispatcher.clock_now.advance(2.0)
+    overload = dispatcher.overload
+    assert overload is not None
+    overload.tick()
+    assert overload.monitor.overdue_calls == 4
+    for run in runs[1:]:
+        dispatcher.cancel(run)
+    await anyio.wait_all_tasks_blocked()
+    overload.tick()
+    assert overload.monitor.overdue_calls == 1  # only the call still waiting is remembered
