@@ -6,8 +6,10 @@ death cannot undo. While Redis cannot be reached the batches wait and are sent a
 backoff (watchers wait too: nothing fails open). Every `lease_ttl_s / 3` the replica renews the
 leases of the jobs it owns; a job another replica took over (its lease ran out while this one
 could not renew, or its token was fenced off at a write) is handed to `on_lost`, a cancel asked
-on another replica to `on_cancel`. On the same tick it looks for orphans (open jobs whose owner's
-lease ran out: the replica died) and claims up to `scan_limit` of them for `on_orphan`.
+on another replica to `on_cancel`. As often, in a loop of its own (a slow take-over must not
+hold the renewals back, or this replica's own jobs would lapse), it looks for orphans (open jobs
+whose owner's lease ran out: the replica died) and claims up to `scan_limit` of them for
+`on_orphan`; one that cannot run here now (`give_back`) goes back to the journal at once.
 
 With a batch now and then the writer sends the job's state as of its last event (a snapshot):
 once the events since the last one pass `SNAPSHOT_MIN_EVENTS`, or the last one's size over
@@ -104,7 +106,8 @@ class Journaling(OwnsTasks):
 
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._write_loop)
-        tg.start_soon(self._lease_loop)
+        tg.start_soon(self._lease_loop, self._renew)
+        tg.start_soon(self._lease_loop, self._adopt)
 
     @property
     def owned(self) -> int:
@@ -173,11 +176,10 @@ class Journaling(OwnsTasks):
     def _only_deltas_pending(self) -> bool:
         return all(isinstance(e.body, TokensAdded) for b in self._pending.values() for e in b)
 
-    async def _lease_loop(self) -> None:
+    async def _lease_loop(self, tick: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
-                await self._renew()
-                await self._adopt()
+                await tick()
             except JournalUnavailable:
                 pass  # tried again next tick; a lease outlives two missed ticks
             except Exception:  # the loop serves every job: it must go on
@@ -205,8 +207,25 @@ class Journaling(OwnsTasks):
             if claimed is None:
                 continue
             owned, run, cancel_asked = claimed
+            if self._stopping:  # the hand-over began while this claim was on its way
+                await self.journal.hand_back([owned])
+                return
             log.info("taking over job %s (token %d)", job_id, owned.token)
             await self.on_orphan(owned, run, cancel_asked)
+
+    async def give_back(self, job_id: str) -> None:
+        """A job taken over that cannot run here now (the store failed its admission): it goes
+        back to the journal, for the next claim (here or on another replica); its events not
+        yet written are dropped, as the next owner takes it from the journal."""
+        job = self._owned.pop(job_id, None)
+        if job is None:
+            return
+        self._pending.pop(job_id, None)
+        job.run.detach()
+        try:
+            await self.journal.hand_back([job.owned])
+        except JournalUnavailable:
+            log.warning("could not hand job %s back: it waits for its lease", job_id)
 
     async def hand_over(self, quiet: Callable[[], bool], then: Callable[[], None]) -> None:
         """Write what is pending until a moment when `quiet()` (no call is between its end and

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 import uuid
 from collections import Counter
@@ -87,6 +88,8 @@ MAX_ACTIVE_JOBS = 10_000
 MAX_ADMISSIONS_PER_TENANT = 256  # a sixteenth of the default max_concurrent_rpcs
 READ_BLOCK_S = 0.5  # a watch of a job another replica runs checks its stream this often
 READ_PAGE = 512  # events a watch reads from the journal at once (between them the loop runs)
+
+log = logging.getLogger(__name__)
 
 
 def limits_for(
@@ -243,6 +246,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             await self.dispatcher.resume(run, quota)
         except (TenantNotFound, QuotaExceeded) as exc:  # it cannot run here, nor anywhere
             run.cancel(self.clock(), f"could not resume: {exc}")
+            return
+        except Exception:  # it cannot run here now (the store away): the next claim retries
+            log.exception("taking over job %s failed: handed back", run.job_id)
+            await self.journaling.give_back(run.job_id)
             return
         if cancel_asked:
             self.dispatcher.cancel(run, "cancelled by the client", charge=True)

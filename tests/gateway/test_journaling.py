@@ -14,7 +14,7 @@ import pytest
 
 from bench.journal import journaled_job, read_elsewhere
 from gateway.job_run import JobRun, NodeState
-from gateway.journal import Batch, RedisJournal
+from gateway.journal import Batch, Owned, RedisJournal, Renewed
 from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
 from tests.conftest import REDIS_URL
 from tests.gateway.test_journal import two_calls
@@ -115,3 +115,76 @@ async def test_another_replica_replays_only_the_events_since_the_last_snapshot(
     await journal.aclose()
     assert run.last_sequence > 3 * SNAPSHOT_MIN_EVENTS
     assert max(replayed) < SNAPSHOT_MIN_EVENTS + 16
+
+
+class ClaimOnItsWay(RedisJournal):
+    """Its claims wait until the test lets them go; hand-backs are noted."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.claiming, self.go, self.handed_back = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:
+        self.claiming.set()
+        await self.go.wait()
+        return await super().claim(tenant_id, job_id)
+
+    async def hand_back(self, owned: Sequence[Owned]) -> None:
+        await super().hand_back(owned)
+        if owned:  # a hand-over with nothing owned hands back nothing
+            self.handed_back.set()
+
+
+async def test_a_claim_on_its_way_as_the_hand_over_begins_is_handed_back(
+    redis_prefix: str,
+) -> None:
+    dead = RedisJournal(REDIS_URL, "dead", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    await dead.hand_back([await dead.create(run)])  # an orphan: its replica stopped
+    journal = ClaimOnItsWay(REDIS_URL, "stopping", lease_ttl_s=60.0, prefix=redis_prefix)
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        await journal.claiming.wait()  # the lease tick claims the orphan
+        await journaling.hand_over(lambda: True, lambda: None)  # SIGTERM meanwhile
+        journal.go.set()
+        with anyio.fail_after(5):
+            await journal.handed_back.wait()
+        assert journaling.owned == 0  # not taken over (`no_orphan`): handed back at once
+    assert await dead.orphans(10) == [("acme", "job-1")]  # any replica may claim it now
+    await journal.aclose()
+    await dead.aclose()
+
+
+class CountedRenewals(RedisJournal):
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.renewals = 0
+        self.renewed_twice = anyio.Event()
+
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        renewed = await super().renew(owned)
+        self.renewals += 1
+        if self.renewals == 2:
+            self.renewed_twice.set()
+        return renewed
+
+
+async def test_a_slow_take_over_holds_no_renewal_back(redis_prefix: str) -> None:
+    dead = RedisJournal(REDIS_URL, "dead", lease_ttl_s=60.0, prefix=redis_prefix)
+    await dead.hand_back([await dead.create(JobRun("job-1", "acme", two_calls(), 100.0))])
+    journal = CountedRenewals(REDIS_URL, "alive", lease_ttl_s=0.3, prefix=redis_prefix)
+    mine = JobRun("job-2", "acme", two_calls(), 100.0)
+    owned = await journal.create(mine)
+    taking_over, done = anyio.Event(), anyio.Event()
+
+    async def slow_take_over(*_: object) -> None:
+        taking_over.set()
+        await done.wait()  # encoding and store round trips that take their time
+
+    async with Journaling(journal, slow_take_over, no_loss, no_loss) as journaling:
+        journaling.attach(owned, mine)
+        with anyio.fail_after(5):
+            await taking_over.wait()
+            await journal.renewed_twice.wait()  # its own job's lease goes on meanwhile
+        done.set()
+    await journal.aclose()
+    await dead.aclose()

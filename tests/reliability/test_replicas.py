@@ -20,7 +20,7 @@ from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
 from gateway.journal import RedisJournal
 from gateway.journaling import SNAPSHOT_MIN_EVENTS
-from tenants import RedisQuotaStore
+from tenants import QuotaUnavailable, RedisQuotaStore
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import Reliable, reliable_gateway, roots
 from tests.reliability.redis_server import RedisServer
@@ -220,4 +220,46 @@ async def test_a_job_journaled_by_a_replica_that_stopped_before_starting_it_runs
         with anyio.fail_after(10):
             finished = await b.finished("t1", run.job_id)
         assert finished.state == pb.JOB_STATE_SUCCEEDED
+        await b.unharmed()
+
+
+class OneBlipStore(RedisQuotaStore):
+    """The real store, but the first job admission after `blip()` fails as if it were away."""
+
+    blipping = False
+
+    def blip(self) -> None:
+        self.blipping = True
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        if self.blipping:
+            self.blipping = False
+            raise QuotaUnavailable("quota store unavailable")
+        return await super().admit_job(tenant_id, job_id, num_nodes, ttl_s=ttl_s)
+
+
+async def test_a_take_over_the_store_fails_is_handed_back_and_taken_over_again(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    store = OneBlipStore(redis.url)
+    taker = reliable_gateway(
+        core=sim_core(0.01),
+        store=store,
+        store_url=redis.url,
+        replica_id="b",
+        lease_ttl_s=LEASE_TTL_S,
+        grace_s=0.1,
+        outbox_file=tmp_path / "outbox-b.jsonl",
+    )
+    async with taker as b:
+        async with replica(redis, tmp_path, "a") as a:
+            b.keys["t1"] = await a.tenant("t1")
+            job = await a.submit("t1", chain(3, 24))
+            store.blip()  # b's first try at taking it over fails at its admission
+        with anyio.fail_after(15):
+            finished = await b.finished("t1", job.job_id)
+        assert finished.state == pb.JOB_STATE_SUCCEEDED
+        b.jobs["t1"].append(job.job_id)
         await b.unharmed()
