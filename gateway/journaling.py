@@ -203,6 +203,9 @@ class Journaling(OwnsTasks):
         if self._stopping:
             return
         for tenant_id, job_id in await self.journal.orphans(self.scan_limit):
+            if job_id in self._owned:
+                # its lease lapsed while renewals failed: the renewal keeps it or finds it lost
+                continue
             claimed = await self.journal.claim(tenant_id, job_id)
             if claimed is None:
                 continue

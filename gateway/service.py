@@ -441,7 +441,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self._running[run.job_id] -= 1
             if not self._running[run.job_id]:
                 del self._running[run.job_id]
-                if run.streamed and not run.ended and not self.handing_over:
+                # a job another replica took over has ended here (its copy was cancelled),
+                # not there: its owner is asked through the journal
+                if run.streamed and (run.detached or not run.ended) and not self.handing_over:
                     with anyio.CancelScope(shield=True):
                         await self._cancel(run, "client disconnected")
 

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from bench.journal import journaled_job, read_elsewhere
+from gateway.errors import JournalUnavailable
 from gateway.job_run import JobRun, NodeState
 from gateway.journal import Batch, Owned, RedisJournal, Renewed
 from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
@@ -188,3 +189,39 @@ async def test_a_slow_take_over_holds_no_renewal_back(redis_prefix: str) -> None
         done.set()
     await journal.aclose()
     await dead.aclose()
+
+
+class CutOffRenewals(RedisJournal):
+    """Its renewals fail (Redis away for them); it notes each orphan scan and claim."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.scans, self.claims = 0, 0
+        self.scanned_twice = anyio.Event()
+
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        raise JournalUnavailable("job journal unavailable")
+
+    async def orphans(self, limit: int) -> list[tuple[str, str]]:
+        found = await super().orphans(limit)
+        if found:
+            self.scans += 1
+            if self.scans == 2:
+                self.scanned_twice.set()
+        return found
+
+    async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:
+        self.claims += 1
+        return await super().claim(tenant_id, job_id)
+
+
+async def test_a_replica_never_claims_a_job_it_runs_whose_lease_lapsed(redis_prefix: str) -> None:
+    journal = CutOffRenewals(REDIS_URL, "one", lease_ttl_s=0.3, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        journaling.attach(owned, run)
+        with anyio.fail_after(5):
+            await journal.scanned_twice.wait()  # its own job listed as an orphan, twice
+        assert journal.claims == 0 and journaling.owned == 1
+    await journal.aclose()

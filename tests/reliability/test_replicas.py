@@ -12,10 +12,12 @@ from collections import Counter
 from pathlib import Path
 
 import anyio
+import grpc
 import pytest
 from redis.asyncio import Redis
 
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
 from gateway.journal import RedisJournal
@@ -263,3 +265,36 @@ async def test_a_take_over_the_store_fails_is_handed_back_and_taken_over_again(
         assert finished.state == pb.JOB_STATE_SUCCEEDED
         b.jobs["t1"].append(job.job_id)
         await b.unharmed()
+
+
+async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took_it_over(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = a.keys["t1"] = await a.tenant("t1")
+        call = a.stub.RunJob(pb.SubmitJobRequest(job=chain(4, 300)), metadata=a.auth("t1"))
+        job_id = ""
+        while (event := await call.read()) is not grpc.aio.EOF:
+            job_id = job_id or event.job_id
+            if event.node_state_changed.node.state == pb.NODE_STATE_RUNNING:
+                break
+        journaling = a.gateway.journaling
+        assert journaling is not None
+
+        async def cut_off(owned: object) -> None:  # a's renewals no longer reach Redis
+            raise JournalUnavailable("job journal unavailable")
+
+        lost, on_lost = anyio.Event(), journaling.on_lost
+
+        def noted(run: JobRun) -> None:
+            on_lost(run)
+            lost.set()
+
+        journaling.on_lost = noted
+        journaling.journal.renew = cut_off  # type: ignore[method-assign,assignment]
+        with anyio.fail_after(15):
+            await lost.wait()  # b took the job over once a's lease ended; a's copy is detached
+        call.cancel()  # the client goes away
+        with anyio.fail_after(15):
+            finished = await b.finished("t1", job_id)
+        assert finished.state == pb.JOB_STATE_CANCELLED
