@@ -7,12 +7,13 @@ Only the lines of those families are parsed. A server with several engines (data
 exports one series per engine (label `engine`): requests and blocks add up, and the KV use is
 weighted by each engine's blocks. Series of another model (label `model_name`) are left out.
 Pure: text in, a snapshot out.
-Invariant: a text without the pool's shape or the request gauges is refused (ValueError), never
-read as an idle server.
+Invariant: a text without the pool's shape or the request gauges, or with a gauge that is not a
+finite count (NaN, infinite, negative), is refused (ValueError), never read as an idle server.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -53,6 +54,8 @@ def parse_load(text: str, model: str, taken_at: float) -> ServerLoad:
                 blocks[engine] = _int_label(labels, "num_gpu_blocks")
                 block_sizes.add(_int_label(labels, "block_size"))
             elif sample.name in gauges and labels.get("model_name", model) == model:
+                if not math.isfinite(sample.value) or sample.value < 0:
+                    raise ValueError(f"/metrics gives {sample.name} = {sample.value}")
                 gauges[sample.name][engine] = sample.value
     missing = [name for name in (RUNNING, WAITING, KV_USAGE) if not gauges[name]]
     if not blocks or missing:

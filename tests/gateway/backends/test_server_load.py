@@ -68,6 +68,16 @@ def test_a_text_without_the_load_is_refused_not_read_as_idle(text: str, missing:
         parse_load(text, MODEL, 0.0)
 
 
+@pytest.mark.parametrize(
+    ("gauges", "shown"),
+    [({"running": float("inf")}, "inf"), ({"waiting": float("nan")}, "nan"), ({"usage": -1}, "-1")],
+)
+def test_a_gauge_that_is_no_count_is_refused_not_read(gauges: dict[str, float], shown: str) -> None:
+    # a misbehaving server's +Inf once overflowed round() and ended the backend's scrapes
+    with pytest.raises(ValueError, match=shown):
+        parse_load(exposition(**gauges), MODEL, 0.0)
+
+
 def test_other_families_are_skipped_before_parsing() -> None:
     histogram = (
         "# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency.\n"
