@@ -109,6 +109,7 @@ class AsyncEngine:
         self._run_in_thread = run_in_thread
         self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._pending: list[Callable[[], None]] = []
+        self._aborting: set[str] = set()  # ids whose abort waits in `_pending`
         self._stepping = False
         self._wake = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -158,6 +159,9 @@ class AsyncEngine:
             priority=priority,
             predicted_output_len=predicted_output_len,
             cache_salt=cache_salt,
+            # an attempt run again under its id while its last one's abort waits for the step
+            # in flight: the abort is applied first
+            replacing=request_id in self._aborting,
         )
         self._run(lambda: self.core.submit(request))
         self._capacity = self._capacity_after(request)
@@ -173,6 +177,8 @@ class AsyncEngine:
             return
         send.close()
         self._capacity = self._capacity_without(request_id)
+        if self._stepping:
+            self._aborting.add(request_id)
         self._run(lambda: self._abort_core(request_id))
 
     def set_priority(self, request_id: str, priority: float) -> None:
@@ -245,6 +251,7 @@ class AsyncEngine:
         return len(self._streams)
 
     def _abort_core(self, request_id: str) -> None:
+        self._aborting.discard(request_id)
         if request_id in self.core.scheduler.requests:
             self.core.abort(request_id)
 
@@ -262,10 +269,14 @@ class AsyncEngine:
                 self._record_step(failed=True)
                 self._fail_live()
                 continue
+            # a request aborted while the step ran: its outputs are void, even for a request
+            # submitted again under its id meanwhile
+            void = set(self._aborting)
             self._apply_pending()
             self._record_step(failed=self.core.last_step_failed)
             for out in outputs:
-                self._deliver(out)
+                if out.request_id not in void:
+                    self._deliver(out)
 
     def _apply_pending(self) -> None:
         for apply in self._pending:

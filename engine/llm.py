@@ -84,8 +84,10 @@ class LLMEngine:
         priority: float = 0.0,
         predicted_output_len: int | None = None,
         cache_salt: str = "",
+        replacing: bool = False,
     ) -> Request:
-        """Build and validate a request without touching the scheduler (safe mid-step)."""
+        """Build and validate a request without touching the scheduler (safe mid-step);
+        `replacing`: the request of the same id is aborted before this one is submitted."""
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         request = Request(
             request_id=rid,
@@ -96,7 +98,7 @@ class LLMEngine:
             predicted_output_len=predicted_output_len,
             cache_salt=cache_salt,
         )
-        self.scheduler.check(request)
+        self.scheduler.check(request, replacing=replacing)
         return request
 
     def submit(self, request: Request, detokenize: bool = True) -> None:

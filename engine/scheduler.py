@@ -57,9 +57,10 @@ class Scheduler:
         self._freed: list[str] = []
         self.num_preemptions = 0
 
-    def check(self, request: Request) -> None:
-        """Raise InvalidRequest when the request could never run here."""
-        if request.request_id in self.requests:
+    def check(self, request: Request, *, replacing: bool = False) -> None:
+        """Raise InvalidRequest when the request could never run here. `replacing`: the request
+        of the same id is aborted first (its abort waits for the step in flight)."""
+        if request.request_id in self.requests and not replacing:
             raise DuplicateRequest(f"duplicate request id {request.request_id!r}")
         limit = self.config.max_model_len
         if request.num_prompt_tokens == 0:

@@ -225,3 +225,26 @@ async def test_an_error_outside_the_runner_fails_every_live_request_and_the_loop
         after = await collect(engine.add_request([6] * 9, SamplingParams(max_tokens=4)))
         assert after[-1].finish_reason is FinishReason.LENGTH
         assert_all_blocks_free(core)
+
+
+async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() -> None:
+    # a gateway runs a call again under its id once it gave its slot away: the abort waits for
+    # the step in flight, the new attempt is submitted after it
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
+    core = LLMEngine(config, runner=runner, num_blocks=16)
+    async with AsyncEngine(core) as engine:
+        first = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20), request_id="c")
+        async for _ in first:
+            break
+        runner.gate.set()
+        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        engine.abort("c")
+        await first.aclose()
+        again = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), request_id="c")
+        runner.release.set()
+        runner.gate.clear()
+        deltas = await collect(again)
+        assert sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finished
+        await until_idle(core)
+    assert_all_blocks_free(core)
