@@ -298,7 +298,14 @@ class Dispatcher(OwnsTasks):
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
         # it arrived when its client submitted it: first come, first served keeps its place
         info = job_info(run, quota, run.created_at, blanks, self.planner, models)
+        if run.ended or run.detached:  # cancelled, or lost again, while it was being read
+            return
         await self._admit_in_store(run, None)
+        if run.detached:  # lost again: the admission (by job id) is its next owner's
+            return
+        if run.ended:  # its cancel came while it was admitted: nothing else will finish it
+            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
+            return
         self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
         self._track(run, quota, info)
         if run.state is JobState.QUEUED:  # its first owner stopped before it started it
@@ -487,7 +494,8 @@ class Dispatcher(OwnsTasks):
                 gone = call.call_id not in self._lane(ticket).core.taking
                 if grant and not gone and not await self._grant(entry, deadline):
                     return
-                reserving = not entry.reserved and not gone
+                # (a cancel may have dropped it during the grant: nothing to reserve then)
+                reserving = not entry.reserved and call.call_id in self._lane(ticket).core.taking
                 if reserving:
                     await reserve_within(
                         self.store,

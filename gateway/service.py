@@ -81,7 +81,14 @@ from gateway.registry import JobRegistry
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
 from gateway.tenant_counts import TenantCounts
-from tenants import QuotaExceeded, QuotaStore, TenantNotFound, TenantQuota, refusals
+from tenants import (
+    QuotaExceeded,
+    QuotaStore,
+    QuotaUnavailable,
+    TenantNotFound,
+    TenantQuota,
+    refusals,
+)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 MAX_ACTIVE_JOBS = 10_000
@@ -247,9 +254,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         except (TenantNotFound, QuotaExceeded) as exc:  # it cannot run here, nor anywhere
             run.cancel(self.clock(), f"could not resume: {exc}")
             return
-        except Exception:  # it cannot run here now (the store away): the next claim retries
-            log.exception("taking over job %s failed: handed back", run.job_id)
+        except QuotaUnavailable:  # it cannot run here now: the next claim tries again
+            log.warning("taking over job %s: the quota store is away; handed back", run.job_id)
             await self.journaling.give_back(run.job_id)
+            return
+        except Exception:  # it would fail the same way on any replica
+            log.exception("taking over job %s failed", run.job_id)
+            self.dispatcher.cancel(run, "could not resume: internal error", failed=True)
             return
         if cancel_asked:
             self.dispatcher.cancel(run, "cancelled by the client", charge=True)
@@ -445,7 +456,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 # not there: its owner is asked through the journal
                 if run.streamed and (run.detached or not run.ended) and not self.handing_over:
                     with anyio.CancelScope(shield=True):
-                        await self._cancel(run, "client disconnected")
+                        try:
+                            await self._cancel(run, "client disconnected")
+                        except JournalUnavailable:  # the stream's end is no error of it
+                            log.warning("could not ask for job %s's cancel", run.job_id)
 
 
 def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:

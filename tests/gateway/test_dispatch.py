@@ -533,3 +533,40 @@ async def test_calls_judged_overdue_leave_the_slo_monitor_with_their_cancelled_j
     await anyio.wait_all_tasks_blocked()
     overload.tick()
     assert overload.monitor.overdue_calls == 1  # only the call still waiting is remembered
+
+
+class HeldAdmission(CountingStore):
+    """Holds a job's admission until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.admitting, self.admit = anyio.Event(), anyio.Event()
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        self.admitting.set()
+        await self.admit.wait()
+        return await super().admit_job(tenant_id, job_id, num_nodes, ttl_s=ttl_s)
+
+
+async def test_a_job_cancelled_while_it_is_taken_over_leaves_nothing_admitted(
+    make_env: MakeEnv,
+) -> None:
+    # the cancel a client asked of the dead replica reaches this one while it admits the job
+    store = HeldAdmission()
+    env = await make_env(store)
+    run = job("taken", ("a", 100))
+    run.start(run.created_at)  # by the replica that ran it before
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(env.dispatcher.resume, run, QUOTA)
+        with anyio.fail_after(5):
+            await store.admitting.wait()
+        env.dispatcher.cancel(run, "cancelled by the client", charge=True)
+        store.admit.set()
+    await anyio.wait_all_tasks_blocked()
+    assert run.state is JobState.CANCELLED and run.job_id not in env.dispatcher.runs
+    assert store.ops == ["admit_job", "finish_job"]
+    usage = await store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations) == (0, 0)
+    assert env.dispatcher.active_jobs("acme") == 0
