@@ -483,7 +483,7 @@ class Dispatcher(OwnsTasks):
         """A taken call: granted by the pool's share (`grant`), its quota reserved (unless it
         was with its job's admission), then started."""
         ticket = entry.payload
-        call, run = ticket.call, ticket.run
+        call, run, core = ticket.call, ticket.run, self._lane(ticket).core
         with self._failing_node(run, call.node_id):
             try:
                 deadline = self.clock() + self.config.reserve_deadline_s
@@ -491,11 +491,11 @@ class Dispatcher(OwnsTasks):
                     deadline = min(deadline, run.spec.deadline_unix_s)
                 # its job may have ended before this task ran: nothing to ask for (what its
                 # job's admission reserved for it was released as the job ended)
-                gone = call.call_id not in self._lane(ticket).core.taking
+                gone = call.call_id not in core.taking
                 if grant and not gone and not await self._grant(entry, deadline):
                     return
                 # (a cancel may have dropped it during the grant: nothing to reserve then)
-                reserving = not entry.reserved and call.call_id in self._lane(ticket).core.taking
+                reserving = not entry.reserved and call.call_id in core.taking
                 if reserving:
                     await reserve_within(
                         self.store,
@@ -520,7 +520,7 @@ class Dispatcher(OwnsTasks):
                 return
             finally:
                 self._wake.set()  # its promised room is free again, or it runs now
-            if self._lane(ticket).core.launched(call.call_id, self.clock()) is None:
+            if core.launched(call.call_id, self.clock()) is None:
                 # its job ended meanwhile, which released a reserve made with its admission;
                 # the one made here is this task's to release
                 if reserving:

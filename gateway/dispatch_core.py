@@ -42,11 +42,11 @@ even one reserved with its job, so that the caller first asks the pool's share f
 is what a grant costs its tenant (worst-case KV token-time per unit of weight; nothing where the
 policy does not share by weight), `granted` records it with the call's key in the pool's order
 (the priority a shared server is told, so that what several replicas sent it runs in that order;
-not re-keyed later: a server takes a priority once),
-`retry_later(quota=False)` sends back a call the share made wait, and `heads` says which
-tenants have work here and which could send a call now (not held by a quota). When an attempt
-that was granted ends, however it ends, what it used beyond its grant (all of it back for an
-attempt that never ran) is `owed` to the share, for the caller to pay with its next exchange.
+not re-keyed later: a server takes a priority once), `retry_later(quota=False)` sends back a
+call the share made wait, and `heads` says which tenants have work here and which could send a
+call now (not held by a quota). When an attempt that was granted ends, however it ends, what it
+used beyond its grant (all of it back for an attempt that never ran) is `owed` to the share, for
+the caller to pay with its next exchange.
 
 Invariant: a call is in exactly one of ready, taking and running, and only while its job is
 active, except running calls, which stay until they end (their job may have left the policy).

@@ -437,14 +437,13 @@ async def test_a_call_whose_job_ends_before_its_take_runs_asks_nothing_and_keeps
         await share.aclose()
 
 
-class HoldingStore(CountingStore):
+class HoldingStore(ReleaseWatchingStore):
     """Holds call b's reserve and call a's settle until the test lets each go."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reserving_b, self.reserve_b = anyio.Event(), anyio.Event()
         self.settling_a, self.settle_a = anyio.Event(), anyio.Event()
-        self.released = anyio.Event()
 
     async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
         if call_id.startswith("j/b"):
@@ -467,12 +466,6 @@ class HoldingStore(CountingStore):
         return await super().settle(
             tenant_id, call_id, input_tokens, output_tokens, finish_job=finish_job
         )
-
-    async def release(self, tenant_id: str, call_id: str) -> bool:
-        try:
-            return await super().release(tenant_id, call_id)
-        finally:
-            self.released.set()
 
 
 async def test_a_job_cancelled_while_a_call_settles_never_starts_the_call_being_taken(

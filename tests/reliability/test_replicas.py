@@ -34,11 +34,11 @@ LEASE_TTL_S = 1.5  # a lease tick every 0.5 s: a handed-back job is taken over w
 
 
 def replica(
-    redis: RedisServer, tmp_path: Path, name: str
+    redis: RedisServer, tmp_path: Path, name: str, store: RedisQuotaStore | None = None
 ) -> contextlib.AbstractAsyncContextManager[Reliable]:
     return reliable_gateway(
         core=sim_core(0.01),
-        store=RedisQuotaStore(redis.url),
+        store=store if store is not None else RedisQuotaStore(redis.url),
         store_url=redis.url,
         replica_id=name,
         lease_ttl_s=LEASE_TTL_S,
@@ -246,16 +246,7 @@ async def test_a_take_over_the_store_fails_is_handed_back_and_taken_over_again(
     redis: RedisServer, tmp_path: Path
 ) -> None:
     store = OneBlipStore(redis.url)
-    taker = reliable_gateway(
-        core=sim_core(0.01),
-        store=store,
-        store_url=redis.url,
-        replica_id="b",
-        lease_ttl_s=LEASE_TTL_S,
-        grace_s=0.1,
-        outbox_file=tmp_path / "outbox-b.jsonl",
-    )
-    async with taker as b:
+    async with replica(redis, tmp_path, "b", store) as b:
         async with replica(redis, tmp_path, "a") as a:
             b.keys["t1"] = await a.tenant("t1")
             job = await a.submit("t1", chain(3, 24))
