@@ -53,7 +53,13 @@ from anyio.abc import TaskGroup
 from opentelemetry import trace
 
 from engine import FinishReason, TokenDelta
-from gateway.backends import BackendCall, BackendCapacity, BackendLost, CallStream
+from gateway.backends import (
+    BackendCall,
+    BackendCapacity,
+    BackendLost,
+    BackendRefused,
+    CallStream,
+)
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
@@ -306,8 +312,12 @@ class Dispatcher(OwnsTasks):
         if run.ended:  # its cancel came while it was admitted: nothing else will finish it
             self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
             return
-        self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
-        self._track(run, quota, info)
+        try:
+            self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
+            self._track(run, quota, info)
+        except BaseException:  # admitted, but it will not run here: nothing else finishes it
+            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
+            raise
         if run.state is JobState.QUEUED:  # its first owner stopped before it started it
             run.start(now)
         for node_id, node in run.nodes.items():
@@ -682,6 +692,9 @@ class Dispatcher(OwnsTasks):
             except BackendLost as exc:
                 log.warning("backend %s lost %s: %s", entry.backend, call.call_id, exc)
                 lost, failure = True, BACKEND_LOST
+            except BackendRefused as exc:  # the server's answer about this call: it says why
+                log.info("backend %s refused %s: %s", entry.backend, call.call_id, exc)
+                failure = f"backend refused: {exc}"
             except Exception:
                 log.exception("following %s", call.call_id)
                 failure = INTERNAL_ERROR

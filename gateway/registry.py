@@ -52,11 +52,14 @@ class JobRegistry:
         return self._jobs.get(job_id) if job_id is not None else None
 
     def ended(self, run: JobRun) -> None:
-        """Note an ended job; forget the tenant's oldest ended ones beyond the limits."""
-        if run.job_id not in self._jobs:
-            return  # its tenant was deleted
+        """Note an ended job (once: again is nothing); forget the tenant's oldest ended ones
+        beyond the limits."""
+        if self._jobs.get(run.job_id) is not run:
+            return  # its tenant was deleted, or it was given back
         tenant = run.tenant_id
         ended = self._ended[tenant]
+        if run.job_id in ended:
+            return
         ended[run.job_id] = size = run.retained_bytes()
         self._ended_bytes[tenant] += size
         while len(ended) > 1 and (
@@ -66,6 +69,12 @@ class JobRegistry:
             job_id, size = ended.popitem(last=False)
             self._ended_bytes[tenant] -= size
             self._drop(self._jobs[job_id])
+
+    def discard(self, run: JobRun) -> None:
+        """Forget a job that runs on elsewhere (given back to the journal before it ended here):
+        it is kept by the journal, not by this process."""
+        if self._jobs.get(run.job_id) is run and run.job_id not in self._ended[run.tenant_id]:
+            self._drop(run)
 
     def forget_tenant(self, tenant_id: str) -> None:
         """Drop every job of a deleted tenant (call after its running jobs were cancelled)."""

@@ -253,14 +253,17 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             await self.dispatcher.resume(run, quota)
         except (TenantNotFound, QuotaExceeded) as exc:  # it cannot run here, nor anywhere
             run.cancel(self.clock(), f"could not resume: {exc}")
+            self.jobs.ended(run)
             return
         except QuotaUnavailable:  # it cannot run here now: the next claim tries again
             log.warning("taking over job %s: the quota store is away; handed back", run.job_id)
             await self.journaling.give_back(run.job_id)
+            self.jobs.discard(run)
             return
         except Exception:  # it would fail the same way on any replica
             log.exception("taking over job %s failed", run.job_id)
             self.dispatcher.cancel(run, "could not resume: internal error", failed=True)
+            self.jobs.ended(run)  # the dispatcher may not have held it yet
             return
         if cancel_asked:
             self.dispatcher.cancel(run, "cancelled by the client", charge=True)

@@ -28,7 +28,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, Reservation, TenantQuota
-from tenants.policies import FcfsPolicy, JustitiaPolicy, Policy
+from tenants.policies import FcfsPolicy, JobInfo, JustitiaPolicy, Policy
 from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
 from tests.gateway.conftest import sim_core
@@ -541,6 +541,27 @@ class HeldAdmission(CountingStore):
         self.admitting.set()
         await self.admit.wait()
         return await super().admit_job(tenant_id, job_id, num_nodes, ttl_s=ttl_s)
+
+
+class RefusingFcfs(FcfsPolicy):
+    """Refuses every job it is given: a policy that fails once a job is admitted."""
+
+    def add_job(self, info: JobInfo, now: float) -> None:
+        raise RuntimeError("the policy failed")
+
+
+async def test_a_take_over_that_fails_after_its_admission_leaves_nothing_admitted(
+    make_env: MakeEnv,
+) -> None:
+    store = CountingStore()
+    env = await make_env(store, policy=RefusingFcfs())
+    run = job("taken", ("a", 100))
+    run.start(run.created_at)  # by the replica that ran it before
+    with pytest.raises(RuntimeError, match="the policy failed"):
+        await env.dispatcher.resume(run, QUOTA)
+    await anyio.wait_all_tasks_blocked()
+    assert store.ops == ["admit_job", "finish_job"]
+    assert (await store.usage("acme")).queued_jobs == 0
 
 
 async def test_a_job_cancelled_while_it_is_taken_over_leaves_nothing_admitted(

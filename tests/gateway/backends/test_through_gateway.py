@@ -1,0 +1,33 @@
+"""A real gateway before the in-process `fairgate engine serve` app (the `openai` backend): what a
+tenant sees of the server's answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fairgate.v1 import gateway_pb2 as pb
+from tests.gateway.backends.conftest import Remote, settings
+from tests.gateway.engine_servers import model_folder
+from tests.reliability.harness import node, reliable_gateway
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_call_the_server_refuses_fails_with_the_servers_reason(
+    server: Remote, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 4xx is the server's answer about that call: its node fails saying so, not as a fault
+    of the gateway's (which logs a traceback and tells the tenant only "internal error")."""
+    async with reliable_gateway(backends=[settings(server.url, model_folder(tmp_path))]) as h:
+        await h.tenant("a")
+        server.gate.failing["/v1/completions"] = 400
+        job = await h.run("a", pb.JobSpec(nodes=[node("n", "hello", 4)]))
+        assert job.state == pb.JOB_STATE_FAILED
+        (failed,) = job.nodes
+        assert failed.state == pb.NODE_STATE_FAILED
+        assert "refused" in failed.reason and "400: it failed" in failed.reason
+        assert not [r for r in caplog.records if r.exc_info]  # no traceback for an answer
+        server.gate.failing.clear()
+        await h.unharmed()
