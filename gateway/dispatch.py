@@ -647,6 +647,7 @@ class Dispatcher(OwnsTasks):
                     entry.priority,
                     ticket.plan.reserve_output,
                     call.tenant_id if self.config.cache_salt_per_tenant else "",
+                    ticket.quota_id,  # each attempt's own, as in the quota store
                 )
             )
         except Exception as exc:

@@ -62,12 +62,16 @@ class Capabilities:
 class BackendCall:
     """One call as a backend receives it: token ids in, the gateway's limits applied."""
 
-    call_id: str  # the backend's request id
+    call_id: str  # the call's id with the backend: abort and priority name it
     prompt_ids: list[int]
     params: SamplingParams  # max_tokens is the gateway's enforced cap
     priority: float = 0.0  # lower runs first; only for backends with the capability
     predicted_output: int = 0  # KV the backend should set aside for the output, when it can
     cache_salt: str = ""  # prefix-cache blocks are shared only between equal salts
+    # this attempt's request id on a server (empty: the call id): a call run again is a new
+    # request there, which a server still finishing the last attempt's (it has not yet seen
+    # its client go) would refuse under the same id
+    attempt_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

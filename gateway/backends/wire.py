@@ -44,7 +44,7 @@ def completion_body(call: BackendCall, model: str, send_priority: bool) -> dict[
         "top_p": params.top_p,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "request_id": call.call_id,
+        "request_id": call.attempt_id or call.call_id,
         "return_token_ids": True,
     }
     optional: dict[str, Any] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -218,6 +219,23 @@ async def test_a_refused_call_fails_with_the_servers_reason_and_spares_the_break
             [delta async for delta in backend.submit(call)]
         assert refused.value.status == 400
         assert backend.capacity().healthy
+
+
+@pytest.mark.engine_step_s(SLOW_STEP_S)
+async def test_an_attempt_is_its_own_request_while_the_server_holds_the_last(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A call run again (its backend lost it, or it yielded its slot) is sent while the server
+    may not yet have seen the last attempt's client go: under the same request id the server
+    would refuse it (409 here, 400 on vLLM) and the call would fail."""
+    body = {"prompt": list(range(1, 21)), "max_tokens": 500, "stream": True}
+    async with server.http.stream(
+        "POST", "/v1/completions", json=body | {"request_id": "call-1"}
+    ) as held:  # the server still runs the first attempt under the call's id
+        assert held.status_code == 200
+        async with backend_on(server.url, tokenizer_dir) as backend:
+            again = replace(make_call("call-1", max_tokens=4), attempt_id="call-1#2")
+            assert [d async for d in backend.submit(again)][-1].finished
 
 
 async def test_a_call_id_already_running_is_refused(server: Remote, tokenizer_dir: Path) -> None:
