@@ -9,7 +9,8 @@ stream, so whoever sees the finished delta can also read the call's usage. The u
 server's when it sent one (the quota settles on it), else the token ids counted. An error event
 (`{"error": {...}}`, as vLLM and fairgate send one mid-stream) ends the call as its code says
 (`answer_error`: a 4xx refused, a 5xx or none lost). A stream that ends with no finish was cut:
-lost.
+lost; so is a call the server itself aborted (vLLM's finish reason `abort`: it stopped the
+request, its client still listening), which the server answered for (it is up).
 Pure: events' data in, deltas out.
 Invariant: exactly one delta has `finished` True, and it is the last; `usage` is set before it is
 handed out.
@@ -26,6 +27,7 @@ from gateway.backends.errors import BackendLost, answer_error
 from gateway.backends.wire import finish_reason
 
 DONE = "[DONE]"
+ABORTED = "abort"  # a finish reason that is no finish: the call was cut short
 
 
 class CompletionDecoder:
@@ -46,11 +48,19 @@ class CompletionDecoder:
         if not data:  # an event of other fields only (an id, a retry): nothing to read
             return []
         try:
-            event: dict[str, Any] = json.loads(data)
+            event = json.loads(data)
         except ValueError:
             raise BackendLost(
                 f"call {self.call_id}: an event that is not JSON: {data[:200]!r}"
             ) from None
+        try:
+            return self._read(event)
+        except (AttributeError, KeyError, TypeError, ValueError):  # the server's, untrusted
+            raise BackendLost(
+                f"call {self.call_id}: an event that is not a completion chunk: {data[:200]!r}"
+            ) from None
+
+    def _read(self, event: dict[str, Any]) -> list[TokenDelta]:
         if "error" in event:
             raise _error(self.call_id, event["error"])
         out: list[TokenDelta] = []
@@ -90,6 +100,8 @@ class CompletionDecoder:
             if not token_ids and not text:
                 return None  # a chunk with nothing new (vLLM sends some)
             return TokenDelta(self.call_id, token_ids, text)
+        if reason == ABORTED:  # the server dropped the call (not its client): it may run again
+            raise BackendLost(f"call {self.call_id}: the server aborted it", answered=True)
         self._finished = True
         self._held = TokenDelta(
             self.call_id, token_ids, text, finished=True, finish_reason=finish_reason(reason)

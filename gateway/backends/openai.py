@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import math
 import socket
@@ -59,6 +60,7 @@ CONNECT_TIMEOUT_S = 5.0
 # others, does at 5 s): a request sent as the server closes its end fails unread
 KEEPALIVE_S = 2.0
 NEWS_GAP_S = 0.02  # the least time between two scrapes that news asked for
+MAX_ERROR_BYTES = 65_536  # of an error answer read for its message
 
 
 class _Verdict(enum.Enum):
@@ -268,12 +270,14 @@ class OpenAIBackend(OwnsTasks):
                 try:
                     await self._stream(call, attempt)
                     attempt.verdict = _Verdict.WORKS
-                except (BackendError, httpx.HTTPError) as exc:
-                    error = self._as_backend_error(call, exc)
-                    attempt.verdict = _verdict(error)
-                    await attempt.send.send(error)
                 except anyio.BrokenResourceError:
                     pass  # the stream was closed: nobody listens, the response closes here
+                except Exception as exc:  # whatever the server did, it ends this call only
+                    error = self._as_backend_error(call, exc)
+                    attempt.verdict = _verdict(error)
+                    # its reader may be gone (it had the finished delta): nobody to tell
+                    with contextlib.suppress(anyio.BrokenResourceError):
+                        await attempt.send.send(error)
         finally:
             if control.usage is None:
                 control.usage = attempt.decoder.counted_usage()
@@ -302,8 +306,7 @@ class OpenAIBackend(OwnsTasks):
         body = completion_body(call, self.model, self.settings.priority)
         async with self.client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
-                await response.aread()
-                raise _refusal(call, response)
+                raise _refusal(call, response.status_code, await _head(response))
             async for event in EventSource(response).aiter_sse():
                 await attempt.hand_out(attempt.decoder.feed(event.data))
                 if not attempt.shown:
@@ -320,6 +323,8 @@ class OpenAIBackend(OwnsTasks):
     def _as_backend_error(self, call: BackendCall, exc: Exception) -> BackendError:
         if isinstance(exc, BackendError):
             return exc
+        if not isinstance(exc, httpx.HTTPError):  # not the network's: a fault to look into
+            logger.error("backend %s: call %s", self.name, call.call_id, exc_info=exc)
         return BackendLost(f"backend {self.name}: call {call.call_id}: {exc!r}")
 
 
@@ -331,11 +336,21 @@ def _verdict(error: BackendError) -> _Verdict:
     return _Verdict.NONE if error.answered else _Verdict.FAILED
 
 
-def _refusal(call: BackendCall, response: httpx.Response) -> BackendError:
+async def _head(response: httpx.Response) -> bytes:
+    """The start of an error answer's body: what says why, never all a server may send."""
+    head = b""
+    async for part in response.aiter_bytes():
+        head += part
+        if len(head) >= MAX_ERROR_BYTES:
+            break
+    return head[:MAX_ERROR_BYTES]
+
+
+def _refusal(call: BackendCall, status: int, body: bytes) -> BackendError:
     """The error a non-200 answer to a completion request stands for."""
     try:
-        message = str(response.json()["error"]["message"])
+        message = str(json.loads(body)["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        message = response.text[:300]
-    text = f"call {call.call_id}: the server answered {response.status_code}: {message}"
-    return answer_error(text, response.status_code)
+        message = body[:300].decode("utf-8", "replace")
+    text = f"call {call.call_id}: the server answered {status}: {message[:300]}"
+    return answer_error(text, status)

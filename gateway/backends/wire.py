@@ -2,11 +2,12 @@
 
 One streamed completion per call: the prompt as token ids (the gateway's counts are the
 server's), the gateway's enforced `max_tokens`, sampling as `SamplingParams` has it,
-`request_id` = the call id (the server's logs and aborts name the call), token ids and the usage
-streamed back. Fields that change the server's behaviour only when asked (`priority`,
-`min_tokens`, `ignore_eos`, `top_k`, `stop_token_ids`, `cache_salt`) are sent only when they ask
-for something, so a server that lacks a feature is not refused what it need not do; `priority`
-goes only to a server configured for priority scheduling (vLLM refuses a non-zero one otherwise).
+`request_id` = the attempt's id (the call id, suffixed for a call run again: the server's logs
+name the call), token ids and the usage streamed back. Fields that change the server's
+behaviour only when asked (`priority`, `min_tokens`, `ignore_eos`, `top_k`, `stop_token_ids`,
+`cache_salt`) are sent only when they ask for something, so a server that lacks a feature is not
+refused what it need not do; `priority` goes only to a server configured for priority
+scheduling (vLLM refuses a non-zero one otherwise).
 Pure: no I/O.
 """
 
@@ -23,12 +24,12 @@ from gateway.backends.base import BackendCall
 PRIORITY_SCALE = 1000
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
-# vLLM's finish reasons (vllm/v1/engine FINISH_REASON_STRINGS); a reason not listed is an error
+# vLLM's finish reasons (vllm/v1/engine FINISH_REASON_STRINGS) but `abort`, which is no finish
+# (the decoder's: the call is lost); a reason not listed is an error
 FINISH_REASONS = {
     "stop": FinishReason.STOP,
     "length": FinishReason.LENGTH,
     "repetition": FinishReason.STOP,  # vLLM's repetition detection ended it: a stop of its own
-    "abort": FinishReason.ABORT,
     "error": FinishReason.ERROR,
 }
 

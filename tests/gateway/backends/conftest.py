@@ -13,7 +13,7 @@ test can act while a call runs.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,10 @@ class Gate:
     api_key: str | None = None
     # send U+0085, U+2028 and U+2029 raw, as vLLM does (fairgate's server escapes them)
     raw_separators: bool = False
+    # completions answered by a script instead of the app: the request's body in, the
+    # response's body out, chunk by chunk; an exception drops the connection, as a server
+    # that dies does
+    script: Callable[[dict[str, Any]], AsyncIterator[bytes]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -60,7 +64,41 @@ class Gate:
             if status is not None:
                 body = json.dumps({"error": {"message": "it failed", "code": status}})
                 return await _answer(send, status, body.encode())
+            if self.script is not None and scope["path"] == "/v1/completions":
+                return await _scripted(self.script, receive, send)
         await self.app(scope, receive, _unescaping(send) if self.raw_separators else send)
+
+
+async def _scripted(
+    script: Callable[[dict[str, Any]], AsyncIterator[bytes]], receive: Receive, send: Send
+) -> None:
+    raw = b""
+    while True:
+        message = await receive()
+        raw += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    headers = [(b"content-type", b"text/event-stream")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    async for part in script(json.loads(raw)):
+        await send({"type": "http.response.body", "body": part, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def sse(data: Any) -> bytes:
+    """One server-sent event of `data` as JSON (a string as it is)."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+def chunk(token_ids: Sequence[int] = (), text: str = "", finish: str | None = None) -> bytes:
+    """A completion chunk's event with one choice."""
+    choice = {"index": 0, "text": text, "token_ids": list(token_ids), "finish_reason": finish}
+    return sse({"object": "text_completion", "choices": [choice]})
+
+
+def usage_chunk(prompt_tokens: int, completion_tokens: int) -> bytes:
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    return sse({"object": "text_completion", "choices": [], "usage": usage})
 
 
 def _unescaping(send: Send) -> Send:

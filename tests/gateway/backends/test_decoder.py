@@ -67,7 +67,6 @@ def test_a_stream_cut_before_the_finish_is_lost_and_counts_what_came() -> None:
         ("stop", FinishReason.STOP),
         ("length", FinishReason.LENGTH),
         ("repetition", FinishReason.STOP),
-        ("abort", FinishReason.ABORT),
         ("error", FinishReason.ERROR),
         ("content_filter", FinishReason.ERROR),
     ],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -23,9 +25,12 @@ from tests.gateway.backends.conftest import (
     SLOW_STEP_S,
     Remote,
     backend_on,
+    chunk,
     make_call,
     remote,
     scraped_until,
+    sse,
+    usage_chunk,
 )
 from tests.gateway.backends.proxy import cuttable_proxy
 
@@ -236,6 +241,80 @@ async def test_an_attempt_is_its_own_request_while_the_server_holds_the_last(
         async with backend_on(server.url, tokenizer_dir) as backend:
             again = replace(make_call("call-1", max_tokens=4), attempt_id="call-1#2")
             assert [d async for d in backend.submit(again)][-1].finished
+
+
+MALFORMED = {  # events that are JSON but no completion chunk a server would send
+    "not an object": [sse([1, 2])],
+    "a token id that is no number": [chunk(["x"], "A")],  # type: ignore[list-item]
+    "usage without its completion tokens": [
+        chunk([65], "A", finish="length"),
+        sse({"choices": [], "usage": {"prompt_tokens": 20}}),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+async def test_a_malformed_event_loses_the_call_not_the_backend(
+    server: Remote, tokenizer_dir: Path, case: str
+) -> None:
+    """What a server sends is read as untrusted: a chunk of the wrong shape loses that call; it
+    once escaped the call's task and ended the task group of the backend, and the gateway's."""
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        for event in MALFORMED[case]:
+            yield event
+
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        with pytest.raises(BackendLost, match="not a completion chunk"):
+            [delta async for delta in backend.submit(make_call("bad"))]
+        server.gate.script = None
+        assert [d async for d in backend.submit(make_call("good"))][-1].finished
+
+
+async def test_a_stream_cut_after_its_call_finished_spares_the_backend(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """The finished delta was handed out and its reader gone when the connection drops before
+    `[DONE]`: the lost stream has nobody to tell, and telling nobody must not fail the task."""
+    answered = anyio.Event()
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield chunk([65], "A")
+        yield chunk([66], "B", finish="length")
+        yield usage_chunk(len(body["prompt"]), 2)
+        await answered.wait()
+        raise RuntimeError("the server died before [DONE]")  # the connection drops
+
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        first = backend.submit(make_call("first", max_tokens=2))
+        assert [d async for d in first][-1].finished
+        answered.set()
+        with anyio.fail_after(5):
+            await first._control.ended.wait()  # type: ignore[attr-defined]
+        server.gate.script = None
+        assert [d async for d in backend.submit(make_call("second"))][-1].finished
+
+
+async def test_a_call_the_server_aborts_is_lost_not_finished(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """vLLM ends a call it dropped itself with the finish reason `abort`: cut short, not done,
+    so it must not succeed with what it had (nor be charged, nor teach the predictor)."""
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield chunk([65, 66, 67], "ABC")
+        yield chunk(finish="abort")
+        yield usage_chunk(len(body["prompt"]), 3)
+        yield sse("[DONE]")
+
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir, breaker_failures=1) as backend:
+        with pytest.raises(BackendLost, match="aborted") as lost:
+            [delta async for delta in backend.submit(make_call(max_tokens=60))]
+        assert lost.value.answered  # the server is up: its breaker stays closed
+        assert backend.capacity().healthy
 
 
 async def test_a_call_id_already_running_is_refused(server: Remote, tokenizer_dir: Path) -> None:
