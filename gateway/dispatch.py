@@ -232,8 +232,11 @@ class Dispatcher(OwnsTasks):
         admitted = Admitted(info, blanks, ticket)
         try:
             await self._admit_in_store(run, ticket)
-        except QuotaUnavailable:  # the script may still run once the store answers: undo it
-            await self.undo_admit(run, admitted)
+        except (QuotaUnavailable, anyio.get_cancelled_exc_class()):
+            # the script may have run (or still run once the store answers), though nobody
+            # will submit the job: its client left, or the store's reply never came
+            with anyio.CancelScope(shield=True):
+                await self.undo_admit(run, admitted)
             raise
         return admitted
 

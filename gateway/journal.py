@@ -344,6 +344,12 @@ class RedisJournal(RedisClient):
         sooner past its tenant's bounds)."""
         return bool(await self._redis.exists(self._job(tenant_id, job_id)))
 
+    async def abandon(self, run: JobRun) -> None:
+        """A job whose `create` may have run but whose reply never came back (its client left):
+        if it was journaled, it is cancelled by whoever claims it, at once."""
+        if await self.ask_cancel(run.tenant_id, run.job_id):
+            await self.hand_back([Owned(run.tenant_id, run.job_id, 1)])
+
     @_fails_closed
     async def ask_cancel(self, tenant_id: str, job_id: str) -> bool:
         """Ask the job's owner to cancel it; False when it has ended or does not exist."""

@@ -228,10 +228,23 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         tenant_id = run.tenant_id
         admitted = await self.dispatcher.admit(run, quota)
         if self.journaling is not None:  # journaled before anyone hears of it
+            journal = self.journaling.journal
             try:
-                owned = await self.journaling.journal.create(run)
+                owned = await journal.create(run)
             except (KeyTaken, JournalUnavailable):
                 await self.dispatcher.undo_admit(run, admitted)
+                raise
+            except anyio.get_cancelled_exc_class():  # its client left: the job may be journaled
+                with anyio.CancelScope(shield=True):
+                    await self.dispatcher.undo_admit(run, admitted)
+                    try:
+                        await journal.abandon(run)
+                    except JournalUnavailable:
+                        log.warning(
+                            "job %s: its client left as the journal went away: it "
+                            "runs once its lease ends",
+                            run.job_id,
+                        )
                 raise
             self.journaling.attach(owned, run)
         self.jobs.add(run)
@@ -267,6 +280,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return
         if cancel_asked:
             self.dispatcher.cancel(run, "cancelled by the client", charge=True)
+        if run.ended:  # perhaps before the dispatcher held it (cancelled, or lost, meanwhile)
+            self.jobs.ended(run)
 
     async def _find(self, tenant_id: str, job_id: str) -> JobRun:
         """The caller's job: the one this replica runs, else as the journal has it."""

@@ -3,6 +3,8 @@ store reply holding up only its own tenant, an admitted job's slot freed one lea
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import grpc
 import pytest
@@ -95,3 +97,51 @@ async def test_an_admitted_job_holds_its_slot_for_one_lease_after_a_crash() -> N
         job = await h.submit("crashy", roots(1))
         assert (await h.finished("crashy", job.job_id)).state == pb.JOB_STATE_SUCCEEDED
         await h.unharmed()
+
+
+class ReplyHeld(MemoryQuotaStore):
+    """The in-memory store whose admissions land but whose replies never come back: a client
+    leaving meanwhile is the one to undo them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.landed, self.finished = anyio.Event(), anyio.Event()
+
+    async def _held(self) -> None:
+        self.landed.set()
+        await anyio.sleep_forever()
+
+    async def admit_job(
+        self, tenant_id: str, job_id: str, num_nodes: int, *, ttl_s: float = 3600.0
+    ) -> bool:
+        await super().admit_job(tenant_id, job_id, num_nodes, ttl_s=ttl_s)
+        await self._held()
+        raise AssertionError("unreachable")
+
+    async def admit_job_and_reserve(self, *args: Any, **kwargs: Any) -> Reservation | None:
+        await super().admit_job_and_reserve(*args, **kwargs)
+        await self._held()
+        raise AssertionError("unreachable")
+
+    async def finish_job(self, tenant_id: str, job_id: str) -> bool:
+        try:
+            return await super().finish_job(tenant_id, job_id)
+        finally:
+            self.finished.set()
+
+
+@pytest.mark.parametrize("rpc", ["SubmitJob", "RunJob"])
+async def test_a_client_gone_while_its_job_is_admitted_leaves_nothing_admitted(rpc: str) -> None:
+    """Its admission ran in the store, its reply on the way: the job was not undone and held
+    the tenant's queued-job slot (a one-call job its reservation too) for a whole lease."""
+    store = ReplyHeld()
+    async with reliable_gateway(store=store) as h:
+        await h.tenant("acme", max_queued_jobs=1)
+        call = getattr(h.stub, rpc)(pb.SubmitJobRequest(job=roots(1)), metadata=h.auth("acme"))
+        with anyio.fail_after(5):
+            await store.landed.wait()
+        call.cancel()  # the client goes away
+        with anyio.fail_after(5):
+            await store.finished.wait()
+        usage = await h.usage("acme")
+        assert (usage.queued_jobs, usage.active_reservations) == (0, 0)

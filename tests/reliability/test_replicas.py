@@ -289,3 +289,33 @@ async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took
         with anyio.fail_after(15):
             finished = await b.finished("t1", job_id)
         assert finished.state == pb.JOB_STATE_CANCELLED
+
+
+async def test_a_run_job_client_gone_while_its_job_is_journaled_runs_nothing(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The journal holds the job, its reply on the way, when the only client leaves: the job
+    was never undone, and one lease later the replica's own scan took it over and ran it."""
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        assert a.gateway.journaling is not None
+        journal = a.gateway.journaling.journal
+        create, created, landed = journal.create, [], anyio.Event()
+
+        async def reply_held(run: JobRun) -> object:
+            await create(run)
+            created.append(run.job_id)
+            landed.set()
+            await anyio.sleep_forever()
+
+        journal.create = reply_held  # type: ignore[method-assign,assignment]
+        call = a.stub.RunJob(pb.SubmitJobRequest(job=roots(1, 20)), metadata=a.auth("t1"))
+        with anyio.fail_after(5):
+            await landed.wait()
+        call.cancel()  # the only client goes away
+        journal.create = create  # type: ignore[method-assign]
+        with anyio.fail_after(15):
+            finished = await a.finished("t1", created[0])
+        assert finished.state == pb.JOB_STATE_CANCELLED
+        usage = await a.usage("t1")
+        assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
