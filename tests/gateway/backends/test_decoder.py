@@ -126,9 +126,13 @@ def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> N
 @pytest.mark.parametrize(
     ("status", "raised", "answered"),
     [
-        (301, BackendRefused, None),  # a redirect: the settings name the wrong URL
-        (204, BackendRefused, None),
-        (404, BackendRefused, None),
+        (400, BackendRefused, None),
+        (413, BackendRefused, None),
+        (301, BackendLost, False),  # a redirect: the settings name the wrong URL
+        (204, BackendLost, False),
+        (401, BackendLost, False),  # a key the server does not take: no call sent there runs
+        (403, BackendLost, False),
+        (404, BackendLost, False),  # no such model (or route) there
         (429, BackendLost, False),
         (500, BackendLost, True),
         (501, BackendLost, True),

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
-from tests.gateway.backends.conftest import Remote, settings
+from tests.gateway.backends.conftest import Remote, remote, settings
 from tests.gateway.engine_servers import model_folder
 from tests.reliability.harness import node, reliable_gateway
 
@@ -31,3 +32,32 @@ async def test_a_call_the_server_refuses_fails_with_the_servers_reason(
         assert not [r for r in caplog.records if r.exc_info]  # no traceback for an answer
         server.gate.failing.clear()
         await h.unharmed()
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+async def test_a_server_that_refuses_every_call_loses_them_to_a_good_one(
+    tmp_path: Path, status: int
+) -> None:
+    """A key the server no longer takes, or a model it does not serve, refuses every call sent
+    there: read as the call's own fault, each failed its job while a good server stood by, and
+    the bad one, its breaker closed and its room freed at once, drew ever more calls."""
+    folder = model_folder(tmp_path)
+    async with remote() as good, remote() as bad:
+        bad.gate.failing["/v1/completions"] = status
+        backends = [
+            settings(server.url, folder, name=name, breaker_failures=2)
+            for name, server in (("good", good), ("bad", bad))
+        ]
+        async with reliable_gateway(backends=backends) as h:
+            await h.tenant("a")
+            finished: list[pb.Job] = []
+
+            async def run(i: int) -> None:
+                finished.append(await h.run("a", pb.JobSpec(nodes=[node("n", f"hi {i}")])))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(10):
+                    tg.start_soon(run, i)
+            assert [job.state for job in finished] == [pb.JOB_STATE_SUCCEEDED] * 10
+            assert not h.gateway.dispatcher.backends["bad"].capacity().healthy
+            await h.unharmed()
