@@ -141,9 +141,12 @@ class RedisJournal(RedisClient):
     def _log(self, tenant_id: str, job_id: str) -> str:
         return f"{self._job(tenant_id, job_id)}:log"
 
+    def _key_records(self, tenant_id: str) -> str:
+        """The prefix of the tenant's idempotency records."""
+        return f"{self._base}:key:{tenant_id}:"
+
     def _key_record(self, tenant_id: str, key: str) -> str:
-        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-        return f"{self._base}:key:{tenant_id}:{digest}"
+        return self._key_records(tenant_id) + hashlib.sha256(key.encode()).hexdigest()[:32]
 
     @property
     def _ttl_ms(self) -> int:
@@ -349,6 +352,39 @@ class RedisJournal(RedisClient):
         if it was journaled, it is cancelled by whoever claims it, at once."""
         if await self.ask_cancel(run.tenant_id, run.job_id):
             await self.hand_back([Owned(run.tenant_id, run.job_id, 1)])
+
+    @_fails_closed
+    async def forget_tenant(self, tenant_id: str) -> None:
+        """A deleted tenant's jobs, open or ended, and its idempotency records go: a tenant
+        created again under the id sees none of them, and the replicas that run its open jobs
+        find them gone at their next renewal and stop them. (Scans the journal's keys: a
+        tenant's deletion is rare.)"""
+        keys = self._ended_keys(tenant_id)
+        for pattern in (self._job(tenant_id, "*"), self._key_records(tenant_id) + "*"):
+            keys += [key async for key in self._redis.scan_iter(match=pattern, count=1000)]
+        match = _member(tenant_id, "*")
+        members = [m async for m, _ in self._redis.zscan_iter(self._index, match=match)]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for start in range(0, len(keys), 1000):
+                pipe.unlink(*keys[start : start + 1000])
+            if members:
+                pipe.zrem(self._index, *members)
+            await pipe.execute()
+
+    @_fails_closed
+    async def ask_cancel_of_key(self, tenant_id: str, key_id: str) -> int:
+        """Ask the owners of the tenant's open jobs submitted with the key to cancel them (it was
+        revoked); how many were asked."""
+        match = _member(tenant_id, "*")
+        members = [m async for m, _ in self._redis.zscan_iter(self._index, match=match)]
+        jobs = [member.split("/", 1)[1] for member in members]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for job_id in jobs:
+                pipe.hget(self._job(tenant_id, job_id), "key_id")
+            keys = await pipe.execute()
+        mine = [job_id for job_id, key in zip(jobs, keys, strict=True) if key == key_id]
+        asked = await self._each("cancel", [([self._job(tenant_id, j)], []) for j in mine])
+        return sum(map(bool, asked))
 
     @_fails_closed
     async def ask_cancel(self, tenant_id: str, job_id: str) -> bool:

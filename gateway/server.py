@@ -41,6 +41,7 @@ from gateway.auth import AuthInterceptor, FailureThrottle
 from gateway.backends import OpenAIBackend
 from gateway.calls import CallDefaults, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
+from gateway.errors import JournalUnavailable
 from gateway.genai_metrics import GenAiMetrics
 from gateway.journal import RedisJournal
 from gateway.journaling import Journaling
@@ -403,6 +404,8 @@ def _build_server(
             if run.tenant_id == tenant_id:
                 dispatcher.cancel(run, "tenant deleted", charge=True)
         jobs.forget_tenant(tenant_id)
+        if service.journaling is not None:  # and on every replica: its jobs leave the journal
+            await service.journaling.journal.forget_tenant(tenant_id)
 
     async def key_revoked(tenant_id: str, key_id: str) -> None:
         service.revoked(tenant_id, key_id)
@@ -411,6 +414,11 @@ def _build_server(
         for run in dispatcher.running_jobs():
             if run.key_id == key_id:
                 dispatcher.cancel(run, "API key revoked", charge=True)
+        if service.journaling is not None:  # the key's jobs other replicas run
+            try:
+                await service.journaling.journal.ask_cancel_of_key(tenant_id, key_id)
+            except JournalUnavailable:
+                log.warning("key %s revoked; its jobs on other replicas run on", key_id)
 
     admin = AdminService(
         store,

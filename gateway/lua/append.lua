@@ -1,8 +1,9 @@
 -- append: a batch of a job's events, by its owner only (the fencing token), without a gap or a
 -- duplicate: a batch sent again after a lost reply writes only what is not there yet. The batch
--- that ends the job also keeps its tenant's ended jobs within their bounds: each is noted with
--- its size in Redis' memory, and the oldest beyond `max count` or `max bytes` are dropped with
--- their idempotency record (never the one ending now); notes of jobs expired since are removed.
+-- that ends the job gives its idempotency record the job's retention, and keeps its tenant's
+-- ended jobs within their bounds: each is noted with its size in Redis' memory, and the oldest
+-- beyond `max count` or `max bytes` are dropped with their idempotency record (never the one
+-- ending now); notes of jobs expired since are removed.
 -- KEYS[1] job hash  KEYS[2] its event stream  KEYS[3] open-jobs index
 -- KEYS[4] the tenant's ended jobs (a sorted set by end)  KEYS[5] their sizes (a hash, `total`)
 -- ARGV[1] token  ARGV[2] first sequence  ARGV[3] index member  ARGV[4] batch ends the job (0/1)
@@ -28,6 +29,12 @@ redis.call('HSET', KEYS[1], 'ended', 1)
 redis.call('ZREM', KEYS[3], ARGV[3])
 redis.call('EXPIRE', KEYS[1], retention_s)
 redis.call('EXPIRE', KEYS[2], retention_s)
+-- its idempotency record names it as long as it is kept, and no longer: a key naming a job gone
+-- would answer a submission with it NOT_FOUND until the record's own day ran out
+local record = redis.call('HGET', KEYS[1], 'key_record')
+if record and redis.call('GET', record) == redis.call('HGET', KEYS[1], 'job_id') then
+  redis.call('EXPIRE', record, retention_s)
+end
 
 local function forget(member)
   local size = tonumber(redis.call('HGET', KEYS[5], member) or '0')

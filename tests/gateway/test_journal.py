@@ -238,3 +238,33 @@ async def test_a_closed_journal_refuses_instead_of_reconnecting(redis_prefix: st
     await journal.aclose()
     with pytest.raises(JournalUnavailable):  # redis-py alone would connect again and answer
         await journal.load("acme", "job-6")
+
+
+async def test_an_idempotency_record_lasts_as_long_as_its_job(redis_prefix: str) -> None:
+    """It was kept a day whatever the job's retention: once the job had gone, a submission with
+    its key found the record, then no job (NOT_FOUND) until the day ran out."""
+    journal = RedisJournal(REDIS_URL, "one", retention_s=60.0, prefix=redis_prefix)
+    try:
+        await _run_to_end(journal, JobRun("job-1", "acme", two_calls("k"), 100.0))
+        record = journal._key_record("acme", "k")
+        assert 0 < await journal._redis.ttl(record) <= 60
+    finally:
+        await journal.aclose()
+
+
+async def test_a_deleted_tenants_jobs_and_keys_leave_the_journal(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    """A tenant created again under a deleted one's id read its jobs and had its idempotency
+    keys name them; the deleted tenant's open job is lost to its owner at its next renewal."""
+    one, two = journals
+    await _run_to_end(one, JobRun("job-1", "acme", two_calls("k"), 100.0))
+    running = await one.create(JobRun("job-2", "acme", two_calls("k2"), 100.0))
+    await one.create(JobRun("job-3", "acme.b", two_calls("k"), 100.0))  # a tenant beside it
+    await two.forget_tenant("acme")
+    assert [await two.load("acme", job) for job in ("job-1", "job-2")] == [None, None]
+    assert [await two.job_by_key("acme", key) for key in ("k", "k2")] == [None, None]
+    assert (await one.renew([running])).lost == [running]
+    assert await two._redis.zscore(two._index, "acme/job-2") is None  # nobody may claim it
+    assert await two.job_by_key("acme.b", "k") == "job-3"
+    assert await two.load("acme.b", "job-3") is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ import grpc
 import pytest
 from redis.asyncio import Redis
 
+from fairgate.v1 import admin_pb2
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
@@ -23,6 +25,7 @@ from gateway.job_run import JobRun
 from gateway.journal import RedisJournal
 from gateway.journaling import SNAPSHOT_MIN_EVENTS
 from tenants import QuotaUnavailable, RedisQuotaStore
+from tenants.api_keys import key_id_of
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import Reliable, reliable_gateway, roots
 from tests.reliability.redis_server import RedisServer
@@ -319,3 +322,53 @@ async def test_a_run_job_client_gone_while_its_job_is_journaled_runs_nothing(
         assert finished.state == pb.JOB_STATE_CANCELLED
         usage = await a.usage("t1")
         assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
+
+
+async def running_watch(h: Reliable, tenant: str, job_id: str) -> AsyncIterator[pb.JobEvent]:
+    """The job's events on `h`, from the moment its call runs there."""
+    request = pb.WatchJobRequest(job_id=job_id)
+    events = aiter(h.stub.WatchJob(request, metadata=h.auth(tenant)))
+    async for event in events:
+        if event.node_state_changed.node.state == pb.NODE_STATE_RUNNING:
+            break
+    return events
+
+
+async def test_a_key_revoked_through_one_replica_stops_its_job_on_another(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Revoking cancelled only the jobs of the replica the Admin call reached."""
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await a.tenant("t1")
+        job = await b.submit("t1", roots(1, 500))  # runs on b, about 5 s
+        events = await running_watch(b, "t1", job.job_id)
+        revoke = admin_pb2.RevokeKeyRequest(tenant_id="t1", key_id=key_id_of(b.keys["t1"]))
+        await a.admin.RevokeKey(revoke, metadata=a.admin_auth)
+        with anyio.fail_after(5):  # asked through the journal: seen at b's next renewal
+            async for event in events:
+                if event.WhichOneof("event") == "job_finished":
+                    break
+        assert event.job_finished.job.state == pb.JOB_STATE_CANCELLED
+
+
+async def test_a_tenant_deleted_through_one_replica_is_gone_from_every_replica(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Its job on another replica ran on, and a tenant created again under its id read its jobs
+    from the journal and had its idempotency keys name them."""
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await a.tenant("t1")
+        spec = roots(1, 500)  # runs on b, about 5 s
+        spec.idempotency_key = "order-1"
+        job = await b.submit("t1", spec)
+        events = await running_watch(b, "t1", job.job_id)
+        delete = admin_pb2.DeleteTenantRequest(tenant_id="t1")
+        await a.admin.DeleteTenant(delete, metadata=a.admin_auth)
+        with anyio.fail_after(5):  # b finds the job gone at its next renewal: it stops it
+            assert [event async for event in events] == []
+        assert b.gateway.dispatcher.running_jobs() == []
+        a.keys["t1"] = await a.tenant("t1")  # a new tenant under the same id
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await a.stub.GetJob(pb.GetJobRequest(job_id=job.job_id), metadata=a.auth("t1"))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert (await a.submit("t1", spec)).job_id != job.job_id
