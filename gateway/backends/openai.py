@@ -23,6 +23,7 @@ and then frees its room (`UnseenCalls.ended`) and its breaker trial, whatever en
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import json
 import logging
@@ -41,7 +42,7 @@ from httpx_sse import EventSource
 
 from engine import TokenDelta
 from gateway.backends.base import BackendCall, BackendCapacity, CallStream, Capabilities
-from gateway.backends.breaker import CircuitBreaker
+from gateway.backends.breaker import BreakerState, CircuitBreaker
 from gateway.backends.call_stream import CallControl, Item, RemoteCallStream
 from gateway.backends.decoder import CompletionDecoder
 from gateway.backends.errors import BackendError, BackendLost, answer_error
@@ -178,7 +179,12 @@ class OpenAIBackend(OwnsTasks):
             return BackendCapacity(0, 1, 0, running=0, waiting=unseen, healthy=False)
         fresh = self._clock() - load.taken_at <= self.stale_after_s
         healthy = fresh and self._health_ok and self._breaker.allows()
-        return self._unseen.capacity(load, self.settings.max_num_seqs, healthy)
+        room = self._unseen.capacity(load, self.settings.max_num_seqs, healthy)
+        if healthy and self._breaker.state is BreakerState.HALF_OPEN:
+            # room for the trial alone: a dispatch pass takes calls before it sends any, and
+            # would take as many as the server had room for, all sent before the verdict
+            room = dataclasses.replace(room, free_slots=min(room.free_slots, 1))
+        return room
 
     @property
     def load(self) -> ServerLoad | None:
