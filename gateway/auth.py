@@ -41,6 +41,7 @@ from gateway.errors import (
     Unauthenticated,
     abort_with,
 )
+from gateway.revocations import STAMP, Revocations
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
 
@@ -120,19 +121,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         cache_ttl_s: float = 5.0,
         throttle: FailureThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
+        revocations: Revocations | None = None,
     ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
         self.throttle = throttle or FailureThrottle()
+        # what was withdrawn after an RPC's authentication began (`STAMP`, for its handler)
+        self.revocations = revocations if revocations is not None else Revocations()
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
         # the same digests, of the keys that passed lately: not guesses, so never throttled
         self._passed: TTLCache[str, Caller] = TTLCache(65_536, PASSED_KEYS_KEPT_S, timer=clock)
 
     def forget_key(self, key_id: str) -> None:
+        self.revocations.key_revoked(key_id)
         self._forget(lambda caller: caller.key_id == key_id)
 
     def forget_tenant(self, tenant_id: str) -> None:
+        self.revocations.tenant_deleted(tenant_id)
         self._forget(lambda caller: caller.tenant_id == tenant_id)
 
     def _forget(self, whose: Callable[[Caller], bool]) -> None:
@@ -154,7 +160,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         metadata = dict(details.invocation_metadata or ())
         credential = str(metadata.get("authorization", ""))
         admin = method.startswith(ADMIN_PREFIX)
-        return _wrap(handler, lambda peer: self._caller(credential, admin, peer))
+        return _wrap(
+            handler, lambda peer: self._caller(credential, admin, peer), self.revocations.stamp
+        )
 
     async def _caller(self, credential: str, admin: bool, peer: str) -> Caller:
         try:  # the key itself, however its header is spelled, so that one key is one entry
@@ -222,13 +230,15 @@ def _bounded(handler: Handler) -> Handler:
     return handler._replace(request_deserializer=bounded)  # type: ignore[attr-defined,no-any-return]
 
 
-def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handler:
+def _wrap(
+    handler: Handler, caller: Callable[[str], Awaitable[Caller]], stamp: Callable[[], int]
+) -> Handler:
     parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
 
         async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            tokens = await _authenticate(caller, context)
+            tokens = await _authenticate(caller, stamp, context)
             try:
                 return await inner(await _parsed(parse, raw, context), context)
             finally:
@@ -241,7 +251,7 @@ def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handl
         async def stream(
             raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
         ) -> AsyncIterator[Any]:
-            tokens = await _authenticate(caller, context)
+            tokens = await _authenticate(caller, stamp, context)
             try:
                 request = await _parsed(parse, raw, context)
                 async for response in inner_stream(request, context):
@@ -256,17 +266,20 @@ def _wrap(handler: Handler, caller: Callable[[str], Awaitable[Caller]]) -> Handl
     return handler  # no client-streaming RPCs in fairgate
 
 
-_Tokens = tuple[contextvars.Token[str], contextvars.Token[str]]
+_Tokens = tuple[contextvars.Token[str], contextvars.Token[str], contextvars.Token[int]]
 
 
 async def _authenticate(
-    caller: Callable[[str], Awaitable[Caller]], context: grpc.aio.ServicerContext[Any, Any]
+    caller: Callable[[str], Awaitable[Caller]],
+    stamp: Callable[[], int],
+    context: grpc.aio.ServicerContext[Any, Any],
 ) -> _Tokens:
+    began = stamp()  # before the key is looked up: a revocation meanwhile comes after it
     try:
         found = await caller(_peer_host(context.peer()))
     except Exception as exc:  # refusals and the store failing: translated once, at the edge
         await abort_with(context, exc)
-    return CALLER.set(found.tenant_id), CALLER_KEY.set(found.key_id)
+    return CALLER.set(found.tenant_id), CALLER_KEY.set(found.key_id), STAMP.set(began)
 
 
 async def _parsed(
@@ -281,6 +294,7 @@ async def _parsed(
 def _reset(tokens: _Tokens) -> None:
     CALLER.reset(tokens[0])
     CALLER_KEY.reset(tokens[1])
+    STAMP.reset(tokens[2])
 
 
 def _peer_host(peer: str) -> str:

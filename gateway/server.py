@@ -393,11 +393,11 @@ def _build_server(
         streams,
         max_active_jobs=settings.max_active_jobs,
         max_admissions_per_tenant=settings.max_admissions_per_tenant,
+        revocations=auth.revocations,
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)
 
     async def tenant_deleted(tenant_id: str) -> None:
-        service.revoked(tenant_id)
         auth.forget_tenant(tenant_id)
         streams.close(lambda s: s.tenant_id == tenant_id, "the tenant was deleted")
         for run in dispatcher.running_jobs():
@@ -408,7 +408,6 @@ def _build_server(
             await service.journaling.journal.forget_tenant(tenant_id)
 
     async def key_revoked(tenant_id: str, key_id: str) -> None:
-        service.revoked(tenant_id, key_id)
         auth.forget_key(key_id)
         streams.close(lambda s: s.key_id == key_id, "the API key was revoked")
         for run in dispatcher.running_jobs():

@@ -78,6 +78,7 @@ from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
 from gateway.overload import ShedJob
 from gateway.registry import JobRegistry
+from gateway.revocations import STAMP, Revocations
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
 from gateway.tenant_counts import TenantCounts
@@ -124,6 +125,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         max_active_jobs: int = MAX_ACTIVE_JOBS,
         max_admissions_per_tenant: int = MAX_ADMISSIONS_PER_TENANT,
         journaling: Journaling | None = None,
+        revocations: Revocations | None = None,
     ) -> None:
         self.jobs = jobs
         self.journaling = journaling
@@ -140,9 +142,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         # up to tens of ms, and one tenant's many must not queue ahead of every other tenant
         self._reading = _KeyedLocks()
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
-        # bumped by a key's revocation or a tenant's deletion, so that an admission that was
-        # under way meanwhile is undone instead of escaping the cancel
-        self._epochs: Counter[str] = Counter()
+        # so that an admission under way across a key's revocation or its tenant's deletion is
+        # undone instead of escaping the cancel
+        self.revocations = revocations if revocations is not None else Revocations()
         # tenant -> quota: an operator's change reaches new jobs within quota_ttl_s
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 
@@ -178,16 +180,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 )
             return existing
 
-    def revoked(self, tenant_id: str, key_id: str = "") -> None:
-        """A key was revoked (or, without one, the tenant deleted): admissions under way for
-        it are undone when they come back."""
-        self._epochs[key_id or f"tenant {tenant_id}"] += 1
-
     async def _admit(
         self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
     ) -> JobRun:
         key_id = current_key()
-        epochs = (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"])
         quota = await self._quota(tenant_id)
         validate_job(spec, self._limits(quota), now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
@@ -200,7 +196,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         async with self._slots(run):
-            return await self._admit_run(run, quota, key_id, epochs)
+            return await self._admit_run(run, quota, key_id)
 
     @asynccontextmanager
     async def _slots(self, run: JobRun) -> AsyncIterator[None]:
@@ -222,9 +218,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             add_shed_event(trace.get_current_span(), "SLO_SHED", retry_after_s=retry)
             raise Overloaded(message, retry, reason="SLO_SHED") from None
 
-    async def _admit_run(
-        self, run: JobRun, quota: TenantQuota, key_id: str, epochs: tuple[int, int]
-    ) -> JobRun:
+    async def _admit_run(self, run: JobRun, quota: TenantQuota, key_id: str) -> JobRun:
         tenant_id = run.tenant_id
         admitted = await self.dispatcher.admit(run, quota)
         if self.journaling is not None:  # journaled before anyone hears of it
@@ -249,9 +243,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self.journaling.attach(owned, run)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
-        if epochs != (self._epochs[key_id], self._epochs[f"tenant {tenant_id}"]):
+        withdrawn = self.revocations.since(STAMP.get(), tenant_id, key_id)
+        if withdrawn:
             self.dispatcher.cancel(run, "API key revoked", charge=True)
-            if epochs[1] != self._epochs[f"tenant {tenant_id}"]:
+            if withdrawn == "tenant":
                 self.jobs.forget_tenant(tenant_id)  # a tenant made again under the id starts clean
             raise Unauthenticated("the API key was revoked")
         return run

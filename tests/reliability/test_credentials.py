@@ -112,6 +112,45 @@ async def guesses(h: Reliable, count: int) -> list[grpc.aio.AioRpcError]:
     return refusals
 
 
+class HeldAuthentication(MemoryQuotaStore):
+    """The in-memory store whose next authentication, once armed, answers (the key is valid)
+    only when the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.looked_up, self.answer = anyio.Event(), anyio.Event()
+
+    async def authenticate(self, key: str) -> str:
+        tenant = await super().authenticate(key)
+        if self.armed:
+            self.armed = False
+            self.looked_up.set()
+            await self.answer.wait()
+        return tenant
+
+
+async def test_a_key_revoked_while_it_is_looked_up_admits_no_job() -> None:
+    """The revocation came after the store had found the key valid, before its submission was
+    admitted: a check taken as the handler began, after the lookup, missed it, and the job ran."""
+    store = HeldAuthentication()
+    async with reliable_gateway(store=store) as h:
+        await h.tenant("acme")
+        store.armed = True
+        submitting = h.stub.SubmitJob(pb.SubmitJobRequest(job=roots(1)), metadata=h.auth("acme"))
+        with anyio.fail_after(5):
+            await store.looked_up.wait()
+        (key,) = await store.list_keys("acme")
+        key_id = key.key_id
+        revoke = admin_pb2.RevokeKeyRequest(tenant_id="acme", key_id=key_id)
+        await h.admin.RevokeKey(revoke, metadata=h.admin_auth)
+        store.answer.set()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await submitting
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert (await h.usage("acme")).queued_jobs == 0
+
+
 async def test_failed_authentications_are_throttled_per_peer() -> None:
     store = CountingStore()
     async with reliable_gateway(store=store, auth_failures_per_minute=5) as h:
