@@ -20,14 +20,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.dispatch import Dispatcher
 from gateway.recent import Latencies, TenantWindow
+from gateway.slo import LEVEL_NAMES
 from tenants import TenantQuota
 from tenants.policies import kv_token_time
 
 if TYPE_CHECKING:
     from gateway.backends import BackendCapacity
-    from gateway.slo import LEVEL_NAMES
-from gateway.dispatch import Dispatcher
 
 DEFAULT_TENANTS = 20
 MAX_TENANTS = 200

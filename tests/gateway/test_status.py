@@ -17,6 +17,7 @@ from gateway.status import (
 )
 from tests.gateway.busy import two_tenants_running
 from tests.gateway.conftest import ADMIN_KEY, Harness
+from tests.reliability.harness import reliable_gateway
 
 LOCAL = BackendStatus("local", "default", 3, 1, 0.25, True)
 
@@ -123,3 +124,15 @@ async def test_get_status_needs_the_admin_key(harness: Harness) -> None:
         quiet = await admin.get_status()
     assert (quiet.tenants, quiet.active_tenants) == ((), 0)
     assert [b.name for b in quiet.backends] == ["local"]
+
+
+@pytest.mark.anyio
+async def test_get_status_answers_with_overload_control_on() -> None:
+    """It failed INTERNAL (a name imported for type checking only) whenever SLO targets were
+    set: the operator's view went dark with the feature meant for load."""
+    async with (
+        reliable_gateway(slo_targets=[{"tenant": "*", "ttft_s": 1.0}]) as h,
+        AdminClient(f"127.0.0.1:{h.gateway.port}", ADMIN_KEY) as admin,
+    ):
+        status = await admin.get_status()
+    assert status.overload_reason == "normal"
