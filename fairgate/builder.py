@@ -66,7 +66,7 @@ class JobBuilder:
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
-        stop: Sequence[str] = (),
+        stop: str | Iterable[str] = (),
         seed: int | None = None,
         name: str = "",
     ) -> Self:
@@ -80,14 +80,7 @@ class JobBuilder:
         if node_id in self._ids:
             raise JobSpecInvalid(f"node {node_id!r} is defined twice")
         self._ids.add(node_id)
-        sampling = pb.SamplingSpec(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=stop,
-            seed=seed,
-        )
+        sampling = sampling_spec(max_tokens, temperature, top_p, top_k, stop, seed)
         node = pb.NodeSpec(id=node_id, depends_on=depends_on, sampling=sampling, name=name)
         if prompt is not None:
             node.prompt_template = prompt
@@ -186,3 +179,20 @@ def job_from_json(text: str) -> pb.JobSpec:
 
 def job_to_json(spec: pb.JobSpec) -> str:
     return json_format.MessageToJson(spec, indent=2)
+
+
+def sampling_spec(
+    max_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    stop: str | Iterable[str],
+    seed: int | None,
+) -> pb.SamplingSpec:
+    """A call's sampling; `stop` one string or several (a string is one stop, not one per
+    character)."""
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    return pb.SamplingSpec(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stops,
+        seed=seed,
+    )  # fmt: skip

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterable
 from functools import cached_property
 
+from fairgate.builder import sampling_spec
 from fairgate.connection import Connection
 from fairgate.results import (
     FinishReason,
@@ -79,7 +80,7 @@ class Client(Connection):
         temperature: float | None = None,
         top_p: float | None = None,
         top_k: int | None = None,
-        stop: Iterable[str] = (),
+        stop: str | Iterable[str] = (),
         seed: int | None = None,
         name: str = "",
     ) -> AsyncGenerator[TextDelta | GenerateFinished, None]:
@@ -87,14 +88,7 @@ class Client(Connection):
 
         `prompt` is plain text, or chat messages as `(role, content)` pairs.
         """
-        sampling = pb.SamplingSpec(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            stop=list(stop),
-            seed=seed,
-        )
+        sampling = sampling_spec(max_tokens, temperature, top_p, top_k, stop, seed)
         request = pb.GenerateRequest(sampling=sampling, name=name)
         if isinstance(prompt, str):
             request.prompt = prompt

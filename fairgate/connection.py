@@ -14,6 +14,7 @@ from typing import Any, Self, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -127,8 +128,8 @@ def error_from_rpc(exc: grpc.aio.AioRpcError) -> FairgateError:
 def _rich_status(exc: grpc.aio.AioRpcError) -> status_pb2.Status | None:
     try:
         status: status_pb2.Status | None = rpc_status.from_call(exc)
-    except ValueError:  # details that contradict the status: trust the status alone
-        return None
+    except (ValueError, DecodeError):  # details that contradict the status, or do not parse
+        return None  # (a proxy's, a foreign server's): trust the status alone
     return status
 
 

@@ -116,3 +116,9 @@ def test_the_documented_example_is_a_valid_job() -> None:
     job = job_spec_from_proto(job_from_json(example))
     validate_job(job)
     assert [node.id for node in job.nodes] == ["sum_a", "sum_b", "combine"]
+
+
+def test_a_stop_string_is_one_stop_not_one_per_character() -> None:
+    """`stop="END"` (as the OpenAI API takes it) became the stops E, N and D."""
+    spec = JobBuilder().node("a", prompt="hi", stop="END").node("b", prompt="hi", stop=["\n", "."])
+    assert [list(n.sampling.stop) for n in spec.build().nodes] == [["END"], ["\n", "."]]

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import anyio
+import grpc
 import pytest
 
 from fairgate import (
@@ -237,3 +238,26 @@ async def test_no_server_is_unavailable() -> None:
     async with Client(f"127.0.0.1:{port}", "key", timeout_s=5.0) as nobody:
         with pytest.raises(Unavailable):
             await nobody.get_job("job-1")
+
+
+async def test_details_that_do_not_parse_still_raise_the_status() -> None:
+    """A proxy's or a foreign server's `grpc-status-details-bin` that is no Status escaped as
+    protobuf's DecodeError, past every `except Unavailable` and `except FairgateError`."""
+
+    async def get_job(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        context.set_trailing_metadata((("grpc-status-details-bin", b"\xff\xff\xff"),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "upstream connect error")
+
+    handler = grpc.method_handlers_generic_handler(
+        "fairgate.v1.Gateway", {"GetJob": grpc.unary_unary_rpc_method_handler(get_job)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with Client(f"127.0.0.1:{port}", "key", timeout_s=5.0) as client:
+            with pytest.raises(Unavailable, match="upstream connect error"):
+                await client.get_job("job-1")
+    finally:
+        await server.stop(0)
