@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Callable
 from typing import TypeAlias, cast
 
+from google.protobuf.descriptor import FieldDescriptor
+
 from fairgate import AdminClient, QuotaFields
+from fairgate.v1 import admin_pb2 as admin_pb
 from gateway.cli_common import (
     CommandIncomplete,
     Handler,
@@ -101,7 +105,23 @@ def _add_quota_flags(parser: argparse.ArgumentParser, *, with_defaults: bool) ->
     for field, kind in QUOTA_TYPES.items():
         left_out = f"default: {getattr(QUOTA_DEFAULTS, field)}" if with_defaults else "unchanged"
         help_text = f"{QUOTA_HELP[field]} ({left_out})"
-        parser.add_argument(f"--{field.replace('_', '-')}", dest=field, type=kind, help=help_text)
+        flag = f"--{field.replace('_', '-')}"
+        parser.add_argument(flag, dest=field, type=_wire_value(field, kind), help=help_text)
+
+
+def _wire_value(field: str, kind: type) -> Callable[[str], object]:
+    """The flag's parser: its kind, within the range of its field on the wire (a value past it
+    is the flag's error, not a traceback where the request is built)."""
+    wire = admin_pb.TenantQuota.DESCRIPTOR.fields_by_name[field].type
+    bits = {FieldDescriptor.TYPE_INT32: 31, FieldDescriptor.TYPE_INT64: 63}.get(wire)
+
+    def parse(text: str) -> object:
+        value = kind(text)
+        if bits is not None and not -(1 << bits) <= value < 1 << bits:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (at most {(1 << bits) - 1})")
+        return value
+
+    return parse
 
 
 def _client(args: argparse.Namespace) -> AdminClient:

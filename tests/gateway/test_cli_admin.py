@@ -10,7 +10,7 @@ import pytest
 
 from fairgate.v1 import admin_pb2_grpc
 from gateway.admin_service import AdminService
-from gateway.cli import build_parser
+from gateway.cli import build_parser, main
 from tenants import MemoryQuotaStore
 from tests.serving import ADMIN_KEY, serving
 
@@ -85,3 +85,14 @@ async def test_admin_errors_exit_2_with_details(
     issued = await cli.json("key", "issue", "acme")
     code, _, err = await cli.run("usage", "acme", key=issued["plaintext"])
     assert code == 2 and "PERMISSION_DENIED" in err
+
+
+def test_a_quota_flag_past_its_wire_range_is_the_flags_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """It passed the flag's parsing and failed building the request, with a traceback."""
+    argv = ["admin", "quota", "set", "acme", "--max-streams", "3000000000"]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--admin-key", "k", "--target", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert "--max-streams: 3000000000 is out of range" in capsys.readouterr().err
