@@ -5,7 +5,7 @@ Counters and histograms are recorded where a call or a job ends (the dispatcher 
 scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
 `max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
-cannot grow the registry without end. Settled tokens count what the calls' quota settled (nodes
+cannot grow the registry without end; a deleted tenant's series go and free its place. Settled tokens count what the calls' quota settled (nodes
 SUCCEEDED or CAPPED, and calls its tenant's side cut short, for the tokens they made), the same
 as the store's usage. Each ended call also joins
 `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
@@ -13,6 +13,7 @@ as the store's usage. Each ended call also joins
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -119,6 +120,15 @@ class GatewayMetrics:
             ["tenant"],
             registry=r,
         )
+
+    def forget_tenant(self, tenant_id: str) -> None:
+        """A deleted tenant's series go, and its label with them: a gateway that outlives its
+        first `max_tenants` tenants keeps naming its new ones."""
+        self._tenants.discard(tenant_id)
+        for metric in vars(self).values():
+            if isinstance(metric, Counter | Gauge | Histogram):
+                with contextlib.suppress(ValueError):  # a metric without a tenant label
+                    metric.remove_by_labels({"tenant": tenant_id})
 
     def tenant(self, tenant_id: str) -> str:
         """The label value for a tenant (bounded)."""

@@ -230,7 +230,7 @@ async def running_gateway(
         genai = None
         if meter_provider is not None:
             genai = GenAiMetrics(meter_provider.get_meter(TRACER_NAME))
-        metrics = GatewayMetrics(genai=genai)
+        metrics = GatewayMetrics(settings.metrics_max_tenants, genai=genai)
         dispatcher = await stack.enter_async_context(
             Dispatcher(
                 lanes,
@@ -404,6 +404,8 @@ def _build_server(
             if run.tenant_id == tenant_id:
                 dispatcher.cancel(run, "tenant deleted", charge=True)
         jobs.forget_tenant(tenant_id)
+        if dispatcher.metrics is not None:
+            dispatcher.metrics.forget_tenant(tenant_id)
         if service.journaling is not None:  # and on every replica: its jobs leave the journal
             await service.journaling.journal.forget_tenant(tenant_id)
 

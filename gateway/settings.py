@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from gateway.backends.settings import BackendSettings
+from gateway.metrics import MAX_TENANTS
 from gateway.share import SLACK_CALLS
 from gateway.slo import SloConfig, SloTarget
 
@@ -58,6 +59,8 @@ class Settings(BaseSettings):
     # metrics_host, loopback unless said otherwise: never a tenant-facing port
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # tenants named in metric labels (the first seen; later ones are `other`)
+    metrics_max_tenants: int = Field(default=MAX_TENANTS, ge=1)
     # quota closes that could not reach the store wait here (a redis store only; default
     # ~/.local/state/fairgate/outbox-<port>.jsonl)
     outbox_file: Path | None = None

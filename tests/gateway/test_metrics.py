@@ -8,6 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fairgate.v1 import admin_pb2
 from fairgate.v1 import gateway_pb2 as pb
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import node, reliable_gateway, roots
@@ -70,3 +71,26 @@ async def test_metrics_count_what_the_jobs_did() -> None:
             assert value(after, "fairgate_jobs_total", tenant=tenant, state="succeeded") == jobs
             assert value(after, "fairgate_active_jobs", tenant=tenant) == 0
         assert value(after, "fairgate_ready_calls") == 0
+
+
+async def test_a_deleted_tenants_series_go_and_free_its_label() -> None:
+    """Its label stayed for good: once `metrics_max_tenants` tenants had been seen, every new
+    tenant was counted as `other`, and the deleted ones' series stayed on."""
+    async with (
+        reliable_gateway(metrics_port=0, metrics_max_tenants=2) as h,
+        httpx.AsyncClient() as http,
+    ):
+        url = f"http://127.0.0.1:{h.gateway.metrics_port}/metrics"
+        for old in ("old1", "old2"):
+            await h.tenant(old)
+            await h.run(old, roots(1))
+            delete = admin_pb2.DeleteTenantRequest(tenant_id=old)
+            await h.admin.DeleteTenant(delete, metadata=h.admin_auth)
+        await h.tenant("fresh")
+        await h.run("fresh", roots(1))
+        samples = await scrape(http, url)
+    jobs = "fairgate_jobs_total"
+    assert value(samples, jobs, tenant="fresh", state="succeeded") == 1
+    assert not {labels for name, labels in samples if name == jobs} - {
+        (("state", "succeeded"), ("tenant", "fresh"))
+    }
