@@ -5,10 +5,10 @@ Counters and histograms are recorded where a call or a job ends (the dispatcher 
 scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
 `max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
-cannot grow the registry without end; a deleted tenant's series go and free its place. Settled tokens count what the calls' quota settled (nodes
-SUCCEEDED or CAPPED, and calls its tenant's side cut short, for the tokens they made), the same
-as the store's usage. Each ended call also joins
-`recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
+cannot grow the registry without end; a deleted tenant's series go and free its place. Settled
+tokens count what the calls' quota settled (nodes SUCCEEDED or CAPPED, and calls its tenant's
+side cut short, for the tokens they made), the same as the store's usage. Each ended call also
+joins `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
 """
 
 from __future__ import annotations
