@@ -10,6 +10,7 @@ simulated one. `generate()` is the offline entry point (benchmarks, labelling, t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -56,11 +57,11 @@ class LLMEngine:
         clock: Callable[[], float] | None = None,
         num_blocks: int | None = None,
     ) -> None:
-        self.config = config
         if runner is None:
-            runner, tokenizer, num_blocks = _load_runner(config)
+            runner, tokenizer, num_blocks, config = _load_runner(config)
         elif num_blocks is None:
             num_blocks = config.num_blocks or 1024
+        self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
@@ -218,10 +219,18 @@ class LLMEngine:
         return found
 
 
-def _load_runner(config: EngineConfig) -> tuple[Runner, Any, int]:
+def _load_runner(config: EngineConfig) -> tuple[Runner, Any, int, EngineConfig]:
+    """The model's runner, its tokenizer, the KV blocks, and the config as the model bounds it:
+    no sequence longer than its position table (past it, a step reads outside the table)."""
     from engine.loader import load_tokenizer, resolve_model
     from engine.model_runner import ModelRunner
 
     path = resolve_model(config.model)
+    positions = ModelRunner.positions(path)
+    if config.max_model_len > positions:
+        logger.warning(
+            "max_model_len %d: the model has %d positions", config.max_model_len, positions
+        )
+        config = dataclasses.replace(config, max_model_len=positions)
     num_blocks = config.num_blocks or ModelRunner.num_blocks_for(path, config)
-    return ModelRunner(path, config, num_blocks), load_tokenizer(path), num_blocks
+    return ModelRunner(path, config, num_blocks), load_tokenizer(path), num_blocks, config

@@ -53,9 +53,12 @@ class ModelRunner:
         torch.nn.Module.to(hf_model, self.device)
         self.model_config: PretrainedConfig = hf_model.config
         self.block_size = config.block_size
-        self.max_model_len = min(
-            config.max_model_len, int(self.model_config.max_position_embeddings)
-        )
+        positions = int(self.model_config.max_position_embeddings)
+        if config.max_model_len > positions:  # a step past its position table reads outside it
+            raise UnsupportedModel(
+                f"max_model_len {config.max_model_len} is past the model's {positions} positions"
+            )
+        self.max_model_len = config.max_model_len
         self.vocab_size = int(hf_model.lm_head.weight.shape[0])
         self.hidden_size = int(self.model_config.hidden_size)
         self.hidden_layer = hidden_layer(int(self.model_config.num_hidden_layers))
@@ -87,6 +90,11 @@ class ModelRunner:
         model_config: PretrainedConfig, block_size: int, dtype: torch.dtype | str
     ) -> int:
         return _kv_bytes_per_block(model_config, block_size, dtype)
+
+    @classmethod
+    def positions(cls, path: Path) -> int:
+        """The longest sequence the checkpoint at `path` can run: its position table."""
+        return int(AutoConfig.from_pretrained(path).max_position_embeddings)
 
     @classmethod
     def num_blocks_for(cls, path: Path, config: EngineConfig) -> int:

@@ -91,6 +91,7 @@ async def open_pools(
             model = served_model_name(settings.model)
             pool = pools.setdefault(model, Pool(model, core.tokenizer, settings.max_model_len))
             pool.tokenizer = core.tokenizer  # the engine's own, whatever else serves the model
+            pool.max_model_len = min(pool.max_model_len, core.config.max_model_len)  # the model's
             pool.hidden_size = core.runner.hidden_size
             pool.backends.append(LocalBackend(engine, model, table.display_name))
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,12 +13,15 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from engine import model_runner
 from engine.attention import build_step_batch
 from engine.config import EngineConfig
+from engine.errors import InvalidRequest, UnsupportedModel
 from engine.hidden import hidden_layer
+from engine.llm import LLMEngine
 from engine.loader import resolve_model
 from engine.model_runner import ModelRunner
 from engine.plan import ScheduledSeq, StepPlan
 from engine.row_ops import TorchRowOps
 from engine.sampling import SamplingParams
+from tests.engine.byte_tokenizer import byte_tokenizer
 
 FAMILIES = ["llama", "qwen2"]
 BLOCK_SIZE = 16
@@ -248,3 +252,20 @@ def test_smollm2_greedy_matches_hf_generate() -> None:
     prompts = make_prompts([12, 45, 80], runner.vocab_size, seed=3)
     got = runner_generate(runner, prompts, max_new=24, chunk=32)
     assert got == [hf_generate(hf, p, 24) for p in prompts]
+
+
+def test_max_model_len_past_the_models_positions_is_capped_to_them(
+    tiny_model_dir: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The engine took 1024 for a model of 512 positions: a 600-token prompt passed its checks
+    and the step read past the position table (the C kernel's garbage, or an IndexError that
+    failed every call of the batch)."""
+    path = Path(shutil.copytree(tiny_model_dir("llama"), tmp_path / "model"))
+    byte_tokenizer().save_pretrained(path)
+    config = EngineConfig(model=str(path), num_blocks=128, num_threads=1, max_model_len=1024)
+    core = LLMEngine(config)
+    assert core.config.max_model_len == 512
+    with pytest.raises(InvalidRequest, match="512"):
+        core.add_request([5] * 600, SamplingParams(max_tokens=4))
+    with pytest.raises(UnsupportedModel, match="512 positions"):
+        ModelRunner(path, config, num_blocks=128)
