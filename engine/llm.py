@@ -220,17 +220,17 @@ class LLMEngine:
 
 
 def _load_runner(config: EngineConfig) -> tuple[Runner, Any, int, EngineConfig]:
-    """The model's runner, its tokenizer, the KV blocks, and the config as the model bounds it:
-    no sequence longer than its position table (past it, a step reads outside the table)."""
+    """The model's runner, its tokenizer, the KV blocks, and the config as the model and the
+    pool bound it."""
     from engine.loader import load_tokenizer, resolve_model
     from engine.model_runner import ModelRunner
 
     path = resolve_model(config.model)
-    positions = ModelRunner.positions(path)
-    if config.max_model_len > positions:
-        logger.warning(
-            "max_model_len %d: the model has %d positions", config.max_model_len, positions
-        )
-        config = dataclasses.replace(config, max_model_len=positions)
     num_blocks = config.num_blocks or ModelRunner.num_blocks_for(path, config)
+    # a sequence past the model's positions would read outside its tables; one past the KV
+    # pool could never run to its end, and would wait at the head of the queue for good
+    longest = min(ModelRunner.positions(path), num_blocks * config.block_size)
+    if config.max_model_len > longest:
+        logger.warning("max_model_len %d: at most %d here", config.max_model_len, longest)
+        config = dataclasses.replace(config, max_model_len=longest)
     return ModelRunner(path, config, num_blocks), load_tokenizer(path), num_blocks, config

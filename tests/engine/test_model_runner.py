@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -254,7 +255,7 @@ def test_smollm2_greedy_matches_hf_generate() -> None:
     assert got == [hf_generate(hf, p, 24) for p in prompts]
 
 
-def test_max_model_len_past_the_models_positions_is_capped_to_them(
+def test_max_model_len_past_the_models_positions_or_its_pool_is_capped_to_them(
     tiny_model_dir: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """The engine took 1024 for a model of 512 positions: a 600-token prompt passed its checks
@@ -269,3 +270,6 @@ def test_max_model_len_past_the_models_positions_is_capped_to_them(
         core.add_request([5] * 600, SamplingParams(max_tokens=4))
     with pytest.raises(UnsupportedModel, match="512 positions"):
         ModelRunner(path, config, num_blocks=128)
+    # nor past what its KV pool holds: such a request never ran, and the queue behind it waited
+    small = LLMEngine(dataclasses.replace(config, num_blocks=16, block_size=16))
+    assert small.config.max_model_len == 256
