@@ -38,7 +38,7 @@ from engine.errors import DuplicateRequest, EngineClosed
 from engine.llm import LLMEngine, RequestOutput
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
-from engine.scheduler import Capacity
+from engine.scheduler import Capacity, check_prediction
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class RequestStream:
         self,
         request_id: str,
         receive: MemoryObjectReceiveStream[TokenDelta],
-        on_close: Callable[[str], None],
+        on_close: Callable[[], None],
     ) -> None:
         self.request_id = request_id
         self._receive = receive
@@ -91,7 +91,7 @@ class RequestStream:
     async def aclose(self) -> None:
         """Stop listening; aborts the request when it has not finished."""
         if not self.finished:
-            self._on_close(self.request_id)
+            self._on_close()
         self._receive.close()
 
 
@@ -168,7 +168,13 @@ class AsyncEngine:
         send, receive = anyio.create_memory_object_stream[TokenDelta](math.inf)
         self._streams[request.request_id] = send
         self._wake.set()
-        return RequestStream(request.request_id, receive, self.abort)
+        return RequestStream(request.request_id, receive, lambda: self._let_go(request, send))
+
+    def _let_go(self, request: Request, send: MemoryObjectSendStream[TokenDelta]) -> None:
+        """A stream closed before its end: its request is aborted, unless it has ended (its
+        last delta unread) and its id now names another request."""
+        if self._streams.get(request.request_id) is send:
+            self.abort(request.request_id)
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks (now, or when the step in flight ends)."""
@@ -189,7 +195,9 @@ class AsyncEngine:
         self._run(apply)
 
     def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
-        """A refined output prediction: the request's KV reservation follows it."""
+        """A refined output prediction: the request's KV reservation follows it. Raises
+        InvalidRequest for one no request can have (now, not when a deferred change applies)."""
+        check_prediction(predicted_output_len)
 
         def apply() -> None:
             if request_id in self.core.scheduler.requests:
@@ -280,7 +288,10 @@ class AsyncEngine:
 
     def _apply_pending(self) -> None:
         for apply in self._pending:
-            apply()
+            try:
+                apply()
+            except Exception:  # one request's change: the loop serves every request
+                logger.exception("a change deferred past a step failed")
         self._pending.clear()
         self._capacity = self.core.scheduler.capacity()
 

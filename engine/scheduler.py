@@ -100,8 +100,7 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             raise RequestNotFound(request_id)
-        if predicted_output_len < 0:
-            raise InvalidRequest(f"predicted_output_len must be >= 0, got {predicted_output_len}")
+        check_prediction(predicted_output_len)
         request.predicted_output_len = predicted_output_len
         if request.status is RequestStatus.RUNNING and (
             self.config.reserve_mode is ReserveMode.PREDICTED
@@ -292,3 +291,9 @@ class Scheduler:
             num_output_tokens=request.num_output_tokens,
             want_hidden=request.params.return_hidden and request.num_output_tokens == 0,
         )
+
+
+def check_prediction(predicted_output_len: int) -> None:
+    """Raise InvalidRequest for a prediction no request can have."""
+    if predicted_output_len < 0:
+        raise InvalidRequest(f"predicted_output_len must be >= 0, got {predicted_output_len}")

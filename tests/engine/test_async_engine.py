@@ -248,3 +248,38 @@ async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() 
         assert sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finished
         await until_idle(core)
     assert_all_blocks_free(core)
+
+
+async def test_a_finished_streams_close_leaves_a_new_request_under_its_id() -> None:
+    """A request ended, its last delta unread, and its id went to a new attempt: closing the
+    old stream (its reader letting go) aborted the new one."""
+    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096)
+    runner = SimulatedRunner(STEP_MODEL, vocab_size=500)
+    core = LLMEngine(config, runner=runner, num_blocks=16)
+    async with AsyncEngine(core, run_in_thread=False) as engine:
+        old = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3), request_id="c")
+        await anyio.wait_all_tasks_blocked()  # it ended; its deltas wait unread
+        assert not core.has_unfinished
+        new = engine.add_request([1, 2, 3], SamplingParams(max_tokens=3), request_id="c")
+        await old.aclose()
+        deltas = await collect(new)
+        assert sum(len(d.token_ids) for d in deltas) == 3 and deltas[-1].finished
+
+
+async def test_a_change_deferred_past_a_step_that_fails_leaves_the_loop_serving() -> None:
+    """A refused prediction, deferred while a step ran, ended the step loop and every request
+    with it; now it is refused as it is asked, and a deferred change that fails is logged."""
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
+    core = LLMEngine(config, runner=runner, num_blocks=16)
+    async with AsyncEngine(core) as engine:
+        stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=6), request_id="c")
+        runner.gate.set()
+        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        with pytest.raises(InvalidRequest, match="predicted_output_len"):
+            engine.set_prediction("c", -1)
+        engine._run(lambda: core.scheduler.set_priority("gone", 1.0))  # fails once applied
+        runner.release.set()
+        runner.gate.clear()
+        deltas = await collect(stream)
+        assert sum(len(d.token_ids) for d in deltas) == 6 and deltas[-1].finished
