@@ -31,7 +31,9 @@ KEEP_ALIVE_S = 30  # how long an idle client connection stays open
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to (host, port), port 0 for any free one, already listening."""
+    """A TCP socket bound to (host, port), port 0 for any free one, already listening. An IPv6
+    host may come bracketed, as in a URL or a gRPC target (`[::1]`)."""
+    host = host.removeprefix("[").removesuffix("]")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -94,3 +94,13 @@ async def test_a_deleted_tenants_series_go_and_free_its_label() -> None:
     assert not {labels for name, labels in samples if name == jobs} - {
         (("state", "succeeded"), ("tenant", "fresh"))
     }
+
+
+async def test_metrics_serve_on_a_bracketed_ipv6_host() -> None:
+    """`[::1]`, the form the gRPC host setting takes, failed to start the gateway (gaierror)."""
+    async with (
+        reliable_gateway(metrics_port=0, metrics_host="[::1]") as h,
+        httpx.AsyncClient() as http,
+    ):
+        reply = await http.get(f"http://[::1]:{h.gateway.metrics_port}/metrics")
+    assert reply.status_code == 200
