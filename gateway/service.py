@@ -225,20 +225,18 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             journal = self.journaling.journal
             try:
                 owned = await journal.create(run)
-            except (KeyTaken, JournalUnavailable):
+            except KeyTaken:
                 await self.dispatcher.undo_admit(run, admitted)
                 raise
-            except anyio.get_cancelled_exc_class():  # its client left: the job may be journaled
+            except (JournalUnavailable, anyio.get_cancelled_exc_class()):
+                # the job may be journaled (its reply lost, or its client gone), and its client
+                # told it is not: whoever claims it cancels it
                 with anyio.CancelScope(shield=True):
                     await self.dispatcher.undo_admit(run, admitted)
                     try:
                         await journal.abandon(run)
                     except JournalUnavailable:
-                        log.warning(
-                            "job %s: its client left as the journal went away: it "
-                            "runs once its lease ends",
-                            run.job_id,
-                        )
+                        log.warning("job %s may run though refused: journal away", run.job_id)
                 raise
             self.journaling.attach(owned, run)
         self.jobs.add(run)

@@ -191,22 +191,62 @@ async def test_a_guesser_on_a_shared_address_does_not_lock_out_keys_that_passed(
 
 def make_certs(directory: Path) -> dict[str, Path]:
     """A CA, a server certificate for 'localhost' and a client certificate, by openssl."""
-    files = {name: directory / f"{name}.pem" for name in ("ca", "ca-key", "server", "server-key",
-                                                          "client", "client-key")}
+    files = {
+        name: directory / f"{name}.pem"
+        for name in ("ca", "ca-key", "server", "server-key", "client", "client-key")
+    }
+
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
-        "-keyout", str(files["ca-key"]), "-out", str(files["ca"]))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        str(files["ca-key"]),
+        "-out",
+        str(files["ca"]),
+    )
     for who, cn in (("server", "localhost"), ("client", "client")):
         csr = directory / f"{who}.csr"
         ext = directory / f"{who}.ext"
         ext.write_text("subjectAltName=DNS:localhost\n" if who == "server" else "")
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}",
-            "-keyout", str(files[f"{who}-key"]), "-out", str(csr))
-        run("x509", "-req", "-in", str(csr), "-CA", str(files["ca"]), "-CAkey",
-            str(files["ca-key"]), "-CAcreateserial", "-days", "1", "-extfile", str(ext),
-            "-out", str(files[who]))
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={cn}",
+            "-keyout",
+            str(files[f"{who}-key"]),
+            "-out",
+            str(csr),
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(files["ca"]),
+            "-CAkey",
+            str(files["ca-key"]),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(files[who]),
+        )
     return files
 
 

@@ -372,3 +372,31 @@ async def test_a_tenant_deleted_through_one_replica_is_gone_from_every_replica(
             await a.stub.GetJob(pb.GetJobRequest(job_id=job.job_id), metadata=a.auth("t1"))
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         assert (await a.submit("t1", spec)).job_id != job.job_id
+
+
+async def test_a_job_whose_journaling_reply_was_lost_runs_nothing(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The journal holds the job but its reply never came: the client, told UNAVAILABLE, will
+    submit again, and the job journaled meanwhile was taken over a lease later and ran too."""
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        assert a.gateway.journaling is not None
+        journal = a.gateway.journaling.journal
+        create, created = journal.create, []
+
+        async def reply_lost(run: JobRun) -> object:
+            await create(run)
+            created.append(run.job_id)
+            raise JournalUnavailable("job journal unavailable")
+
+        journal.create = reply_lost  # type: ignore[method-assign,assignment]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await a.submit("t1", roots(1, 20))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        journal.create = create  # type: ignore[method-assign]
+        with anyio.fail_after(15):
+            finished = await a.finished("t1", created[0])
+        assert finished.state == pb.JOB_STATE_CANCELLED
+        usage = await a.usage("t1")
+        assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
