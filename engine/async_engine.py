@@ -107,6 +107,9 @@ class AsyncEngine:
         self.steps = 0  # steps run so far, failed ones too: a clock in the engine's own units
         self._health_flipped = anyio.Event()
         self._run_in_thread = run_in_thread
+        # the steps' own worker thread: requests' parsing and tokenizing, however many, hold
+        # the default pool's, and must not keep the engine from stepping
+        self._step_thread = anyio.CapacityLimiter(1)
         self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._pending: list[Callable[[], None]] = []
         self._aborting: set[str] = set()  # ids whose abort waits in `_pending`
@@ -299,7 +302,7 @@ class AsyncEngine:
         self._stepping = True
         try:
             if self._run_in_thread:
-                return await anyio.to_thread.run_sync(self.core.step)
+                return await anyio.to_thread.run_sync(self.core.step, limiter=self._step_thread)
             outputs = self.core.step()
             await anyio.lowlevel.checkpoint()
             return outputs

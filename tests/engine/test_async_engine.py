@@ -283,3 +283,21 @@ async def test_a_change_deferred_past_a_step_that_fails_leaves_the_loop_serving(
         runner.gate.clear()
         deltas = await collect(stream)
         assert sum(len(d.token_ids) for d in deltas) == 6 and deltas[-1].finished
+
+
+async def test_steps_go_on_while_every_default_worker_thread_is_busy() -> None:
+    """The steps ran on the default thread pool, which requests' parsing and tokenizing fill:
+    forty large requests at once held every worker, and the engine stopped stepping."""
+    core = make_sim_engine()
+    default = anyio.to_thread.current_default_thread_limiter()
+    holders = [object() for _ in range(int(default.total_tokens))]
+    for holder in holders:
+        await default.acquire_on_behalf_of(holder)
+    try:
+        async with AsyncEngine(core) as engine:
+            stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+            deltas = await collect(stream)
+            assert sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finished
+    finally:
+        for holder in holders:
+            default.release_on_behalf_of(holder)
