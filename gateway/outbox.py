@@ -3,9 +3,11 @@
 A finished call's settle (and a release, and a job's finish) goes to the store at once. When the
 store cannot be reached, the close is appended to a local file (one JSON line, fsynced) and kept
 in memory; a retry task sends the pending closes again with capped exponential backoff until
-each lands, then appends a `done` line for it. On start, the file's closes without a `done` line
-are pending again (the previous process died with them), and the file is rewritten with just
-those. Closes are idempotent by call id and job id in the store, so a close that landed but whose
+each lands, then appends a `done` line for it; once nothing is pending, or the landed closes'
+lines pass `STALE_LINES`, the file is rewritten with just the pending ones (one write to the file
+at a time: an append during a rewrite would go to the file it replaces). On start, the file's
+closes without a `done` line are pending again (the previous process died with them), and the
+file is rewritten with just those. Closes are idempotent by call id and job id in the store, so a close that landed but whose
 reply was lost is harmless to send again: exactly once follows. Without a file (the in-memory
 store, which dies with the process anyway) pending closes live in memory only.
 
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 Op = Literal["settle", "release", "finish_job"]
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0
+# the file is rewritten with just the pending closes once it holds this many lines of closes
+# that landed (or 4 for each pending one, if more): bounded by what waits, not by how long the
+# store has been flaky
+STALE_LINES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,10 @@ class Outbox(OwnsTasks):
         self._drained = anyio.Event()
         self._drained.set()
         self._lock: IO[bytes]  # the file's lock, held while the outbox is open
+        # one write to the file at a time: an append while the file is rewritten would land
+        # in the file the rewrite replaces, and be lost to a crash
+        self._writing = anyio.Lock()
+        self._stale = 0  # lines of the file that name no pending close
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         if self.path is not None:
@@ -114,7 +124,7 @@ class Outbox(OwnsTasks):
         self._pending[close.key] = close
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         self._wake.set()
-        await self._write(functools.partial(self._append, json.dumps({"close": asdict(close)})))
+        await self._write(functools.partial(self._append, _close_line(close)))
 
     async def _retry_loop(self) -> None:
         delay = RETRY_FIRST_S
@@ -143,19 +153,27 @@ class Outbox(OwnsTasks):
             del self._pending[key]
             landed = True
             await self._write(functools.partial(self._append, json.dumps({"done": key})))
-        if not self._pending:
-            await self._write(self._rewrite)
+            self._stale += 2  # the close's line and its `done`
+        if not self._pending or self._stale > max(STALE_LINES, 4 * len(self._pending)):
+            await self._write(self._compact)
         return landed
 
     async def _write(self, write: Callable[[], None]) -> None:
-        """Write to the file in a worker thread; a disk that fails is logged, and the closes
-        stay pending in memory (they still land while this process lives)."""
+        """Write to the file in a worker thread, one write at a time; a disk that fails is
+        logged, and the closes stay pending in memory (they still land while this process
+        lives)."""
         if self.path is None:
             return
-        try:
-            await anyio.to_thread.run_sync(write)
-        except OSError:
-            log.exception("cannot write the outbox file %s", self.path)
+        async with self._writing:
+            try:
+                await anyio.to_thread.run_sync(write)
+            except OSError:
+                log.exception("cannot write the outbox file %s", self.path)
+
+    def _compact(self) -> None:
+        """Rewrite the file with the closes pending (run while no other write is under way)."""
+        self._rewrite([_close_line(close) for close in list(self._pending.values())])
+        self._stale = 0
 
     def _append(self, line: str) -> None:
         assert self.path is not None
@@ -164,13 +182,12 @@ class Outbox(OwnsTasks):
             out.flush()
             os.fsync(out.fileno())
 
-    def _rewrite(self) -> None:
-        """Replace the file with just the pending closes (atomically)."""
+    def _rewrite(self, lines: list[str]) -> None:
+        """Replace the file with `lines` (atomically)."""
         assert self.path is not None
         temp = self.path.with_name(self.path.name + ".tmp")
         with temp.open("w", encoding="utf-8") as out:
-            for close in self._pending.values():
-                out.write(json.dumps({"close": asdict(close)}) + "\n")
+            out.writelines(line + "\n" for line in lines)
             out.flush()
             os.fsync(out.fileno())
         os.replace(temp, self.path)
@@ -182,10 +199,14 @@ class Outbox(OwnsTasks):
         if self.path.exists():
             for close in _read_pending(self.path):
                 self._pending[close.key] = close
-        self._rewrite()
+        self._compact()
         if self._pending:
             log.warning("%d quota closes pending from %s", len(self._pending), self.path)
             self._drained = anyio.Event()
+
+
+def _close_line(close: Close) -> str:
+    return json.dumps({"close": asdict(close)})
 
 
 class OutboxInUse(RuntimeError):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
+import anyio
 import pytest
 
-from gateway.outbox import Close, Outbox
+import gateway.outbox as outbox_module
+from gateway.outbox import STALE_LINES, Close, Outbox, _read_pending
 from tenants import MemoryQuotaStore, QuotaUnavailable, TenantQuota
 
 pytestmark = pytest.mark.anyio
@@ -64,3 +68,85 @@ async def test_closes_left_by_a_dead_process_land_at_start(tmp_path: Path) -> No
     assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (7, 3, 1)
     assert usage.active_reservations == 1  # c2: its settle had landed, so it is not sent again
     assert path.read_text() == ""
+
+
+class ReleaseSwitchedStore(MemoryQuotaStore):
+    down = False
+
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        if self.down:
+            raise QuotaUnavailable("quota store unavailable")
+        return await super().release(tenant_id, call_id)
+
+
+async def test_a_close_deferred_while_the_file_is_rewritten_stays_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its line went to the file the rewrite was about to replace: pending in memory only, and
+    lost to a crash, though `send` had said it waited on disk."""
+    store, path = ReleaseSwitchedStore(), tmp_path / "outbox.jsonl"
+    await reserved(store, "c1", "c2")
+    at_rename, go = threading.Event(), threading.Event()
+    rename = os.replace
+
+    def held_rename(source: Path, target: Path) -> None:
+        if Path(target) == path:
+            at_rename.set()
+            go.wait(10)
+        rename(source, target)
+
+    async with Outbox(store, path) as outbox:
+        monkeypatch.setattr(outbox_module.os, "replace", held_rename)
+        store.down = True
+        assert await outbox.send(Close("release", "acme", "c1")) is None
+        store.down = False  # c1 lands, and the file is rewritten: held at its rename
+        await anyio.to_thread.run_sync(at_rename.wait, 10)
+        store.down = True
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outbox.send, Close("release", "acme", "c2"))
+            await anyio.wait_all_tasks_blocked()
+            go.set()
+        assert [close.subject for close in _read_pending(path)] == ["c2"]
+        store.down = False
+        await outbox.wait_drained()
+
+
+class OnceFailingStore(MemoryQuotaStore):
+    """Each release fails its first try; the one retried lets the next call's close come in
+    (and fail its first try): a store that keeps failing now and then under steady load."""
+
+    def __init__(self, outbox_file: Path, calls: int) -> None:
+        super().__init__()
+        self.outbox_file, self.calls = outbox_file, calls
+        self.tried: set[str] = set()
+        self.most_lines = 0
+        self.outbox: Outbox
+
+    async def release(self, tenant_id: str, call_id: str) -> bool:
+        self.most_lines = max(self.most_lines, self.outbox_file.read_text().count("\n"))
+        if call_id not in self.tried:
+            self.tried.add(call_id)
+            raise QuotaUnavailable("quota store unavailable")
+        following = int(call_id[1:]) + 1
+        if following < self.calls:
+            await self.outbox.send(Close("release", tenant_id, f"c{following}"))
+        return await super().release(tenant_id, call_id)
+
+
+async def test_the_file_holds_what_is_pending_not_every_close_since_the_store_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was rewritten only once nothing was pending: under a store that keeps failing now and
+    then, it kept every close that landed, and its `done` line, for as long as that lasted."""
+    monkeypatch.setattr(outbox_module, "RETRY_FIRST_S", 0.0)
+    calls, path = 2 * STALE_LINES, tmp_path / "outbox.jsonl"
+    store = OnceFailingStore(path, calls)
+    await store.create_tenant("acme", "Acme", TenantQuota(max_concurrent_calls=0))
+    for i in range(calls):
+        await store.reserve("acme", f"c{i}", 1, 600.0)
+    async with Outbox(store, path) as outbox:
+        store.outbox = outbox
+        assert await outbox.send(Close("release", "acme", "c0")) is None
+        await outbox.wait_drained()
+    assert (await store.usage("acme")).active_reservations == 0
+    assert store.most_lines <= STALE_LINES + 8
