@@ -7,9 +7,10 @@ each lands, then appends a `done` line for it; once nothing is pending, or the l
 lines pass `STALE_LINES`, the file is rewritten with just the pending ones (one write to the file
 at a time: an append during a rewrite would go to the file it replaces). On start, the file's
 closes without a `done` line are pending again (the previous process died with them), and the
-file is rewritten with just those. Closes are idempotent by call id and job id in the store, so a close that landed but whose
-reply was lost is harmless to send again: exactly once follows. Without a file (the in-memory
-store, which dies with the process anyway) pending closes live in memory only.
+file is rewritten with just those. Closes are idempotent by call id and job id in the store, so
+a close that landed but whose reply was lost is harmless to send again: exactly once follows.
+Without a file (the in-memory store, which dies with the process anyway) pending closes live in
+memory only.
 
 Invariant: every close handed to `send` either landed (its result returned), or is pending in
 memory and, with a file, on disk until it lands (unless the disk refuses the write: that is
