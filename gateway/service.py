@@ -228,7 +228,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             except KeyTaken:
                 await self.dispatcher.undo_admit(run, admitted)
                 raise
-            except (JournalUnavailable, anyio.get_cancelled_exc_class()):
+            except BaseException:
                 # the job may be journaled (its reply lost, or its client gone), and its client
                 # told it is not: whoever claims it cancels it
                 with anyio.CancelScope(shield=True):

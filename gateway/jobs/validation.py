@@ -46,6 +46,8 @@ _IDENTIFIER = re.compile(IDENTIFIER)
 _CYCLE_SHOWN = 8  # ids of a cycle spelt out in its violation before eliding the rest
 _SHOWN_CHARS = 32  # of an id, name or placeholder quoted in a violation
 _VIOLATION_BYTES = 4096  # UTF-8 of the violations' fields and descriptions, all together
+# the last second a protobuf Timestamp holds (9999-12-31T23:59:59Z): a deadline is journaled as one
+LATEST_DEADLINE = 253_402_300_799
 # a job's placeholders (`JobLimits.max_placeholders`) on average a node: a tenant allowed more
 # nodes uses more
 PLACEHOLDERS_PER_NODE = 16
@@ -242,6 +244,8 @@ def _check_deadline(deadline: float | None, now: float | None) -> Iterator[Field
         return
     if not math.isfinite(deadline):
         yield FieldViolation("deadline", "must be a finite time")
+    elif deadline > LATEST_DEADLINE:  # past what a Timestamp holds: it could not be journaled
+        yield FieldViolation("deadline", "must be before the year 10000")
     elif now is not None and deadline <= now:
         yield FieldViolation(
             "deadline",

@@ -400,3 +400,24 @@ async def test_a_job_whose_journaling_reply_was_lost_runs_nothing(
         assert finished.state == pb.JOB_STATE_CANCELLED
         usage = await a.usage("t1")
         assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
+
+
+async def test_a_job_whose_journaling_fails_otherwise_leaves_nothing_admitted(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Only a taken key, an away journal or a cancel undid the admission: any other failure
+    left its queued-job slot (and a one-call job's reservation) held for a lease."""
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        assert a.gateway.journaling is not None
+
+        async def fails(run: JobRun) -> object:
+            raise RuntimeError("the submission could not be encoded")
+
+        a.gateway.journaling.journal.create = fails  # type: ignore[method-assign,assignment]
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await a.stub.SubmitJob(pb.SubmitJobRequest(job=roots(1)), metadata=a.auth("t1"))
+        assert failed.value.code() == grpc.StatusCode.INTERNAL
+        await a.gateway.dispatcher.outbox.wait_drained()
+        usage = await a.usage("t1")
+        assert (usage.queued_jobs, usage.active_reservations) == (0, 0)

@@ -398,6 +398,9 @@ def test_prompt_size_limit_sums_chat_messages_and_counts_outputs_as_empty() -> N
         (-math.inf, None, "must be a finite time"),
         (99.5, 100.0, "has already passed: 99.500 is not after the submission time 100.000"),
         (100.0, 100.0, "has already passed"),
+        # past what a Timestamp holds: the journal could not write it (and the job failed
+        # INTERNAL, its admission held)
+        (9.2e18, 100.0, "must be before the year 10000"),
     ],
 )
 def test_deadline_must_be_finite_and_ahead(
@@ -413,7 +416,7 @@ def test_deadline_edges_pass() -> None:
     spec = dataclasses.replace(make_job(make_node("a")), deadline_unix_s=100.001)
     validate_job(spec, now=100.0)
     validate_job(dataclasses.replace(spec, deadline_unix_s=-5.0))  # no clock: no "passed" rule
-    validate_job(dataclasses.replace(spec, deadline_unix_s=9e18), now=100.0)
+    validate_job(dataclasses.replace(spec, deadline_unix_s=253_402_300_799.0), now=100.0)
 
 
 def test_violations_quote_client_text_cut_short() -> None:
