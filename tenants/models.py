@@ -21,6 +21,8 @@ DAY_S = 86_400  # daily budgets reset at each UTC midnight: day number = floor(u
 CLOSED_CALL_MEMORY_S = 3_600.0  # how long a closed call id is remembered (refuses re-reserve)
 BUSY_RETRY_S = 1.0  # retry hint for count limits (concurrent calls, queued jobs, streams)
 MAX_ID_LEN = 256
+# counts the store takes: exact in Redis' Lua, whose numbers are doubles
+MAX_COUNT = 2**53
 MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
 
 _TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -140,8 +142,8 @@ def check_ids(kind: str, values: Sequence[str]) -> list[str]:
 
 
 def check_count(kind: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RequestInvalid(f"{kind} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise RequestInvalid(f"{kind} must be an integer in [0, 2**53], got {value!r}")
     return value
 
 

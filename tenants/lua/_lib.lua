@@ -130,7 +130,8 @@ local function reserve(now, call_id, tokens, ttl)
   if level and level < tokens then return {'rate', rate, fmt(level)} end
   bucket_add(now, rate, -tokens)
   day_add(today, tokens)
-  redis.call('HSET', KEYS[4], call_id, tokens .. ' ' .. today)
+  -- whole digits: `..` writes a number of 15 digits or more as 1e+14, which `parse_open` misreads
+  redis.call('HSET', KEYS[4], call_id, string.format('%d %d', tokens, today))
   redis.call('ZADD', KEYS[5], fmt(now + ttl), call_id)
   return {'ok', fmt(now + ttl)}
 end

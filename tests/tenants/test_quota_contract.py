@@ -169,6 +169,19 @@ async def test_settle_above_reservation_charges_the_excess(h: Harness) -> None:
     assert usage.bucket_level == pytest.approx(10 + elapsed, abs=1e-6)
 
 
+async def test_counts_up_to_2_pow_53_are_kept_whole_and_past_it_refused(h: Harness) -> None:
+    """Redis' Lua wrote a reservation of 10**14 tokens as `1e+14`, read it back as nothing, and
+    failed the settle after closing the call (its use never recorded); the twin kept it."""
+    await make_tenant(h, tokens_per_minute=0)
+    await h.store.reserve("acme", "c1", 10**14, TTL)
+    assert (await h.store.usage("acme")).reserved_tokens == 10**14
+    assert await h.store.settle("acme", "c1", 10, 5) is True
+    usage = await h.store.usage("acme")
+    assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (10, 5, 1)
+    with pytest.raises(RequestInvalid, match="2\\*\\*53"):
+        await h.store.reserve("acme", "c2", 2**53 + 1, TTL)
+
+
 async def test_release_refunds_everything_once(h: Harness) -> None:
     await make_tenant(h, tokens_per_minute=60, daily_token_budget=1000)
     await h.store.reserve("acme", "c1", 50, TTL)
