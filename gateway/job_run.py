@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import enum
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -422,10 +423,15 @@ class JobRun:
         self.poke()
 
     def retained_bytes(self) -> int:
-        """About what holding the job costs: its spec's text, its outputs and its retained
-        token deltas."""
-        outputs = sum(len(node.output) for node in self.nodes.values())
-        return self.spec.text_chars() + outputs + self._delta_bytes
+        """About what holding the job costs: its spec, its outputs, its events and its
+        retained token deltas."""
+        outputs = sum(sys.getsizeof(node.output) for node in self.nodes.values())
+        changes = sum(
+            _EVENT_BYTES + sys.getsizeof(event.body.reason)
+            for event in self.events
+            if isinstance(event.body, NodeChanged)
+        )
+        return self.spec.held_bytes() + outputs + changes + self._delta_bytes
 
     def _over_budget(self) -> bool:
         return self._delta_bytes > self.max_delta_bytes
@@ -445,4 +451,4 @@ class JobRun:
 
 
 def _delta_size(delta: TokensAdded) -> int:
-    return _EVENT_BYTES + len(delta.text) + 8 * len(delta.token_ids)
+    return _EVENT_BYTES + sys.getsizeof(delta.text) + 8 * len(delta.token_ids)

@@ -9,10 +9,14 @@ acceptable, and nothing here reads the clock or does I/O.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 CHAT_ROLES = ("system", "user", "assistant")
+
+
+NODE_BYTES = 600  # a node's objects besides its strings: its spec, sampling and tuples
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,12 @@ class JobSpec:
     deadline_unix_s: float | None = None  # absolute, seconds since the epoch (UTC)
     name: str = ""
 
-    def text_chars(self) -> int:
-        """The characters of its inputs and templates: what holding the job costs."""
-        inputs = sum(map(len, self.inputs.values()))
-        return inputs + sum(len(t) for node in self.nodes for _, t in node.templates())
+    def held_bytes(self) -> int:
+        """About the memory holding the spec takes: each of its strings as Python holds it (a
+        character of a wide script takes up to 4 bytes), and its objects."""
+        strings = [self.idempotency_key, self.name, *self.inputs.keys(), *self.inputs.values()]
+        for node in self.nodes:
+            strings += [node.id, node.name, node.model, *node.depends_on, *node.sampling.stop]
+            strings += [template for _, template in node.templates()]
+            strings += [message.role for message in node.messages or ()]
+        return len(self.nodes) * NODE_BYTES + sum(map(sys.getsizeof, strings))

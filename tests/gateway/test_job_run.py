@@ -1,7 +1,7 @@
 import pytest
 
 from gateway.job_run import JobEnded, JobRun, JobState, NodeChanged, NodeState, TokensAdded
-from gateway.jobs.model import JobSpec, NodeSpec
+from gateway.jobs.model import JobSpec, NodeSpec, SamplingSpec
 
 
 def make_run(*nodes: tuple[str, tuple[str, ...]]) -> JobRun:
@@ -164,3 +164,16 @@ def test_a_watcher_keeps_the_deltas_of_a_job_that_ends_while_it_reads() -> None:
         run.finish_node("a", NodeState.SUCCEEDED, 0.3)
         assert run.ended and any(isinstance(e.body, TokensAdded) for e in run.events)
     assert not any(isinstance(e.body, TokensAdded) for e in run.events)
+
+
+def test_retained_bytes_count_every_string_the_job_holds_as_held() -> None:
+    """Only templates and inputs were counted, by characters: a job whose stop strings and
+    names were wide characters held a thousand times what its tenant's bound was charged."""
+    wide = "\U0001f600" * 128  # 4 bytes a character as Python holds it
+    sampling = SamplingSpec(stop=(wide,) * 8)
+    nodes = tuple(
+        NodeSpec(id=f"n{i}", prompt_template="hi", name=wide, sampling=sampling) for i in range(32)
+    )
+    run = JobRun("job-1", "acme", JobSpec(nodes=nodes, name=wide, idempotency_key=wide), 0.0)
+    held = 4 * len(wide) * (2 + 32 * 9)  # the job's name and key, each node's name and stops
+    assert run.retained_bytes() >= held
