@@ -11,10 +11,10 @@ the job's first calls within 3/4 of the slots (`admission`), and keeps the rest 
 sheddable calls too. A task ticks the monitor every TICK_S (less often when a tick is long: at
 most TICK_SHARE of the event loop's time) with each waiting call's expected wait, so a level
 rises while a queue forms and falls when calls stop finishing, but not while it is still at
-work (`SloMonitor.acted`): a job refused, or a pool with no more free slots than the reserve
-(the load held back would fill it again). Each change is logged, counted and shown by
-`fairgate_overload_level`; a wake-up lets the dispatch loop use the room a lower level gives
-back.
+work (`SloMonitor.acted`): a job refused, or calls held back that would fill the pool again
+(sheddable ones at the reserve, any at the shrunk batch). Each change is logged, counted and
+shown by `fairgate_overload_level`; a wake-up lets the dispatch loop use the room a lower level
+gives back.
 """
 
 from __future__ import annotations
@@ -121,10 +121,20 @@ class OverloadControl:
         waiting = sum(core.ready.protected(t) for t in core.unheld_tenants(now))
         return free - waiting - self._admitting[lane.model]
 
-    def _short(self, lane: Lane) -> bool:
-        """The pool has no more spare slots than level 1's reserve: letting in what the
-        level holds back would fill it."""
-        return self._spare(lane, yielding=False) <= lane.core.reserve_slots(lane.capacities())
+    def _holding_back(self, lane: Lane) -> bool:
+        """The level keeps calls out of the pool that a lower one would let in, and they would
+        fill it: sheddable calls wait while no more slots are spare than level 1's reserve, or
+        calls wait for the slots the shrunk batch leaves out. A pool that is merely busy, with
+        nothing waiting, holds nothing back: the level may fall (it kept itself up for good)."""
+        core, capacities = lane.core, lane.capacities()
+        if core.ready.sheddable and self._spare(lane, yielding=False) <= core.reserve_slots(
+            capacities
+        ):
+            return True
+        if core.batch_fraction < 1.0 and core.ready:
+            rooms = core.rooms(capacities).values()
+            return sum(room.free_slots for room in rooms if room.healthy) <= 0
+        return False
 
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
         tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
@@ -160,7 +170,7 @@ class OverloadControl:
         for ticket, wait in self._expected_waits(waiting, now):
             call = ticket.call
             self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
-        if self.level >= 1 and any(map(self._short, self._lanes)):
+        if self.level >= 1 and any(map(self._holding_back, self._lanes)):
             self.monitor.acted(now)
         self._apply(self.monitor.update(now))
 

@@ -34,6 +34,7 @@ class ReadyCalls(MutableMapping[str, E]):
         self._by_job: dict[str, dict[str, E]] = {}
         self._jobs_of: dict[str, set[str]] = {}  # tenant -> its jobs with a ready call
         self._protected: Counter[str] = Counter()  # tenant -> its calls that are not sheddable
+        self.sheddable = 0  # calls that are
 
     def __getitem__(self, call_id: str) -> E:
         return self._calls[call_id]
@@ -46,11 +47,13 @@ class ReadyCalls(MutableMapping[str, E]):
         self._by_job.setdefault(call.job_id, {})[call_id] = entry
         self._jobs_of.setdefault(call.tenant_id, set()).add(call.job_id)
         self._protected[call.tenant_id] += not entry.sheddable
+        self.sheddable += entry.sheddable
 
     def __delitem__(self, call_id: str) -> None:
         entry = self._calls.pop(call_id)
         call = entry.call
         self._protected[call.tenant_id] -= not entry.sheddable
+        self.sheddable -= entry.sheddable
         calls = self._by_job[call.job_id]
         del calls[call_id]
         if not calls:
