@@ -143,7 +143,11 @@ class DispatchCore(Generic[T]):
         # may come (set under overload): a sheddable call runs only while more are free
         self.sheddable_reserve = 0.0
         self.share_slots = share_slots  # over-share tenants yield to under-share ones
-        self._weights: dict[str, float] = {}  # tenant -> its weight, as its last job said
+        # tenant -> its weight, as its last job said, and its jobs here (its entries go with
+        # its last job: a tenant churn does not grow them)
+        self._weights: dict[str, float] = {}
+        self._tenant_jobs: Counter[str] = Counter()
+        self._tenant_of_job: dict[str, str] = {}
         self._held_for: dict[str, str] = {}  # a call that yielded its share -> the call it was for
         # the share of each backend's batch slots that may be busy: below 1 under overload, so
         # the calls admitted run faster (the SLO monitor sets it)
@@ -154,8 +158,8 @@ class DispatchCore(Generic[T]):
         self.gated = gated
         self.owed: dict[str, float] = {}
         # tenant -> until when its own quota holds its calls back (once released, when it
-        # did): that wait is the tenant's, not the gateway's (`waiting_since`); one entry per
-        # tenant that was ever held, as with `_weights`
+        # did): that wait is the tenant's, not the gateway's (`waiting_since`); kept while it
+        # has jobs here, or the hold lasts
         self._quota_held: dict[str, float] = {}
 
     # --- jobs and ready calls -------------------------------------------------------------
@@ -163,7 +167,9 @@ class DispatchCore(Generic[T]):
     def add_job(self, info: JobInfo, now: float) -> None:
         self.policy.add_job(info, now)  # validates: nothing is kept if it refuses
         self._jobs[info.job_id] = {}
+        self._tenant_of_job[info.job_id] = info.tenant_id
         self._weights[info.tenant_id] = info.weight
+        self._tenant_jobs[info.tenant_id] += 1
 
     def has_job(self, job_id: str) -> bool:
         return job_id in self._jobs
@@ -189,6 +195,12 @@ class DispatchCore(Generic[T]):
             return []
         self.policy.remove_job(job_id, now)
         self.router.forget(job_id)
+        tenant = self._tenant_of_job.pop(job_id)
+        self._tenant_jobs[tenant] -= 1
+        if not self._tenant_jobs[tenant]:
+            del self._tenant_jobs[tenant], self._weights[tenant]
+            if self._quota_held.get(tenant, -math.inf) <= now:
+                self._quota_held.pop(tenant, None)
         return self._forget_waiting(job_id)
 
     def withdraw_unsent(self, job_id: str, now: float) -> list[CoreCall[T]]:
@@ -474,10 +486,13 @@ class DispatchCore(Generic[T]):
             self.owed[tenant_id] = self.owed.get(tenant_id, 0.0) + amount
 
     def _settle_grant(self, entry: CoreCall[T], prompt_tokens: int, produced: int) -> None:
-        """The attempt ended having used `produced` output tokens: its grant is trued up."""
+        """The attempt ended having used `produced` output tokens: its grant is trued up, at
+        the weight it was granted at (its tenant's jobs may have all left since)."""
         if entry.granted:
-            used = kv_token_time(prompt_tokens, produced) / self._weight(entry.call.tenant_id)
-            self._owe(entry.call.tenant_id, used - entry.granted)
+            call = entry.call
+            worst = kv_token_time(call.prompt_tokens, call.max_tokens)
+            used = entry.granted * kv_token_time(prompt_tokens, produced) / worst
+            self._owe(call.tenant_id, used - entry.granted)
             entry.granted = 0.0
         entry.produced = 0
 

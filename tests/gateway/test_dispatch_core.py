@@ -610,3 +610,24 @@ def test_blast_every_grant_is_trued_up_to_what_its_attempt_used() -> None:
     assert charged.keys() == used.keys() and len(used) == 3
     for tenant, amount in used.items():
         assert charged[tenant] == pytest.approx(amount, rel=1e-9), tenant
+
+
+def test_a_tenant_whose_jobs_all_left_leaves_nothing_behind() -> None:
+    """Each tenant ever seen kept its weight and quota hold for good: memory that grew with
+    tenant churn."""
+    core: DispatchCore[str] = DispatchCore(make_policy("fcfs"))
+    room = {"x": BackendCapacity(10_000, 16, 64, 0, 0, True)}
+    now = 0.0
+    for i in range(50):
+        tenant, job = f"tenant-{i}", f"job-{i}"
+        core.add_job(JobInfo(job, tenant, 2.0, now, (NodeCost("n", (), 16, 8.0, 32),)), now)
+        call = ReadyCall(f"{job}/n", job, tenant, "n", 16, 8.0, 32)
+        core.add_ready(call, 8, "p", now)
+        assert core.next(now, room) is not None
+        core.retry_later(call.call_id, now + 0.5)  # its quota said "later" once
+        now += 1.0
+        assert core.next(now, room) is not None
+        core.launched(call.call_id, now)
+        core.finished(call.call_id, 16, 8, now)
+        core.remove_job(job, now)
+    assert (core._weights, core._quota_held) == ({}, {})
