@@ -27,6 +27,9 @@ from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import TenantQuota
 
+# a tenant's kinds of call on one model the error tracker follows apart (`tracker_key`)
+KINDS_TRACKED = 32
+
 
 @dataclass(frozen=True, slots=True)
 class CallDefaults:
@@ -72,6 +75,10 @@ class CallPlanner:
         self.defaults = defaults or CallDefaults()
         self.refiner = refiner
         self.tracker = tracker
+        # tenant and model -> the kinds of call (node names, the tenant's to choose) the error
+        # tracker follows apart; later ones share one window: a tenant naming each call anew
+        # would never build a streak, and would push other tenants' windows out
+        self._kinds: dict[str, set[str]] = {}
 
     def max_tokens(self, spec: NodeSpec, quota: TenantQuota) -> int:
         return min(spec.sampling.max_tokens or quota.default_max_tokens, quota.max_tokens_ceiling)
@@ -139,7 +146,7 @@ class CallPlanner:
         self.predictor.observe(plan.features, produced)
         if self.tracker is not None and plan.prediction is not None:
             cap = plan.params.max_tokens if overran else None
-            self.tracker.record(tracker_key(plan.features), plan.prediction, produced, cap)
+            self.tracker.record(self.tracker_key(plan.features), plan.prediction, produced, cap)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
         """Whether a running call that has produced `produced` tokens is past its predicted
@@ -147,7 +154,7 @@ class CallPlanner:
         and passes `overran=True` to `observe`."""
         if self.tracker is None or plan.prediction is None or produced <= plan.prediction.p90:
             return False
-        self.tracker.overrun(tracker_key(plan.features), plan.params.max_tokens)
+        self.tracker.overrun(self.tracker_key(plan.features), plan.params.max_tokens)
         return True
 
     def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
@@ -172,11 +179,16 @@ class CallPlanner:
         its max_tokens."""
         if self.tracker is None:
             return None
-        widened = self.tracker.widened(tracker_key(features), predicted)
+        widened = self.tracker.widened(self.tracker_key(features), predicted)
         return None if widened is None else min(widened, features.max_tokens)
 
-
-def tracker_key(features: CallFeatures) -> str:
-    """The error tracker's key for a call: its tenant's kind of call (its node name) on one
-    model."""
-    return f"{features.tenant_id}\x00{features.model}\x00{features.node_name}"
+    def tracker_key(self, features: CallFeatures) -> str:
+        """The error tracker's key for a call: its tenant's kind of call (its node name) on one
+        model, or, past the tenant's first KINDS_TRACKED kinds, its other kinds together."""
+        tenant = f"{features.tenant_id}\x00{features.model}"
+        kinds = self._kinds.setdefault(tenant, set())
+        if features.node_name not in kinds and len(kinds) < KINDS_TRACKED:
+            kinds.add(features.node_name)
+        if features.node_name in kinds:
+            return f"{tenant}\x00{features.node_name}"
+        return f"{tenant}\x01"  # no kind's key: theirs hold a NUL there

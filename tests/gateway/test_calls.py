@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from gateway.calls import CallDefaults, CallPlanner, CallRefused
+from gateway.calls import KINDS_TRACKED, CallDefaults, CallPlanner, CallRefused
 from gateway.jobs.model import NodeSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
@@ -110,3 +110,21 @@ def test_a_kind_of_call_predicted_short_that_runs_long_is_widened_after_a_streak
     assert plan.policy_output == 1024 and plan.reserve_output == 1024
     honest = calls.plan("honest", chat, "Hi.", 20, quota)
     assert not honest.conservative and honest.policy_output == pytest.approx(LENGTH_PRIOR.mean)
+
+
+def test_a_tenant_naming_each_call_anew_evicts_no_one_elses_window() -> None:
+    """The tracker's kinds were the node names the client chose: a flood of names pushed
+    other tenants' windows out (and their conservative mode with them)."""
+    tracker = ErrorTracker(max_tenants=2 * KINDS_TRACKED)
+    calls = CallPlanner(HistoryPredictor(LENGTH_PRIOR), None, CallDefaults(), None, tracker)
+    quota = TenantQuota(max_tokens_ceiling=1024, default_max_tokens=1024)
+    chat = NodeSpec(id="n", prompt_template="x", name="chat")
+    for _ in range(3):  # the victim's own kind went conservative
+        calls.observe(calls.plan("victim", chat, "Hi.", 20, quota), 1024)
+    assert calls.plan("victim", chat, "Hi.", 20, quota).conservative
+    for i in range(10 * KINDS_TRACKED):  # predicted short, ran to max_tokens, named anew
+        named = NodeSpec(id="n", prompt_template="x", name=f"call-{i}")
+        calls.observe(calls.plan("liar", named, "Hi.", 20, quota), 1024)
+    fresh = NodeSpec(id="n", prompt_template="x", name="never-seen")
+    assert calls.plan("liar", fresh, "Hi.", 20, quota).policy_output >= 1000  # no head start
+    assert calls.plan("victim", chat, "Hi.", 20, quota).conservative  # its window kept

@@ -15,7 +15,7 @@ import pytest
 
 from engine import AsyncEngine, LLMEngine, SimulatedRunner
 from gateway.backends import LocalBackend
-from gateway.calls import CallDefaults, CallPlan, CallPlanner, tracker_key
+from gateway.calls import CallDefaults, CallPlan, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, JobState, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, SamplingSpec
@@ -131,7 +131,7 @@ class RecordingPlanner(CallPlanner):
     def overran(self, plan: CallPlan, produced: int) -> bool:
         counted = super().overran(plan, produced)
         if counted:
-            self.overruns.append((tracker_key(plan.features), produced))
+            self.overruns.append((self.tracker_key(plan.features), produced))
         return counted
 
 
