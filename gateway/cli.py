@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+from pydantic import ValidationError
 
 from gateway.cli_client import register as register_client_commands
 from gateway.cli_engine import register as register_engine_commands
@@ -52,12 +53,18 @@ def _server_settings(args: argparse.Namespace) -> Settings:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from gateway.backends import BackendMismatch, BackendUnreachable
+    from gateway.outbox import OutboxInUse
+    from gateway.pool import PoolInvalid
     from gateway.server import UnsafeSettings, serve
 
+    settings = _settings_or_none(args)
+    if settings is None:
+        return 2
     try:
-        await serve(_server_settings(args))
-    except (UnsafeSettings, PolicyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        await serve(settings)
+    except (UnsafeSettings, PoolInvalid, BackendMismatch, BackendUnreachable, OutboxInUse) as exc:
+        print(f"error: {exc}", file=sys.stderr)  # refused at start, before serving anything
         return 2
     return 0
 
@@ -65,12 +72,19 @@ async def _serve(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    try:
-        settings = _server_settings(args)
-    except PolicyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    settings = _settings_or_none(args)
+    if settings is None:
         return 2
     return await run_demo(settings, jobs_per_tenant=args.jobs)
+
+
+def _settings_or_none(args: argparse.Namespace) -> Settings | None:
+    """The server's settings, or None once what is wrong with them is printed."""
+    try:
+        return _server_settings(args)
+    except (ValidationError, FileNotFoundError, PolicyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

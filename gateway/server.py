@@ -4,7 +4,8 @@
 `serve(settings)` runs one until cancelled (Ctrl-C, SIGTERM). Shutdown is graceful: health
 turns NOT_SERVING, running RPCs get `settings.grace_s` to end, then calls still running are
 cancelled, their engine blocks freed and their quota released, in that order. Health is
-NOT_SERVING too while the engine cannot serve (its steps keep failing). With a redis store the
+NOT_SERVING too while the engine cannot serve (its steps keep failing), or, with remote
+backends only, while none of them serves. With a redis store the
 gateway is one replica of a deployment (docs/REPLICAS.md): jobs are journaled, and shutdown
 hands them over instead of cancelling them: events written, leases handed back (another replica,
 or this one started again, takes them over), then the calls running here are aborted and their
@@ -19,6 +20,7 @@ import functools
 import ipaddress
 import logging
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,17 @@ def check_exposure(settings: Settings) -> None:
         raise UnsafeSettings("TLS needs both tls_cert_file and tls_key_file")
     if settings.tls_client_ca_file is not None and settings.tls_cert_file is None:
         raise UnsafeSettings("tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file")
+    if settings.tls_cert_file is not None and settings.tls_key_file is not None:
+        try:  # now, not as the port is bound (after the engine loaded), as "Failed to bind"
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+            if settings.tls_client_ca_file is not None:
+                context.load_verify_locations(settings.tls_client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UnsafeSettings(
+                f"TLS: tls_cert_file {settings.tls_cert_file}, tls_key_file "
+                f"{settings.tls_key_file} or tls_client_ca_file do not load: {exc}"
+            ) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -129,9 +142,7 @@ def outbox_path(settings: Settings) -> Path | None:
 def make_store(settings: Settings) -> QuotaStore:
     if settings.store == "memory":
         return MemoryQuotaStore()
-    if settings.store.startswith(("redis://", "rediss://", "unix://")):
-        return RedisQuotaStore(settings.store)
-    raise ValueError(f"store must be 'memory' or a redis:// URL, got {settings.store!r}")
+    return RedisQuotaStore(settings.store)  # a URL, as the settings check
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
@@ -143,6 +154,9 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ]
     return [
         *age,
+        # on by default in gRPC: a second gateway on a port the first serves would bind it too,
+        # and the kernel would split the connections between them
+        ("grpc.so_reuseport", 0),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
@@ -293,6 +307,8 @@ async def running_gateway(
         tg = await stack.enter_async_context(anyio.create_task_group())
         if pools.engine is not None:
             tg.start_soon(_report_health, pools.engine, health_servicer)
+        elif servers:
+            tg.start_soon(_report_servers_health, servers, health_servicer)
         try:
             yield RunningGateway(
                 settings,
@@ -342,6 +358,19 @@ async def _report_health(engine: AsyncEngine, servicer: health.aio.HealthService
         await engine.health_changed()
         if engine.healthy != serving:
             serving = engine.healthy
+            await _set_health(servicer, serving)
+
+
+async def _report_servers_health(
+    servers: list[OpenAIBackend], servicer: health.aio.HealthServicer
+) -> None:
+    """With remote backends only: SERVING while one of them serves, looked at as each of the
+    first one's scrapes lands (they all scrape at about that pace)."""
+    serving = True
+    while True:
+        await servers[0].next_scrape()
+        if any(server.capacity().healthy for server in servers) != serving:
+            serving = not serving
             await _set_health(servicer, serving)
 
 

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -19,6 +19,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from engine.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
 from gateway.backends.settings import BackendSettings
 from gateway.metrics import MAX_TENANTS
 from gateway.share import SLACK_CALLS
@@ -26,11 +27,17 @@ from gateway.slo import SloConfig, SloTarget
 
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
 DEFAULT_ADMIN_KEY = "fg_admin_local_dev"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+GRPC_MAX_MS = 2**31 - 1  # gRPC's options are C ints (milliseconds, bytes)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FAIRGATE_", extra="forbid", frozen=True)
+    # no setting takes inf or nan: a duration or a rate of those starts a gateway that then
+    # refuses every job
+    model_config = SettingsConfigDict(
+        env_prefix="FAIRGATE_", extra="forbid", frozen=True, allow_inf_nan=False
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(default=50051, ge=0, le=65535)
@@ -45,11 +52,11 @@ class Settings(BaseSettings):
     # gRPC edge: RPCs served at once (more are refused by gRPC with RESOURCE_EXHAUSTED), a
     # connection closed after this long idle, and the most jobs the gateway holds at once
     max_concurrent_rpcs: int = Field(default=4096, ge=1)
-    max_connection_idle_s: float = Field(default=600.0, gt=0.0)
+    max_connection_idle_s: float = Field(default=600.0, gt=0.0, le=GRPC_MAX_MS / 1000)
     # a connection is closed this long after it opened (then `max_connection_age_grace_s` for
     # its RPCs to end); off by default: a RunJob stream cut that way cancels its job
-    max_connection_age_s: float | None = Field(default=None, gt=0.0)
-    max_connection_age_grace_s: float = Field(default=60.0, ge=0.0)
+    max_connection_age_s: float | None = Field(default=None, gt=0.0, le=GRPC_MAX_MS / 1000)
+    max_connection_age_grace_s: float = Field(default=60.0, ge=0.0, le=GRPC_MAX_MS / 1000)
     max_active_jobs: int = Field(default=10_000, ge=1)
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
@@ -100,7 +107,7 @@ class Settings(BaseSettings):
     # moves its KV reservation; an engine that hands out no hidden states (the simulated one)
     # skips it (docs/BENCHMARKS.md, predictor)
     hidden_refine: bool = True
-    default_temperature: float = Field(default=0.7, ge=0.0)
+    default_temperature: float = Field(default=0.7, ge=0.0, le=MAX_TEMPERATURE)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     # overload control (gateway/slo.py, docs/OPERATIONS.md): latency targets per tenant id or
     # "*" ({tenant, ttft_s, tpot_s}; ttft counted from ready); none: off. Past `slo_threshold`
@@ -119,7 +126,7 @@ class Settings(BaseSettings):
     # lease of a call's quota reservation and of an admitted job; renewed every third of it
     # while they run, so a crashed gateway holds a tenant's quota for at most this long
     reservation_ttl_s: float = Field(default=60.0, gt=0.0)
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=GRPC_MAX_MS)
     grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
     # replicas (a redis store only, docs/REPLICAS.md): this gateway's name in job ownership
     # (empty: host and pid), how long an owned job's lease lasts unrenewed (a dead replica's
@@ -137,6 +144,19 @@ class Settings(BaseSettings):
     # where calls run: `[[backends]]` tables in the TOML (gateway/backends/settings.py); none:
     # the local engine the engine settings above describe
     backends: list[BackendSettings] = []
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Settings:
+        if self.store != "memory" and not self.store.startswith(REDIS_SCHEMES):
+            raise ValueError(f"store must be 'memory' or a redis:// URL, got {self.store!r}")
+        if 0 < self.default_temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"default_temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
+                f"{MAX_TEMPERATURE}], as the engine takes it"
+            )
+        if self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError(f"metrics_port {self.metrics_port} is the gRPC port")
+        return self
 
     def replica(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -166,6 +186,8 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = os.environ.get("FAIRGATE_CONFIG")
         if path:
+            if not Path(path).is_file():  # a typo would start a gateway on the defaults
+                raise FileNotFoundError(f"config file not found (FAIRGATE_CONFIG): {path}")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(path)))
         return tuple(sources)
 

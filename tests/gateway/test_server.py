@@ -552,3 +552,15 @@ async def test_a_cancelled_call_span_has_an_error_type_and_status(
     assert (chat.attributes or {})["error.type"] == "cancelled"
     assert chat.status.status_code is StatusCode.ERROR
     assert chat.status.description == "cancelled by the client"
+
+
+@pytest.mark.anyio
+async def test_a_second_gateway_on_a_port_one_serves_is_refused() -> None:
+    """gRPC binds with SO_REUSEPORT by default: a second gateway on the port started too, and
+    the kernel split new connections between two gateways of different tenants and jobs."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY)
+    async with running_gateway(settings, core=sim_core()) as first:
+        taken = Settings(port=first.port, admin_key=ADMIN_KEY)
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            async with running_gateway(taken, core=sim_core()):
+                pass

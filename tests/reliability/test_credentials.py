@@ -15,7 +15,7 @@ from grpc_status import rpc_status
 
 from fairgate.v1 import admin_pb2, gateway_pb2_grpc
 from fairgate.v1 import gateway_pb2 as pb
-from gateway.server import running_gateway
+from gateway.server import UnsafeSettings, check_exposure, running_gateway
 from gateway.settings import Settings
 from tenants import MemoryQuotaStore, Tenant, TenantQuota
 from tests.gateway.conftest import ADMIN_KEY, sim_core
@@ -248,6 +248,19 @@ def make_certs(directory: Path) -> dict[str, Path]:
             str(files[who]),
         )
     return files
+
+
+def test_tls_files_that_do_not_make_a_pair_are_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """A key of another certificate was found only as the port was bound, after the engine
+    had loaded, and read "Failed to bind to address"."""
+    certs = make_certs(tmp_path)
+    settings = Settings(
+        admin_key=ADMIN_KEY, tls_cert_file=certs["server"], tls_key_file=certs["client-key"]
+    )
+    with pytest.raises(UnsafeSettings, match="TLS: tls_cert_file"):
+        check_exposure(settings)
 
 
 @pytest.mark.parametrize("mutual", [False, True])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from grpc_health.v1 import health_pb2
 
 from fairgate.v1 import gateway_pb2 as pb
 from tests.gateway.backends.conftest import Remote, remote, settings
@@ -61,3 +62,19 @@ async def test_a_server_that_refuses_every_call_loses_them_to_a_good_one(
             assert [job.state for job in finished] == [pb.JOB_STATE_SUCCEEDED] * 10
             assert not h.gateway.dispatcher.backends["bad"].capacity().healthy
             await h.unharmed()
+
+
+async def test_health_follows_the_remote_backends(server: Remote, tmp_path: Path) -> None:
+    """With remote backends only, health stayed SERVING with every backend dead: a load
+    balancer kept sending a gateway that could run nothing."""
+    async with reliable_gateway(backends=[settings(server.url, model_folder(tmp_path))]) as h:
+        watch = h.health.Watch(health_pb2.HealthCheckRequest())
+        states = aiter(watch)
+        assert (await anext(states)).status == health_pb2.HealthCheckResponse.SERVING
+        server.gate.failing["/health"] = 503
+        with anyio.fail_after(5):
+            assert (await anext(states)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        server.gate.failing.clear()
+        with anyio.fail_after(5):
+            assert (await anext(states)).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
