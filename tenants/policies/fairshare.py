@@ -168,6 +168,11 @@ class FairShareClock:
     def _sync(self, share: _TenantShare) -> None:
         _drain(share.remaining, share.weight * (self.v - share.v_ref))
         share.v_ref = self.v
+        left = sum(share.remaining.values())
+        if left and self.v + left / share.weight <= self.v:
+            # below V's resolution (a long uptime makes V large): GPS is done with it, and a
+            # share whose finish no longer passes V would never be synced, nor dropped, again
+            share.remaining = dict.fromkeys(share.remaining, 0.0)
         before, share.total = share.total, sum(share.remaining.values())
         share.lead -= before - share.total
         self._drop_finished_ghosts(share)

@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from tenants.policies.fairshare import FairShareClock
@@ -48,3 +50,27 @@ def test_a_tenant_gps_holds_nothing_of_starts_afresh() -> None:
     clock.add_job("a2", "a", 1.0, 50.0)
     assert clock.lead("a") == 0.0
     clock.check_invariants()
+
+
+def test_a_tenant_that_left_is_forgotten_however_large_virtual_time_has_grown() -> None:
+    """Past V of about 1e14 (a long uptime), a departed tenant's last residue could sit below
+    V's resolution: its finish never passed V again, and its share was kept for good, scanned
+    on every step."""
+    clock = FairShareClock()
+    clock.add_job("old", "old", 1.0, 1e14)  # an uptime's worth of service: V goes to 1e14
+    clock.serve("old", 1e14)
+    clock.charge("old", 0.0)
+    clock.release("old")
+    draw = random.Random(0)
+    jobs = [f"j{i}" for i in range(6)]
+    for i, job in enumerate(jobs):  # two tenants come, are served a little, and leave
+        clock.add_job(job, f"t{i % 2}", 1.0, draw.uniform(1e5, 1e7))
+    for _ in range(50):
+        clock.serve(draw.choice(jobs), draw.uniform(1e4, 1e6))
+    for job in jobs:
+        clock.release(job)
+    clock.add_job("z", "fresh", 1.0, 1e13)
+    clock.serve("z", 1e12)  # V passes every departed job's finish by far
+    clock.virtual_time(0.0)
+    clock.check_invariants()
+    assert {share.tenant_id for share in clock._shares.values()} == {"fresh"}
