@@ -73,7 +73,8 @@ class JobRegistry:
     def discard(self, run: JobRun) -> None:
         """Forget a job that runs on elsewhere (given back to the journal before it ended here):
         it is kept by the journal, not by this process."""
-        if self._jobs.get(run.job_id) is run and run.job_id not in self._ended[run.tenant_id]:
+        ended = self._ended.get(run.tenant_id)
+        if self._jobs.get(run.job_id) is run and not (ended and run.job_id in ended):
             self._drop(run)
 
     def forget_tenant(self, tenant_id: str) -> None:

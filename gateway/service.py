@@ -124,8 +124,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         quota_ttl_s: float = 1.0,
         max_active_jobs: int = MAX_ACTIVE_JOBS,
         max_admissions_per_tenant: int = MAX_ADMISSIONS_PER_TENANT,
+        *,
+        revocations: Revocations,
         journaling: Journaling | None = None,
-        revocations: Revocations | None = None,
     ) -> None:
         self.jobs = jobs
         self.journaling = journaling
@@ -144,7 +145,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # so that an admission under way across a key's revocation or its tenant's deletion is
         # undone instead of escaping the cancel
-        self.revocations = revocations if revocations is not None else Revocations()
+        self.revocations = revocations  # the auth interceptor's
         # tenant -> quota: an operator's change reaches new jobs within quota_ttl_s
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 

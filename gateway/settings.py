@@ -19,7 +19,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from engine.sampling import MAX_TEMPERATURE, MIN_TEMPERATURE
+from engine.errors import InvalidRequest
+from engine.sampling import SamplingParams
 from gateway.backends.settings import BackendSettings
 from gateway.metrics import MAX_TENANTS
 from gateway.share import SLACK_CALLS
@@ -28,7 +29,7 @@ from gateway.slo import SloConfig, SloTarget
 Dtype = Literal["float32", "bfloat16"]  # the engine's weight and activation types
 DEFAULT_ADMIN_KEY = "fg_admin_local_dev"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-GRPC_MAX_MS = 2**31 - 1  # gRPC's options are C ints (milliseconds, bytes)
+GRPC_INT_MAX = 2**31 - 1  # gRPC's options are C ints (milliseconds, bytes)
 DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
@@ -52,11 +53,11 @@ class Settings(BaseSettings):
     # gRPC edge: RPCs served at once (more are refused by gRPC with RESOURCE_EXHAUSTED), a
     # connection closed after this long idle, and the most jobs the gateway holds at once
     max_concurrent_rpcs: int = Field(default=4096, ge=1)
-    max_connection_idle_s: float = Field(default=600.0, gt=0.0, le=GRPC_MAX_MS / 1000)
+    max_connection_idle_s: float = Field(default=600.0, gt=0.0, le=GRPC_INT_MAX / 1000)
     # a connection is closed this long after it opened (then `max_connection_age_grace_s` for
     # its RPCs to end); off by default: a RunJob stream cut that way cancels its job
-    max_connection_age_s: float | None = Field(default=None, gt=0.0, le=GRPC_MAX_MS / 1000)
-    max_connection_age_grace_s: float = Field(default=60.0, ge=0.0, le=GRPC_MAX_MS / 1000)
+    max_connection_age_s: float | None = Field(default=None, gt=0.0, le=GRPC_INT_MAX / 1000)
+    max_connection_age_grace_s: float = Field(default=60.0, ge=0.0, le=GRPC_INT_MAX / 1000)
     max_active_jobs: int = Field(default=10_000, ge=1)
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
@@ -107,7 +108,7 @@ class Settings(BaseSettings):
     # moves its KV reservation; an engine that hands out no hidden states (the simulated one)
     # skips it (docs/BENCHMARKS.md, predictor)
     hidden_refine: bool = True
-    default_temperature: float = Field(default=0.7, ge=0.0, le=MAX_TEMPERATURE)
+    default_temperature: float = Field(default=0.7, ge=0.0)
     default_top_p: float = Field(default=0.9, gt=0.0, le=1.0)
     # overload control (gateway/slo.py, docs/OPERATIONS.md): latency targets per tenant id or
     # "*" ({tenant, ttft_s, tpot_s}; ttft counted from ready); none: off. Past `slo_threshold`
@@ -126,7 +127,7 @@ class Settings(BaseSettings):
     # lease of a call's quota reservation and of an admitted job; renewed every third of it
     # while they run, so a crashed gateway holds a tenant's quota for at most this long
     reservation_ttl_s: float = Field(default=60.0, gt=0.0)
-    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=GRPC_MAX_MS)
+    max_message_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=GRPC_INT_MAX)
     grace_s: float = Field(default=5.0, ge=0.0)  # graceful shutdown: time for running RPCs to end
     # replicas (a redis store only, docs/REPLICAS.md): this gateway's name in job ownership
     # (empty: host and pid), how long an owned job's lease lasts unrenewed (a dead replica's
@@ -149,11 +150,10 @@ class Settings(BaseSettings):
     def _coherent(self) -> Settings:
         if self.store != "memory" and not self.store.startswith(REDIS_SCHEMES):
             raise ValueError(f"store must be 'memory' or a redis:// URL, got {self.store!r}")
-        if 0 < self.default_temperature < MIN_TEMPERATURE:
-            raise ValueError(
-                f"default_temperature must be 0 (greedy) or in [{MIN_TEMPERATURE}, "
-                f"{MAX_TEMPERATURE}], as the engine takes it"
-            )
+        try:  # the engine's own rule for what a call names
+            SamplingParams(temperature=self.default_temperature, top_p=self.default_top_p)
+        except InvalidRequest as exc:
+            raise ValueError(f"default_temperature, default_top_p: {exc}") from None
         if self.metrics_port is not None and self.metrics_port == self.port != 0:
             raise ValueError(f"metrics_port {self.metrics_port} is the gRPC port")
         return self

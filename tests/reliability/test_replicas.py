@@ -294,6 +294,16 @@ async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took
         assert finished.state == pb.JOB_STATE_CANCELLED
 
 
+async def cancelled_uncharged(h: Reliable, tenant: str, job_id: str) -> None:
+    """The job, journaled though its client was told it was not, ends cancelled by the replica
+    that claims it, and its tenant holds and is charged nothing for it."""
+    with anyio.fail_after(15):
+        finished = await h.finished(tenant, job_id)
+    assert finished.state == pb.JOB_STATE_CANCELLED
+    usage = await h.usage(tenant)
+    assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
+
+
 async def test_a_run_job_client_gone_while_its_job_is_journaled_runs_nothing(
     redis: RedisServer, tmp_path: Path
 ) -> None:
@@ -317,11 +327,7 @@ async def test_a_run_job_client_gone_while_its_job_is_journaled_runs_nothing(
             await landed.wait()
         call.cancel()  # the only client goes away
         journal.create = create  # type: ignore[method-assign]
-        with anyio.fail_after(15):
-            finished = await a.finished("t1", created[0])
-        assert finished.state == pb.JOB_STATE_CANCELLED
-        usage = await a.usage("t1")
-        assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
+        await cancelled_uncharged(a, "t1", created[0])
 
 
 async def running_watch(h: Reliable, tenant: str, job_id: str) -> AsyncIterator[pb.JobEvent]:
@@ -396,11 +402,7 @@ async def test_a_job_whose_journaling_reply_was_lost_runs_nothing(
             await a.submit("t1", roots(1, 20))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         journal.create = create  # type: ignore[method-assign]
-        with anyio.fail_after(15):
-            finished = await a.finished("t1", created[0])
-        assert finished.state == pb.JOB_STATE_CANCELLED
-        usage = await a.usage("t1")
-        assert (usage.queued_jobs, usage.output_tokens) == (0, 0)
+        await cancelled_uncharged(a, "t1", created[0])
 
 
 async def test_a_job_whose_journaling_fails_otherwise_leaves_nothing_admitted(
