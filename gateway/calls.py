@@ -6,8 +6,9 @@ length), fills sampling defaults, predicts the output length and lets the anomal
 prediction, reserves KV at that cap and looks more expensive to the fair-share policy (so it
 yields to others), and its node ends CAPPED, with the guard's reasons, if it hits the cap. With
 a refiner (a prompt model trained with the prompts' hidden states), an unflagged call asks the
-engine for its hidden state, and `refine` predicts it again once it is prefilled. Pure: no I/O,
-no clock.
+engine for its hidden state, and `refine` predicts it again once it is prefilled, corrected by
+what the refined calls of its tenant's kind ran against the refiner (`predictor.correction`, as
+the prompt model's answers are in `HistoryPredictor`). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from engine import SamplingParams
 from gateway.jobs.model import NodeSpec
 from predictor.anomaly import AnomalyGuard
 from predictor.base import CallFeatures
+from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.error_tracker import ErrorTracker
-from predictor.history import HistoryPredictor
+from predictor.history import HistoryPredictor, own_key
 from predictor.prompt_model import PromptModel
 from tenants import TenantQuota
 
@@ -48,6 +50,8 @@ class CallPlan:
     cap_reason: str = ""  # set when the guard capped max_tokens below what was asked
     prediction: LengthDistribution | None = None  # what the error tracker scores at the end
     conservative: bool = False  # ordered by the p90: this tenant's kind of call mispredicts
+    # the refiner's own answer, before its online correction: what the correction learns from
+    refined_from: LengthDistribution | None = None
 
     @property
     def refinable(self) -> bool:
@@ -74,6 +78,7 @@ class CallPlanner:
         self.guard = guard
         self.defaults = defaults or CallDefaults()
         self.refiner = refiner
+        self.refined_correction = ResidualCorrection()
         self.tracker = tracker
         # tenant and model -> the kinds of call (node names, the tenant's to choose) the error
         # tracker follows apart; later ones share one window: a tenant naming each call anew
@@ -144,6 +149,9 @@ class CallPlanner:
         """A call finished with `produced` tokens: history and the error tracker learn it.
         `overran`: `overran` said so for it while it ran."""
         self.predictor.observe(plan.features, produced)
+        if plan.refined_from is not None:
+            key = own_key(plan.features)
+            self.refined_correction.learn(key, plan.refined_from, produced)
         if self.tracker is not None and plan.prediction is not None:
             cap = plan.params.max_tokens if overran else None
             self.tracker.record(self.tracker_key(plan.features), plan.prediction, produced, cap)
@@ -162,13 +170,19 @@ class CallPlanner:
         the prompt's hidden state (the `hidden` predictor), for the policy and the reservation."""
         if self.refiner is None or not plan.refinable:
             raise ValueError("refine needs a refiner and a call planned for refinement")
-        predicted = self.refiner.refine(plan.features, hidden)
+        refined = self.refiner.refine(plan.features, hidden)
+        key, cap = own_key(plan.features), plan.params.max_tokens
+        predicted = self.refined_correction.apply(key, refined, cap)
         output, reserve = predicted.mean, min(predicted.p90, plan.params.max_tokens)
         widened = self._conservative_length(plan.features, predicted) if plan.conservative else None
         if widened is not None:
             output = reserve = widened
         return dataclasses.replace(
-            plan, policy_output=output, reserve_output=math.ceil(reserve), prediction=predicted
+            plan,
+            policy_output=output,
+            reserve_output=math.ceil(reserve),
+            prediction=predicted,
+            refined_from=refined,
         )
 
     def _conservative_length(

@@ -113,8 +113,7 @@ class HistoryPredictor:
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
         if self.cold is not None:
-            key = _fallback_keys(call)[0]
-            return self.correction.apply(key, self.cold.predict(call), call.max_tokens)
+            return self.correction.apply(own_key(call), self.cold.predict(call), call.max_tokens)
         for key in _fallback_keys(call):
             stats = self._stats.get(key)
             if stats is not None and stats.count >= self.min_count:
@@ -125,7 +124,7 @@ class HistoryPredictor:
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
         if self.cold is not None:  # the residual against the model's own, uncorrected answer
-            self.correction.learn(_fallback_keys(call)[0], self.cold.predict(call), true_len)
+            self.correction.learn(own_key(call), self.cold.predict(call), true_len)
         else:
             for key in _fallback_keys(call):
                 self._touch(key).add(true_len, self.alpha)
@@ -160,6 +159,11 @@ class HistoryPredictor:
         prompt.add(log_prompt, self.alpha)
         self._profiles[tenant_id] = (count + 1, out, prompt)
         self._profiles.move_to_end(tenant_id)
+
+
+def own_key(call: CallFeatures) -> tuple[str, str]:
+    """The call's own key: its tenant's node (its bare calls without one) on its model."""
+    return _fallback_keys(call)[0]
 
 
 def _fallback_keys(call: CallFeatures) -> tuple[tuple[str, str], ...]:

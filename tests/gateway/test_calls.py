@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from gateway.calls import KINDS_TRACKED, CallDefaults, CallPlanner, CallRefused
+from gateway.calls import KINDS_TRACKED, CallDefaults, CallPlan, CallPlanner, CallRefused
 from gateway.jobs.model import NodeSpec, SamplingSpec
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
@@ -68,6 +68,30 @@ def test_a_refined_plan_takes_the_hidden_predictors_mean_and_p90() -> None:
     assert refined.reserve_output == math.ceil(expected.p90)
     assert refined.params == plan.params and refined.features == plan.features
     assert refined.policy_output != plan.policy_output
+
+
+def test_refined_predictions_learn_from_what_their_kind_of_call_produced() -> None:
+    """A tenant's kind of call that keeps producing 4 x the refiner's answer is refined toward
+    what it produces (as the prompt model's answers are corrected); another tenant's same
+    prompt and hidden state keep the refiner's own answer."""
+    refiner, hidden = hidden_refiner(), [0.5, 0.0, 0.0, 0.0]
+    served = planner(refiner)
+
+    def refined(tenant: str) -> CallPlan:
+        plan = served.plan(tenant, node(max_tokens=1024), "Name a colour.", 20, QUOTA)
+        return served.refine(plan, hidden)
+
+    alone = refiner.refine(refined("t").features, hidden)
+    for _ in range(50):
+        served.observe(refined("t"), round(4 * alone.p50))
+    learned = refined("t")
+    # the shift after 50 calls: log(4) shrunk by 50 / (50 + 10), within the rounding
+    assert learned.prediction is not None
+    assert learned.prediction.p50 == pytest.approx(alone.p50 * 4 ** (50 / 60), rel=0.05)
+    assert learned.reserve_output > 2 * math.ceil(alone.p90)
+    assert learned.refined_from == alone
+    other = refined("u")
+    assert other.policy_output == pytest.approx(alone.mean) and other.prediction == alone
 
 
 def test_a_flagged_call_keeps_the_guards_cap_and_is_not_refined() -> None:
