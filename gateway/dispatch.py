@@ -412,7 +412,8 @@ class Dispatcher(OwnsTasks):
         except CallRefused:
             return None  # refused again once submitted, where its node fails
         reserve, rooms = ticket.plan.reserve_output, lane.capacities()
-        return ticket if lane.core.starts_at_once(ticket.call, reserve, rooms) else None
+        sheddable = run.spec.priority < 0
+        return ticket if lane.core.starts_at_once(ticket.call, reserve, rooms, sheddable) else None
 
     def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
         tickets = self.lane_of(run, node_id).tickets
@@ -629,7 +630,7 @@ class Dispatcher(OwnsTasks):
     def _call_ended(self, ticket: Ticket, produced: int, settled: int | None = None) -> None:
         """`settled`: the output tokens its quota settled (None: released)."""
         node = ticket.run.nodes[ticket.call.node_id]
-        if self.overload is not None:
+        if self.overload is not None and node.started_at is not None:  # it held a slot
             self.overload.ended(ticket, node.time_per_output_token(produced))
         if self.metrics is not None:
             tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative

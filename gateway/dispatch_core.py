@@ -275,7 +275,7 @@ class DispatchCore(Generic[T]):
     def reserve_slots(self, capacities: Mapping[str, BackendCapacity]) -> int:
         """How many of the serving backends' slots `sheddable_reserve` keeps from sheddable
         calls."""
-        return math.ceil(self.sheddable_reserve * _serving_slots(capacities))
+        return math.ceil(self.sheddable_reserve * serving_slots(capacities))
 
     def _reserve_reached(self, capacities: Mapping[str, BackendCapacity]) -> bool:
         """Whether no more slots are free than the reserve (so sheddable calls wait)."""
@@ -285,10 +285,17 @@ class DispatchCore(Generic[T]):
         return free <= self.reserve_slots(capacities)
 
     def starts_at_once(
-        self, call: ReadyCall, reserve_output: int, capacities: Mapping[str, BackendCapacity]
+        self,
+        call: ReadyCall,
+        reserve_output: int,
+        capacities: Mapping[str, BackendCapacity],
+        sheddable: bool = False,
     ) -> bool:
         """Would a new job's only call be dispatched by the next pass whatever the policy's
-        order? Some backend has room for it and for every ready call, below its knee."""
+        order? Some backend has room for it and for every ready call, below its knee, and a
+        sheddable call finds more free slots than the reserve kept from it."""
+        if sheddable and self._reserve_reached(capacities):
+            return False
         load = self.load(capacities)
         ready = len(self.ready)
         if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
@@ -381,7 +388,7 @@ class DispatchCore(Generic[T]):
         weighted share of the serving slots, and the one furthest over its own share would
         still hold at least that share after giving one up; None when there is none."""
         serving = {name: room for name, room in capacities.items() if room.healthy}
-        slots = _serving_slots(capacities)
+        slots = serving_slots(capacities)
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
         backlogged = {*running, *self.ready.tenants()}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}
@@ -671,7 +678,7 @@ def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
     )
 
 
-def _serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
+def serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
     """The batch slots of the backends that serve: busy or free."""
     return sum(r.running + r.waiting + r.free_slots for r in capacities.values() if r.healthy)
 

@@ -11,15 +11,16 @@ the job's first calls within 3/4 of the slots (`admission`), and keeps the rest 
 sheddable calls too. A task ticks the monitor every TICK_S (less often when a tick is long: at
 most TICK_SHARE of the event loop's time) with each waiting call's expected wait, so a level
 rises while a queue forms and falls when calls stop finishing, but not while it is still at
-work (`SloMonitor.acted`): a job refused, or calls held back that would fill the pool again
-(sheddable ones at the reserve, any at the shrunk batch). Each change is logged, counted and
-shown by `fairgate_overload_level`; a wake-up lets the dispatch loop use the room a lower level
-gives back.
+work (`SloMonitor.acted`): a protected job refused, or calls held back that would fill the pool
+again (sheddable ones at the reserve, any at the shrunk batch) while protected calls are judged.
+Each change is logged, counted and shown by `fairgate_overload_level`; a wake-up lets the
+dispatch loop use the room a lower level gives back.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,7 @@ from contextlib import contextmanager
 
 import anyio
 
+from gateway.dispatch_core import serving_slots
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
 from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
@@ -92,14 +94,21 @@ class OverloadControl:
         calls already waiting (or being admitted) will take: admitting only then keeps their
         queue empty, since a call that waits for a slot waits a call's length, while the
         backends stay busy (one is admitted as soon as a slot comes free). A refusal also
-        keeps the level up (`SloMonitor.acted`): the load it turns away would queue again."""
-        if self.level >= REFUSE_LEVEL and any(
-            self._spare(lane, yielding=True, fraction=SHRUNK_BATCH) < n
-            for lane in self._lanes
-            if (n := needs[lane.model])
-        ):
-            self.monitor.acted(self._clock())
-            raise ShedJob
+        keeps the level up (`SloMonitor.acted`): the protected load it turns away would queue
+        again. Not a sheddable job's (that load gives way anyway), nor one that wants more first
+        calls than the shrunk batch holds on an idle pool: it is refused whatever the load, and
+        one client retrying it would hold every tenant at the refusing level."""
+        if self.level >= REFUSE_LEVEL:
+            short = [
+                (lane, n)
+                for lane in self._lanes
+                if (n := needs[lane.model])
+                and self._spare(lane, yielding=True, fraction=SHRUNK_BATCH) < n
+            ]
+            if short:
+                if not sheddable and all(n <= _shrunk_slots(lane) for lane, n in short):
+                    self.monitor.acted(self._clock())
+                raise ShedJob
         held = Counter() if sheddable else needs
         self._admitting.update(held)
         try:
@@ -170,7 +179,10 @@ class OverloadControl:
         for ticket, wait in self._expected_waits(waiting, now):
             call = ticket.call
             self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
-        if self.level >= 1 and any(map(self._holding_back, self._lanes)):
+        # holding work back acts only for protected calls being judged: with too few of them
+        # to tell, a sheddable backlog alone would hold its level (and its reserve) for good
+        judged = self.monitor.violation_rate(now) is not None
+        if self.level >= 1 and judged and any(map(self._holding_back, self._lanes)):
             self.monitor.acted(now)
         self._apply(self.monitor.update(now))
 
@@ -234,6 +246,11 @@ def tick_interval(spent_s: float) -> float:
     """The wait before the next tick after one that took `spent_s`: TICK_S, or longer so that
     ticks take at most TICK_SHARE of the time."""
     return max(TICK_S, spent_s * (1 - TICK_SHARE) / TICK_SHARE)
+
+
+def _shrunk_slots(lane: Lane) -> int:
+    """The slots of the pool's serving backends within the shrunk batch."""
+    return math.floor(serving_slots(lane.capacities()) * SHRUNK_BATCH)
 
 
 def _sheddable(ticket: Ticket) -> bool:

@@ -205,6 +205,19 @@ def test_a_one_call_job_starts_at_once_only_with_room_beside_every_ready_call() 
     assert core.starts_at_once(call, 16, {"x": room(free_blocks=3), "y": room(free_blocks=4)})
 
 
+def test_a_sheddable_one_call_job_does_not_start_at_once_within_the_reserve() -> None:
+    """Its quota is reserved with its admission when it starts at once; a sheddable call the
+    reserve then held back kept that reservation (a concurrent call, its max_tokens of the
+    bucket) for as long as the overload level held."""
+    core = make_core()
+    core.sheddable_reserve = 1 / 8  # level 1: 2 of 16 slots kept from sheddable calls
+    call = ReadyCall("b/n", "b", "t", "n", 16, 16.0, 64)
+    at_reserve = {"x": room(free_slots=2, running=14)}
+    assert core.starts_at_once(call, 16, at_reserve)  # a protected call takes the reserve
+    assert not core.starts_at_once(call, 16, at_reserve, sheddable=True)
+    assert core.starts_at_once(call, 16, {"x": room(free_slots=3, running=13)}, sheddable=True)
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "vtc", "justitia", "las"])
 def test_blast_every_call_ends_exactly_once_and_no_room_is_promised_twice(policy: str) -> None:
     rng = random.Random(7)

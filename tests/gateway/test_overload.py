@@ -1,15 +1,18 @@
-"""Overload control's pure parts: how often the monitor is ticked."""
+"""Overload control's pure parts: how often the monitor is ticked, and when a level falls."""
 
 from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 from gateway.backends import BackendCapacity
 from gateway.dispatch_core import DispatchCore
 from gateway.lanes import Lane
-from gateway.overload import TICK_S, OverloadControl, tick_interval
+from gateway.overload import TICK_S, OverloadControl, ShedJob, tick_interval
 from gateway.slo import SloConfig, SloTarget
-from tenants.policies import make_policy
+from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
 
 
 def test_short_ticks_come_every_tick_period() -> None:
@@ -60,3 +63,74 @@ def test_a_busy_pool_holding_nothing_back_lets_the_level_fall(busy: int) -> None
         first_token(control, f"on-time{i}", 0.05, now[0])
         control.tick()
     assert control.level == 0 and lane.core.batch_fraction == 1.0
+
+
+CONFIG = SloConfig(
+    (SloTarget("*", ttft_s=1.0, tpot_s=0.1),),
+    window_s=10.0, threshold=0.2, min_calls=5, hold_s=2.0, rise_s=0.25,
+)  # fmt: skip
+
+
+def overloaded(room: BackendCapacity | None = None) -> tuple[OverloadControl, Lane, list[float]]:
+    """A pool of 16 slots whose level a burst of late first tokens raised to 3."""
+    now = [0.0]
+    room = room or BackendCapacity(1000, 16, free_slots=16, running=0, waiting=0, healthy=True)
+    lane = Lane("m", {"x": Serving(room)}, DispatchCore(make_policy("justitia")), None)  # type: ignore[dict-item]
+    control = OverloadControl(CONFIG, [lane], lambda: now[0], lambda: None)
+    for i in range(10):
+        now[0] = 0.3 * i
+        first_token(control, f"late{i}", 5.0, now[0])
+    assert control.level == 3
+    return control, lane, now
+
+
+def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
+    """Sheddable calls filling every slot but the reserve counted as the level acting, with no
+    protected call anywhere: a batch tenant's backlog held the gateway at the refusing level
+    (a quarter of the slots idle) for good."""
+    at_reserve = BackendCapacity(1000, 16, free_slots=4, running=12, waiting=0, healthy=True)
+    control, lane, now = overloaded(at_reserve)
+    node = SimpleNamespace(first_token_at=None, ready_at=now[0])
+    job = SimpleNamespace(nodes={"n": node}, spec=SimpleNamespace(priority=-1))
+    call = ReadyCall("batch/n", "batch", "batch", "n", 16, 16.0, 64)
+    lane.core.add_job(
+        JobInfo("batch", "batch", 1.0, now[0], (NodeCost("n", (), 16, 16.0, 64),), -1), now[0]
+    )
+    lane.core.add_ready(call, 16, SimpleNamespace(run=job, call=call), now[0], sheddable=True)  # type: ignore[arg-type]
+    for i in range(1200):  # two minutes with no protected call
+        now[0] = 3.0 + 0.1 * i
+        control.tick()
+    assert control.level == 0 and lane.core.sheddable_reserve == 0.0
+
+
+@pytest.mark.parametrize(("roots", "sheddable", "free"), [(13, False, 16), (4, True, 2)])
+def test_refusals_that_no_load_explains_do_not_hold_the_refusing_level(
+    roots: int, sheddable: bool, free: int
+) -> None:
+    """A job wanting more first calls than 3/4 of the pool's 16 slots is refused at level 3
+    even on an idle pool, and a sheddable job's refusal turns away no protected load: each
+    refusal kept the level up, so one client retrying held every tenant at it."""
+    room = BackendCapacity(1000, 16, free_slots=free, running=16 - free, waiting=0, healthy=True)
+    control, _, now = overloaded(room)
+    refused = 0
+    for i in range(1200):  # two minutes; a client retries every 1.5 s
+        now[0] = 3.0 + 0.1 * i
+        if i % 15 == 0:
+            try:
+                with control.admission(Counter({"m": roots}), sheddable=sheddable):
+                    pass
+            except ShedJob:
+                refused += 1
+        control.tick()
+    assert refused > 0 and control.level == 0
+
+
+def test_a_protected_job_refused_for_the_load_holds_the_refusing_level() -> None:
+    busy = BackendCapacity(1000, 16, free_slots=2, running=14, waiting=0, healthy=True)
+    control, _, now = overloaded(busy)
+    for i in range(100):  # ten seconds of a client retrying a job that would fit an idle pool
+        now[0] = 3.0 + 0.1 * i
+        with pytest.raises(ShedJob), control.admission(Counter({"m": 4}), sheddable=False):
+            pass
+        control.tick()
+    assert control.level == 3

@@ -95,6 +95,21 @@ async def test_a_tenant_its_own_quota_holds_back_raises_no_level() -> None:
         await h.unharmed()
 
 
+async def test_calls_their_quota_refuses_are_no_calls_ending() -> None:
+    """Calls dropped unserved (a tenant past its daily budget) counted as calls ending, the
+    rate the monitor expects a slot to come free at: one tenant's refused calls made every
+    protected call's expected wait look short."""
+    target = [{"tenant": "*", "ttft_s": 1.0}]
+    async with reliable_gateway(core=sim_core(0.002), slo_targets=target, **HELD) as h:
+        await h.tenant("broke", daily_token_budget=1)  # every call's reservation is refused
+        for _ in range(5):
+            job = await h.submit("broke", roots(2))
+            assert (await h.finished("broke", job.job_id)).state == pb.JOB_STATE_FAILED
+        overload = h.gateway.dispatcher.overload
+        assert overload is not None
+        assert overload.monitor.ends_per_s(h.gateway.dispatcher.clock()) == 0.0
+
+
 async def test_calls_their_own_quota_holds_back_take_no_slot_at_the_refusing_level() -> None:
     async with reliable_gateway(core=sim_core(0.05), slo_targets=MISSED_BY_ALL, **HELD) as h:
         # hog's bucket holds one call: the other 19 wait for it to refill, about a minute
