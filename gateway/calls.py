@@ -112,7 +112,8 @@ class CallPlanner:
             policy_output = reserve = widened
         refine = self.refiner is not None
         if self.guard is not None:
-            verdict = self.guard.assess(features, predicted, self.predictor.profile(tenant_id))
+            profile = self.predictor.profile(tenant_id)
+            verdict = self.guard.assess(features, predicted, profile, limit or None)
             if verdict.flagged:
                 refine = False  # the guard's penalty and cap stand
                 policy_output *= verdict.priority_penalty
@@ -170,6 +171,8 @@ class CallPlanner:
         the prompt's hidden state (the `hidden` predictor), for the policy and the reservation."""
         if self.refiner is None or not plan.refinable:
             raise ValueError("refine needs a refiner and a call planned for refinement")
+        if not all(map(math.isfinite, hidden)):  # a model gone numerically wrong says nothing
+            return plan
         refined = self.refiner.refine(plan.features, hidden)
         key, cap = own_key(plan.features), plan.params.max_tokens
         predicted = self.refined_correction.apply(key, refined, cap)

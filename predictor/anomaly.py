@@ -40,8 +40,8 @@ Signals, each adding its weight to the call's score (thresholds are `GuardConfig
 - `output_zscore` / `prompt_zscore`: the predicted p50 or the prompt length lies over
   `zscore_threshold` standard deviations (log scale) above the tenant's history (with at least
   `min_history` calls) - weight 0.5 each;
-- `near_prompt_limit`: the prompt fills over `near_limit_fraction` of `max_prompt_tokens` (a
-  call built to take the most KV the server allows) - weight 1;
+- `near_prompt_limit`: the prompt fills over `near_limit_fraction` of its tenant's prompt limit
+  (a call built to take the most KV its tenant may) - weight 1;
 - `near_cap`: the predicted p90 reaches `near_limit_fraction` of max_tokens - weight 0.5.
 A call scoring at least `flag_score` is flagged: it is stopped at the `cap_quantile` of its
 prediction (never under `min_cap_tokens`, never over its max_tokens; the gateway reports the
@@ -152,6 +152,7 @@ _ASK = re.compile(
 )
 _SENTENCE_END = re.compile(r"[.!?\n]+")
 
+
 def guard_view(text: str) -> str:
     """The bounded, lower-cased part of the prompt the guard reads (see the module docstring)."""
     if len(text) <= VIEW_CHARS:
@@ -174,7 +175,8 @@ class GuardConfig:
     zscore_threshold: float = 3.0
     min_history: int = 20
     near_limit_fraction: float = 0.9
-    max_prompt_tokens: int | None = None  # the server's prompt limit; None skips that signal
+    # the prompt limit of a call assessed without one of its own; None skips that signal
+    max_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +201,13 @@ class AnomalyGuard:
         call: CallFeatures,
         prediction: LengthDistribution,
         tenant_history: LengthProfile | None,
+        prompt_limit: int | None = None,
     ) -> Assessment:
+        """`prompt_limit`: the prompt tokens the call's tenant may send (its quota's), else the
+        config's `max_prompt_tokens`."""
+        limit = prompt_limit if prompt_limit is not None else self.config.max_prompt_tokens
         signals = {**self.prompt_signals(call.prompt_text)}
-        signals.update(self._length_signals(call, prediction, tenant_history))
+        signals.update(self._length_signals(call, prediction, tenant_history, limit))
         score = sum(signals.values())
         reasons = tuple(sorted(signals))
         if score < self.config.flag_score:
@@ -248,7 +254,11 @@ class AnomalyGuard:
         return 1.0 - distinct / (len(words) - 2) > self.config.repeated_trigram_share
 
     def _length_signals(
-        self, call: CallFeatures, prediction: LengthDistribution, history: LengthProfile | None
+        self,
+        call: CallFeatures,
+        prediction: LengthDistribution,
+        history: LengthProfile | None,
+        limit: int | None,
     ) -> dict[str, float]:
         cfg = self.config
         signals: dict[str, float] = {}
@@ -257,7 +267,6 @@ class AnomalyGuard:
                 signals["output_zscore"] = 0.5
             if history.prompt_z(call.prompt_tokens) > cfg.zscore_threshold:
                 signals["prompt_zscore"] = 0.5
-        limit = cfg.max_prompt_tokens
         if limit is not None and call.prompt_tokens >= cfg.near_limit_fraction * limit:
             signals["near_prompt_limit"] = 1.0
         if prediction.p90 >= cfg.near_limit_fraction * call.max_tokens:

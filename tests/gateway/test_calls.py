@@ -50,6 +50,17 @@ def test_an_endless_output_request_is_capped_reserved_at_cap_and_deprioritised()
     assert hostile.policy_output > calm.policy_output
 
 
+def test_a_prompt_near_its_tenants_limit_is_capped_and_deprioritised() -> None:
+    """The guard read the prompt limit from its own config, which the server leaves empty: a
+    tenant could send every prompt at its limit, the most KV it may take, unflagged."""
+    calm = planner().plan("t", node(max_tokens=1024), "Summarise this.", 50, QUOTA)
+    full = planner().plan("t", node(max_tokens=1024), "Summarise this.", 95, QUOTA)  # of 100
+    assert calm.cap_reason == "" and calm.params.max_tokens == 1024
+    assert full.cap_reason == f"capped at {full.params.max_tokens} tokens: near_prompt_limit"
+    assert full.params.max_tokens < 1024 and full.reserve_output == full.params.max_tokens
+    assert full.policy_output > calm.policy_output
+
+
 def test_without_a_refiner_no_call_asks_for_its_hidden_state() -> None:
     plan = planner().plan("t", node(), "Name a colour.", 20, QUOTA)
     assert not plan.refinable
@@ -92,6 +103,15 @@ def test_refined_predictions_learn_from_what_their_kind_of_call_produced() -> No
     assert learned.refined_from == alone
     other = refined("u")
     assert other.policy_output == pytest.approx(alone.mean) and other.prediction == alone
+
+
+@pytest.mark.parametrize("bad", [math.nan, -math.inf, math.inf])
+def test_a_hidden_state_that_is_not_finite_leaves_the_plan_as_it_was(bad: float) -> None:
+    """NaN failed the call (an invalid length summary); -inf predicted it at 0 tokens, first in
+    line and reserving no KV."""
+    served = planner(hidden_refiner())
+    plan = served.plan("t", node(max_tokens=1024), "Name a colour.", 20, QUOTA)
+    assert served.refine(plan, [bad, 0.0, 0.0, 0.0]) == plan
 
 
 def test_a_flagged_call_keeps_the_guards_cap_and_is_not_refined() -> None:
