@@ -47,6 +47,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -89,6 +90,8 @@ from tenants import (
 from tenants.policies import JobInfo
 
 log = logging.getLogger(__name__)
+Args = TypeVarTuple("Args")
+Encoded = TypeVar("Encoded")
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
 YIELDED = "yielded its slot to a call of a protected job"
@@ -223,9 +226,7 @@ class Dispatcher(OwnsTasks):
     async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the pool would take at once has its call reserved in the same script."""
-        blanks = await anyio.to_thread.run_sync(
-            self._encode_blanks, run, limiter=self._limiter(run.tenant_id)
-        )
+        blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
         info = job_info(run, quota, self.clock(), blanks, self.planner, models)
         ticket = self._ticket_to_hold(run, quota, blanks)
@@ -270,11 +271,21 @@ class Dispatcher(OwnsTasks):
             blanks |= lane.tickets.encode_blanks(run, mine)
         return blanks
 
-    def _limiter(self, tenant_id: str) -> anyio.CapacityLimiter:
+    async def _tokenize(
+        self, tenant_id: str, encode: Callable[[Unpack[Args]], Encoded], *args: *Args
+    ) -> Encoded:
+        """`encode(*args)` in a worker thread, one of the tenant's at a time. The tenant's
+        worker is kept while it is busy or awaited, and no longer: a worker per tenant ever
+        seen (or ever refused) would only grow."""
         limiter = self._tokenizing.get(tenant_id)
         if limiter is None:
             limiter = self._tokenizing[tenant_id] = anyio.CapacityLimiter(1)
-        return limiter
+        try:
+            return await anyio.to_thread.run_sync(encode, *args, limiter=limiter)
+        finally:
+            idle = not limiter.borrowed_tokens and not limiter.statistics().tasks_waiting
+            if idle and self._tokenizing.get(tenant_id) is limiter:
+                del self._tokenizing[tenant_id]
 
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
@@ -301,9 +312,7 @@ class Dispatcher(OwnsTasks):
         for node_id, node in run.nodes.items():
             if node.state is NodeState.RUNNING:
                 run.retry_node(node_id, now, f"{BACKEND_LOST} with its replica: running again")
-        blanks = await anyio.to_thread.run_sync(
-            self._encode_blanks, run, limiter=self._limiter(run.tenant_id)
-        )
+        blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
         # it arrived when its client submitted it: first come, first served keeps its place
         info = job_info(run, quota, run.created_at, blanks, self.planner, models)
@@ -439,12 +448,8 @@ class Dispatcher(OwnsTasks):
             if problem is not None:
                 self._finish_node(run, node_id, NodeState.FAILED, f"the prompt {problem}")
                 return
-            encoded = await anyio.to_thread.run_sync(
-                self.lane_of(run, node_id).tickets.encode_node,
-                run,
-                node_id,
-                limiter=self._limiter(run.tenant_id),
-            )
+            encode = self.lane_of(run, node_id).tickets.encode_node
+            encoded = await self._tokenize(run.tenant_id, encode, run, node_id)
             if run.nodes[node_id].state is NodeState.READY:  # not cancelled meanwhile
                 self._plan_ready(run, node_id, encoded)
                 self._wake.set()

@@ -27,7 +27,7 @@ from predictor.anomaly import AnomalyGuard
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
-from tenants import MemoryQuotaStore, Reservation, TenantQuota
+from tenants import MemoryQuotaStore, QuotaExceeded, Reservation, TenantQuota
 from tenants.policies import FcfsPolicy, JobInfo, JustitiaPolicy, Policy
 from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
@@ -314,6 +314,29 @@ async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: 
     usage = await store.usage("acme")
     assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 3)
     assert not env.engine.core.scheduler.requests
+
+
+async def test_tenants_whose_jobs_ended_or_were_refused_keep_no_tokenizing_worker(
+    make_env: MakeEnv,
+) -> None:
+    """Each tenant that ever submitted, or even tried to, kept its tokenizing worker for good:
+    tenants come and go, the dispatcher only grew."""
+    store = MemoryQuotaStore()
+    env = await make_env(store)
+    spec = job("any", ("a", 3)).spec
+    for i in range(3):
+        await store.create_tenant(f"t{i}", "T", QUOTA)
+        run = JobRun(f"j{i}", f"t{i}", spec, time.time())
+        await admit(env.dispatcher, run)
+        async for _ in run.watch():
+            pass
+    narrow = TenantQuota(max_tokens_ceiling=2048, max_nodes_per_job=1)
+    await store.create_tenant("refused", "R", narrow)
+    with pytest.raises(QuotaExceeded):
+        wide = job("wide", ("a", 3), ("b", 3)).spec
+        await env.dispatcher.admit(JobRun("wide", "refused", wide, time.time()), narrow)
+    await anyio.wait_all_tasks_blocked()
+    assert not env.dispatcher._tokenizing
 
 
 async def test_a_call_held_from_admission_is_released_if_never_dispatched(
