@@ -4,7 +4,7 @@ Counters and histograms are recorded where a call or a job ends (the dispatcher 
 `call_ended`, `job_ended`, `refused`); gauges are read from the dispatcher and its backends when
 scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
 Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
-`max_tenants` tenants seen keep their id, later ones are counted as `other`, so a tenant churn
+`max_tenants` tenants seen keep their id, later ones are counted as `_other`, so a tenant churn
 cannot grow the registry without end; a deleted tenant's series go and free its place. Settled
 tokens count what the calls' quota settled (nodes SUCCEEDED or CAPPED, and calls its tenant's
 side cut short, for the tokens they made), the same as the store's usage. Each ended call also
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from gateway.dispatch import Dispatcher
 
 MAX_TENANTS = 1000
-OTHER = "other"
+OTHER = "_other"  # no tenant id starts so: a tenant named "other" is not the overflow
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     # metrics_host, loopback unless said otherwise: never a tenant-facing port
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
-    # tenants named in metric labels (the first seen; later ones are `other`)
+    # tenants named in metric labels (the first seen; later ones are `_other`)
     metrics_max_tenants: int = Field(default=MAX_TENANTS, ge=1)
     # quota closes that could not reach the store wait here (a redis store only; default
     # ~/.local/state/fairgate/outbox-<port>.jsonl)

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairgate.v1 import admin_pb2
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.metrics import OTHER, GatewayMetrics
 from tests.gateway.conftest import sim_core
 from tests.reliability.harness import node, reliable_gateway, roots
 
@@ -104,3 +105,13 @@ async def test_metrics_serve_on_a_bracketed_ipv6_host() -> None:
     ):
         reply = await http.get(f"http://[::1]:{h.gateway.metrics_port}/metrics")
     assert reply.status_code == 200
+
+
+def test_a_tenant_named_other_is_not_the_overflow_label() -> None:
+    """The overflow label was `other`, a valid tenant id: such a tenant's figures merged with
+    the overflow, and deleting it deleted every overflow tenant's series."""
+    metrics = GatewayMetrics(max_tenants=1)
+    metrics.shed("other")
+    metrics.shed("late")  # past max_tenants: the overflow
+    metrics.forget_tenant("other")
+    assert metrics.registry.get_sample_value("fairgate_shed_jobs_total", {"tenant": OTHER}) == 1
