@@ -2,13 +2,15 @@
 
 Counters and histograms are recorded where a call or a job ends (the dispatcher calls
 `call_ended`, `job_ended`, `refused`); gauges are read from the dispatcher and its backends when
-scraped (`DispatchCollector`), so the hot path pays nothing for them. Names and units follow
-Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the first
-`max_tenants` tenants seen keep their id, later ones are counted as `_other`, so a tenant churn
-cannot grow the registry without end; a deleted tenant's series go and free its place. Settled
-tokens count what the calls' quota settled (nodes SUCCEEDED or CAPPED, and calls its tenant's
-side cut short, for the tokens they made), the same as the store's usage. Each ended call also
-joins `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
+scraped (`DispatchCollector`), so the hot path pays nothing for them. A scrape reads those on
+the event loop and writes the whole text in a worker thread (`exposition`): a thousand tenants'
+series take most of a second to write, which would stall every tenant's calls. Names and units
+follow Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the
+first `max_tenants` tenants seen keep their id, later ones are counted as `_other`, so a tenant
+churn cannot grow the registry without end; a deleted tenant's series go and free its place.
+Settled tokens count what the calls' quota settled (nodes SUCCEEDED or CAPPED, and calls its
+tenant's side cut short, for the tokens they made), the same as the store's usage. Each ended
+call also joins `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from gateway.genai_metrics import GenAiMetrics
@@ -43,6 +47,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.max_tenants = max_tenants
         self._tenants: set[str] = set()
+        self._dispatch: DispatchCollector | None = None
         r = self.registry
         self.jobs = Counter("fairgate_jobs", "Jobs by final state", ["tenant", "state"], registry=r)
         self.calls = Counter(
@@ -193,7 +198,27 @@ class GatewayMetrics:
 
     def watch(self, dispatcher: Dispatcher) -> None:
         """Report the dispatcher's and its backends' gauges at each scrape."""
-        self.registry.register(DispatchCollector(dispatcher, self))
+        self._dispatch = DispatchCollector(dispatcher, self)
+
+    async def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The scrape's body and content type for an `Accept` header: the dispatcher's gauges
+        read here, on its event loop (its state is not for other threads), the text written in
+        a worker thread (the registry's metrics lock their own values)."""
+        encode, content_type = choose_encoder(accept)
+        gauges = [] if self._dispatch is None else list(self._dispatch.collect())
+        body = await anyio.to_thread.run_sync(encode, _Joined(self.registry, gauges))
+        return body, content_type
+
+
+class _Joined(Collector):
+    """The registry's metrics, then gauges already read."""
+
+    def __init__(self, registry: CollectorRegistry, gauges: list[Metric]) -> None:
+        self.registry, self.gauges = registry, gauges
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.registry.collect()
+        yield from self.gauges
 
 
 class DispatchCollector(Collector):

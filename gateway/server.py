@@ -33,7 +33,10 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
-from prometheus_client import make_asgi_app
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from engine import AsyncEngine, LLMEngine
 from engine.heap import freeze_startup_heap
@@ -172,8 +175,13 @@ async def serving_metrics(metrics: GatewayMetrics, host: str, port: int) -> Asyn
     """Serve the metrics' /metrics over HTTP while the block runs; yields the port."""
     from engine.openai_api.server import listening_socket, running_server  # uvicorn's stack
 
+    async def scrape(request: Request) -> Response:
+        body, content_type = await metrics.exposition(request.headers.get("accept", ""))
+        return Response(body, headers={"Content-Type": content_type})
+
+    app = Starlette(routes=[Route("/metrics", scrape)])
     with listening_socket(host, port) as sock:
-        async with running_server(make_asgi_app(metrics.registry), sock):
+        async with running_server(app, sock):
             yield sock.getsockname()[1]
 
 
