@@ -359,6 +359,8 @@ class Dispatcher(OwnsTasks):
     def _track(self, run: JobRun, quota: TenantQuota, info: JobInfo) -> None:
         """An added job is held: its admission's lease, its deadline, its span."""
         self._quotas[run.tenant_id] = quota
+        if self.metrics is not None:
+            self.metrics.admitted(run.tenant_id)
         self.runs[run.job_id] = run
         self._active[run.tenant_id] += 1
         self.leases.hold_job(run.tenant_id, run.job_id)

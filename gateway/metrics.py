@@ -7,7 +7,8 @@ the event loop and writes the whole text in a worker thread (`exposition`): a th
 series take most of a second to write, which would stall every tenant's calls. Names and units
 follow Prometheus' guide (`_total`, `_seconds`, `_ratio`). The tenant label is bounded: the
 first `max_tenants` tenants seen keep their id, later ones are counted as `_other`, so a tenant
-churn cannot grow the registry without end; a deleted tenant's series go and free its place.
+churn cannot grow the registry without end; a deleted tenant's series go and free its place,
+and what its last calls do as they end counts as `_other` (until it is admitted a job again).
 Settled tokens count what the calls' quota settled (nodes SUCCEEDED or CAPPED, and calls its
 tenant's side cut short, for the tokens they made), the same as the store's usage. Each ended
 call also joins `recent`, the sliding window `Admin.GetStatus` reports (`gateway/recent.py`).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter as Tally
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -48,6 +50,7 @@ class GatewayMetrics:
         self.max_tenants = max_tenants
         self._tenants: set[str] = set()
         self._dispatch: DispatchCollector | None = None
+        self._gone: OrderedDict[str, None] = OrderedDict()  # deleted tenants, the newest last
         r = self.registry
         self.jobs = Counter("fairgate_jobs", "Jobs by final state", ["tenant", "state"], registry=r)
         self.calls = Counter(
@@ -128,15 +131,26 @@ class GatewayMetrics:
 
     def forget_tenant(self, tenant_id: str) -> None:
         """A deleted tenant's series go, and its label with them: a gateway that outlives its
-        first `max_tenants` tenants keeps naming its new ones."""
+        first `max_tenants` tenants keeps naming its new ones. Its calls cancelled with it end
+        later: they count as `_other`, not as its series back (for good, its place taken)."""
         self._tenants.discard(tenant_id)
+        self._gone[tenant_id] = None
+        if len(self._gone) > self.max_tenants:
+            self._gone.popitem(last=False)
+        self.recent.forget(tenant_id)
         for metric in vars(self).values():
             if isinstance(metric, Counter | Gauge | Histogram):
                 with contextlib.suppress(ValueError):  # a metric without a tenant label
                     metric.remove_by_labels({"tenant": tenant_id})
 
+    def admitted(self, tenant_id: str) -> None:
+        """The tenant has a new job: a tenant of a deleted one's id is named again."""
+        self._gone.pop(tenant_id, None)
+
     def tenant(self, tenant_id: str) -> str:
         """The label value for a tenant (bounded)."""
+        if tenant_id in self._gone:
+            return OTHER
         if tenant_id in self._tenants:
             return tenant_id
         if len(self._tenants) < self.max_tenants:
@@ -156,7 +170,8 @@ class GatewayMetrics:
         """`settled`: the output tokens its quota settled (None: released)."""
         if self.genai is not None:
             self.genai.call_ended(node, produced, model)
-        self.recent.call_ended(tenant_id, node, produced)
+        if tenant_id not in self._gone:
+            self.recent.call_ended(tenant_id, node, produced)
         tenant = self.tenant(tenant_id)
         self.calls.labels(tenant, node.state.value).inc()
         if conservative:

@@ -102,6 +102,10 @@ class RecentCalls:
                 if len(kept) > self.max_samples:
                     kept.popleft()
 
+    def forget(self, tenant_id: str) -> None:
+        """A deleted tenant's calls leave the window at once."""
+        self._tenants.pop(tenant_id, None)
+
     def view(self, now: float) -> dict[str, TenantWindow]:
         """Every tenant with calls in the window ending at `now`; older samples are dropped."""
         start = now - self.window_s

@@ -147,3 +147,20 @@ async def test_a_scrape_writes_its_text_off_the_event_loop() -> None:
         reply = await http.get(f"http://127.0.0.1:{port}/metrics")
     assert reply.status_code == 200 and "where 1.0" in reply.text
     assert where.threads and threading.get_ident() not in where.threads
+
+
+def test_what_a_deleted_tenants_calls_do_as_they_end_brings_back_no_series() -> None:
+    """Its calls cancelled with it end after its series were removed: they brought them back,
+    for good, and took a label place from the tenants to come."""
+    metrics = GatewayMetrics(max_tenants=2)
+    metrics.shed("gone")
+    metrics.recent.add("gone", 1.0, 5.0)
+    metrics.forget_tenant("gone")
+    metrics.shed("gone")  # as its cancelled job's call ends
+    shed = "fairgate_shed_jobs_total"
+    assert metrics.registry.get_sample_value(shed, {"tenant": "gone"}) is None
+    assert metrics.registry.get_sample_value(shed, {"tenant": OTHER}) == 1
+    assert "gone" not in metrics.recent.view(1.0)
+    assert metrics.tenant("fresh") == "fresh"
+    metrics.admitted("gone")  # a tenant of that id, created again, is admitted a job
+    assert metrics.tenant("gone") == "gone"
