@@ -151,11 +151,12 @@ class CallPlanner:
         `overran`: `overran` said so for it while it ran."""
         self.predictor.observe(plan.features, produced)
         if plan.refined_from is not None:
-            key = own_key(plan.features)
-            self.refined_correction.learn(key, plan.refined_from, produced)
+            self.refined_correction.learn(own_key(plan.features), plan.refined_from, produced)
         if self.tracker is not None and plan.prediction is not None:
-            cap = plan.params.max_tokens if overran else None
-            self.tracker.record(self.tracker_key(plan.features), plan.prediction, produced, cap)
+            max_tokens = plan.params.max_tokens
+            cap = max_tokens if overran else None
+            key = self.tracker_key(plan.features)
+            self.tracker.record(key, plan.prediction, produced, cap, max_tokens)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
         """Whether a running call that has produced `produced` tokens is past its predicted

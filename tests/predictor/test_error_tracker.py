@@ -97,6 +97,44 @@ def test_calls_still_running_past_their_p90_switch_before_any_finishes() -> None
     assert not tracker.conservative("liar")  # one covered call ends the streak of three
 
 
+def test_calls_that_cannot_run_past_their_p90_do_not_break_a_streak() -> None:
+    """Any covered call broke the streak: a liar putting a one-token call (max_tokens 1, its
+    p90 at its cap) between its long ones kept its head start for good."""
+    tracker = ErrorTracker(min_samples=20, streak=3)
+    tiny = LengthDistribution.from_quantiles(1, 1, 1)
+    for _ in range(3):
+        assert not tracker.conservative("liar")
+        tracker.record("liar", PRED, 4096, max_tokens=4096)
+        for _ in range(4):
+            tracker.record("liar", tiny, 1, max_tokens=1)
+    assert tracker.conservative("liar")
+
+
+def test_a_window_whose_tokens_came_mostly_past_their_p90_is_conservative() -> None:
+    """Counted by calls, four short answers (ones that could have run long) for each long lie
+    kept the coverage at 0.8 and broke every streak; by tokens, 80 % came past the p90."""
+    tracker = ErrorTracker(min_samples=20, streak=3)
+    for _ in range(4):
+        tracker.record("liar", PRED, 2000, max_tokens=4096)
+        for _ in range(4):
+            tracker.record("liar", PRED, 2, max_tokens=4096)
+    stats = tracker.stats("liar")
+    assert stats.p90_coverage == 0.8 and stats.excess_share == pytest.approx(4 * 1800 / 8032)
+    assert stats.conservative
+
+
+def test_calibrated_heavy_tailed_lengths_stay_normal() -> None:
+    """Log-normal lengths of sigma 1 against their own quantiles: about 17 % of the tokens
+    come past the p90, under the 30 % that switches."""
+    rng = random.Random(5)
+    truth = LengthDistribution.from_quantiles(100, 100 * math.exp(1.2816), 100 * math.exp(2.3263))
+    tracker = ErrorTracker()
+    for _ in range(2000):
+        tracker.record("t", truth, round(100 * rng.lognormvariate(0, 1)), max_tokens=100_000)
+    stats = tracker.stats("t")
+    assert 0.1 < stats.excess_share < 0.3 and not stats.conservative
+
+
 def test_a_conservative_tenant_that_runs_short_keeps_its_p90() -> None:
     tracker = ErrorTracker(min_samples=5, coverage_floor=0.0, error_threshold=0.5)
     for _ in range(5):
