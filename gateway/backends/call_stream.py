@@ -5,12 +5,14 @@ error, into a memory stream. This side hands them out. Closing it early (or the 
 `abort`) cancels the call's task, whose HTTP response then closes: that disconnect is how a
 vLLM-compatible server learns to abort the request. `aclose` returns once the task has ended, so
 the connection is closed and the call's room released when it returns.
-Invariant: an aborted call's stream ends quietly (like the engine's); a stream that ends any other
-way without its finished delta raises `BackendLost`.
+Invariant: an aborted call's stream ends quietly (like the engine's), after handing out its
+finished delta if that had already come (the abort came too late: the answer is whole); a stream
+that ends any other way without its finished delta raises `BackendLost`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import anyio
@@ -44,6 +46,7 @@ class RemoteCallStream:
         self._control = control
         self._receive = receive
         self.finished = False
+        self._kept: deque[TokenDelta] | None = None  # what an abort left to hand out
 
     @property
     def usage(self) -> CallUsage | None:
@@ -53,9 +56,11 @@ class RemoteCallStream:
         return self
 
     async def __anext__(self) -> TokenDelta:
-        if self.finished or self._control.aborted:
+        if self.finished:
             self._receive.close()
             raise StopAsyncIteration
+        if self._control.aborted:
+            return self._after_abort()
         try:
             item = await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -70,6 +75,32 @@ class RemoteCallStream:
             self.finished = True
             self._receive.close()
         return item
+
+    def _after_abort(self) -> TokenDelta:
+        """An aborted call hands out what it buffered only when that ends with its finished
+        delta: the server had answered in full before the abort (a yield, say) could stop it,
+        and the answer must not be thrown away; anything less is an aborted attempt's."""
+        if self._kept is None:
+            self._kept = deque()
+            while True:
+                try:
+                    item = self._receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    item = None
+                if not isinstance(item, TokenDelta):
+                    self._kept.clear()  # no finished delta: nothing of it is handed out
+                    break
+                self._kept.append(item)
+                if item.finished:
+                    break
+        if not self._kept:
+            self._receive.close()
+            raise StopAsyncIteration
+        delta = self._kept.popleft()
+        if delta.finished:
+            self.finished = True
+            self._receive.close()
+        return delta
 
     async def __aenter__(self) -> RemoteCallStream:
         return self
