@@ -4,7 +4,10 @@ The step loop is a task in the engine's own task group; each model step runs in 
 thread so the event loop keeps serving while the model computes. Everything that changes the
 scheduler (add, abort, priority) happens on the event loop between steps: while a step is in
 flight such changes are queued and applied the moment it returns, so an abort frees the
-request's blocks at once, or at the end of the step that is using them. `capacity` counts what
+request's blocks at once, or at the end of the step that is using them. An abort that lands
+while the step that finishes its request runs comes too late: the request's stream is kept until
+the step ends and gets its finished delta then (a finished answer is not thrown away); a request
+the step did not finish has its stream closed then. `capacity` counts what
 the next step will have: the requests added while a step runs (waiting) and the slots of those
 aborted meanwhile (free; they still run, with their blocks, until the step ends), so a gateway
 can send a call into the slot of one it aborts and the step's end takes both.
@@ -17,7 +20,8 @@ turns False after `max_consecutive_failures` failed steps in a row and True agai
 good one; `health_changed()` wakes whoever follows it.
 
 Invariant: every stream ends with exactly one delta whose `finished` is True, or is closed by
-`abort`/`aclose`, and every request the engine accepted is finished, aborted or live.
+`abort`/`aclose` (at the end of the step in flight, if any), and every request the engine
+accepted is finished, aborted or live.
 """
 
 from __future__ import annotations
@@ -113,6 +117,9 @@ class AsyncEngine:
         self._streams: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._pending: list[Callable[[], None]] = []
         self._aborting: set[str] = set()  # ids whose abort waits in `_pending`
+        # the streams of requests aborted while the step in flight runs: that step may finish
+        # them, and its finished delta is then theirs; closed when it ends
+        self._cut: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._stepping = False
         self._wake = anyio.Event()
         self._tg: TaskGroup | None = None
@@ -140,6 +147,7 @@ class AsyncEngine:
         finally:
             for rid in list(self._streams):
                 self.abort(rid)
+            self._close_cut()
 
     def add_request(
         self,
@@ -184,8 +192,11 @@ class AsyncEngine:
         send = self._streams.pop(request_id, None)
         if send is None:
             return
-        send.close()
         self._capacity = self._capacity_without(request_id)
+        if self._stepping and request_id not in self._aborting:
+            self._cut[request_id] = send  # the step in flight may finish it: wait for it
+        else:
+            send.close()  # aborted again under its id: this one was sent after the step began
         if self._stepping:
             self._aborting.add(request_id)
         self._run(lambda: self._abort_core(request_id))
@@ -276,18 +287,29 @@ class AsyncEngine:
                 outputs = await self._step()
             except Exception:
                 logger.exception("engine step failed outside the runner; failing every request")
+                self._close_cut()
                 self._apply_pending()
                 self._record_step(failed=True)
                 self._fail_live()
                 continue
-            # a request aborted while the step ran: its outputs are void, even for a request
-            # submitted again under its id meanwhile
-            void = set(self._aborting)
+            # a request aborted while the step ran gets its answer if the step finished it (the
+            # abort came too late), not an error the step failed it with (the abort stands);
+            # its outputs are void when its id was submitted again meanwhile (they are not
+            # the new request's)
+            resubmitted = self._aborting & self._streams.keys()
+            cut, self._cut = self._cut, {}
             self._apply_pending()
             self._record_step(failed=self.core.last_step_failed)
             for out in outputs:
-                if out.request_id not in void:
-                    self._deliver(out)
+                if out.request_id in resubmitted:
+                    continue
+                if out.request_id in cut:
+                    if out.finished and out.finish_reason is not FinishReason.ERROR:
+                        self._send(cut.pop(out.request_id), out)
+                    continue
+                self._deliver(out)
+            for send in cut.values():
+                send.close()
 
     def _apply_pending(self) -> None:
         for apply in self._pending:
@@ -325,10 +347,21 @@ class AsyncEngine:
             self._deliver(RequestOutput(rid, [], finished=True, finish_reason=FinishReason.ERROR))
         self._capacity = self.core.scheduler.capacity()
 
+    def _close_cut(self) -> None:
+        for send in self._cut.values():
+            send.close()
+        self._cut.clear()
+
     def _deliver(self, out: RequestOutput) -> None:
         send = self._streams.get(out.request_id)
         if send is None:
             return  # aborted while the step ran
+        self._send(send, out)
+        if out.finished:
+            del self._streams[out.request_id]
+
+    @staticmethod
+    def _send(send: MemoryObjectSendStream[TokenDelta], out: RequestOutput) -> None:
         delta = TokenDelta(
             out.request_id,
             out.new_token_ids,
@@ -338,7 +371,8 @@ class AsyncEngine:
             out.hidden,
             out.request,
         )
-        send.send_nowait(delta)
+        # its reader may have let go (a stream closed while its abort waited for the step)
+        with contextlib.suppress(anyio.BrokenResourceError):
+            send.send_nowait(delta)
         if out.finished:
-            del self._streams[out.request_id]
             send.close()

@@ -250,6 +250,52 @@ async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() 
     assert_all_blocks_free(core)
 
 
+async def test_an_abort_during_the_step_that_finishes_the_request_comes_too_late() -> None:
+    """A gateway's yield aborted a call while the step that finished it ran: its stream ended
+    without the finished delta, and the whole answer was thrown away (the call ran again)."""
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
+    core = LLMEngine(config, runner=runner, num_blocks=16)
+    async with AsyncEngine(core) as engine:
+        done = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id="done")
+        cut = engine.add_request([4, 5, 6], SamplingParams(max_tokens=9), request_id="cut")
+        for stream in (done, cut):
+            async for _ in stream:  # both prefilled: the next step finishes only "done"
+                break
+        runner.gate.set()
+        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # that step is in flight
+        engine.abort("done")
+        engine.abort("cut")
+        assert engine.num_live == 0 and engine.capacity.free_seqs == 4
+        runner.release.set()
+        runner.gate.clear()
+        [last] = await collect(done)  # the step finished it: its answer is whole
+        assert last.finished and last.finish_reason is FinishReason.LENGTH
+        assert len(last.token_ids) == 1
+        assert await collect(cut) == []  # not finished: its stream just ends
+        await until_idle(core)
+    assert_all_blocks_free(core)
+
+
+async def test_a_stream_closed_while_the_step_that_finishes_it_runs_is_let_go() -> None:
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
+    core = LLMEngine(config, runner=runner, num_blocks=16)
+    async with AsyncEngine(core) as engine:
+        stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id="c")
+        async for _ in stream:
+            break
+        runner.gate.set()
+        await anyio.to_thread.run_sync(runner.entered.wait, 5)
+        await stream.aclose()  # its reader lets go: nobody takes the finished delta
+        runner.release.set()
+        runner.gate.clear()
+        after = await collect(engine.add_request([1, 2], SamplingParams(max_tokens=2)))
+        assert after[-1].finished  # the loop serves on
+        await until_idle(core)
+    assert_all_blocks_free(core)
+
+
 async def test_a_finished_streams_close_leaves_a_new_request_under_its_id() -> None:
     """A request ended, its last delta unread, and its id went to a new attempt: closing the
     old stream (its reader letting go) aborted the new one."""
