@@ -28,7 +28,9 @@ backends is kept as well as a fair order: when the waiting call's tenant runs fe
 its weighted share of the serving slots (shared among the tenants with calls running or ready)
 and another tenant runs more than its share even after giving one up, that tenant's newest call
 (a sheddable one, for a sheddable waiting call) yields, and is held back until the waiting call
-has been dispatched (or has gone), so the room goes to the call it was given up for. Without
+has been dispatched (or has gone), so the room goes to the call it was given up for; so is the
+hold its tenant's own quota put on its tenant's other calls (the slot the yield frees would lift
+it, and they would take the room back first). Without
 it a tenant whose calls took every slot while others had none keeps them for as long as its
 calls run: the order decides who waits, not who holds the engine.
 
@@ -148,7 +150,9 @@ class DispatchCore(Generic[T]):
         self._weights: dict[str, float] = {}
         self._tenant_jobs: Counter[str] = Counter()
         self._tenant_of_job: dict[str, str] = {}
-        self._held_for: dict[str, str] = {}  # a call that yielded its share -> the call it was for
+        # a call that yielded its share -> the call it was for, and its tenant (whose quota hold
+        # is lifted only once that call is sent)
+        self._held_for: dict[str, tuple[str, str]] = {}
         # the share of each backend's batch slots that may be busy: below 1 under overload, so
         # the calls admitted run faster (the SLO monitor sets it)
         self.batch_fraction = 1.0
@@ -231,7 +235,7 @@ class DispatchCore(Generic[T]):
 
     def next(self, now: float, capacities: Mapping[str, BackendCapacity]) -> Dispatch[T] | None:
         self.waiting = None
-        self._release_held_for()
+        self._release_held_for(now)
         load = self.load(capacities)
         reserved = self._reserve_reached(capacities)
         self.policy.set_shedding(reserved or self._starved)
@@ -569,7 +573,7 @@ class DispatchCore(Generic[T]):
         self._yielding.discard(call_id)
         self._settle_grant(entry, prompt_tokens, produced)
         job_id = entry.call.job_id
-        self._unhold_tenant(entry.call.tenant_id, now)  # a concurrency slot is free again
+        self._left_slot(entry, now)
         calls = self._jobs.get(job_id)
         if calls is None:
             return []
@@ -595,21 +599,33 @@ class DispatchCore(Generic[T]):
         entry = self._requeue(self.running[call_id], now)
         if entry is not None:
             entry.yields += 1
-            if entry.yields_to in self.ready:  # its room is for that call: it waits till then
-                self.policy.hold(call_id)
-                self._held_for[call_id] = entry.yields_to
-            entry.yields_to = ""
         return entry
 
-    def _release_held_for(self) -> None:
-        """Calls that yielded their share wait only until the call they yielded to is gone
-        from the ready calls (sent, or ended unserved)."""
+    def _left_slot(self, entry: CoreCall[T], now: float) -> bool:
+        """A running call left its slot (ended, yielded or lost), so its tenant's concurrency
+        quota has room again: its tenant's hold is lifted, unless the call had yielded its
+        share to a waiting call (True): then only once that call is sent or gone
+        (`_release_held_for`), or the tenant's other calls, shown again, would take the room
+        back before it."""
+        call, beneficiary = entry.call, entry.yields_to
+        entry.yields_to = ""
+        if not beneficiary or beneficiary not in self.ready:
+            self._unhold_tenant(call.tenant_id, now)
+            return False
+        self._held_for[call.call_id] = (beneficiary, call.tenant_id)
+        return True
+
+    def _release_held_for(self, now: float) -> None:
+        """Calls that yielded their share, and their tenants' quota holds, wait only until the
+        call they yielded to is gone from the ready calls (sent, or ended unserved)."""
         self._yielded_to = {call_id for call_id in self._yielded_to if call_id in self.ready}
-        for call_id, other in list(self._held_for.items()):
+        for call_id, (other, tenant) in list(self._held_for.items()):
             if other not in self.ready:
                 del self._held_for[call_id]
                 if call_id in self.ready:
                     self.policy.unhold(call_id)
+                if tenant in self._tenant_jobs:  # (one with no jobs here keeps it till it lapses)
+                    self._unhold_tenant(tenant, now)
 
     def _requeue(self, entry: CoreCall[T], now: float) -> CoreCall[T] | None:
         call_id = entry.call.call_id
@@ -620,7 +636,8 @@ class DispatchCore(Generic[T]):
         self._yielding.discard(call_id)
         self._settle_grant(entry, entry.call.prompt_tokens, entry.produced)
         self.policy.requeue(call_id, now)
-        self._unhold_tenant(entry.call.tenant_id, now)
+        if self._left_slot(entry, now):  # its room is for the call it yielded to: it waits
+            self.policy.hold(call_id)
         entry.reserved, entry.backend, entry.yielding = False, "", False
         self.ready[call_id] = entry
         return entry

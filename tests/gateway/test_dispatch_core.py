@@ -396,6 +396,42 @@ def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> No
     assert run_all(core, 3.0, slots=1, running=4) == ["heavy/n3"]
 
 
+def heavy_tenant_yields_while_its_quota_holds_it() -> DispatchCore[str]:
+    """h runs 3 of 4 slots, its 4th call refused by its quota till 5.0; m runs the 4th slot;
+    l's call waits, and h, over its share, yields its newest call (heavy/n2) to it."""
+    core = make_core("fcfs")
+    core.share_slots = True
+    add_job(core, "heavy", nodes=4, tenant="h")
+    assert run_all(core, 0.0, slots=3) == ["heavy/n0", "heavy/n1", "heavy/n2"]
+    dispatch = core.next(0.0, {"x": room(free_slots=1, running=3)})
+    assert dispatch is not None and dispatch.entry.call.call_id == "heavy/n3"
+    core.retry_later("heavy/n3", until=5.0)  # QUOTA_CONCURRENT_CALLS
+    add_job(core, "other", now=0.5, tenant="m")
+    assert run_all(core, 0.5, slots=1, running=3) == ["other/n0"]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=4)}
+    assert core.next(1.0, full) is None
+    [victim] = core.to_yield(1.0, full)  # 4 slots among 3 tenants: h keeps 2
+    assert victim.call.call_id == "heavy/n2"
+    return core
+
+
+@pytest.mark.parametrize("ends", ["yielded", "finished"])
+def test_the_slot_a_share_yield_frees_goes_to_the_call_it_was_given_up_for(ends: str) -> None:
+    # the slot freed lifted the quota hold of the yielding tenant at once: its held call,
+    # first in fcfs's order, took the slot back, and the light call, yielded to already, got
+    # no other yield; so when the call finished (its answer came before the abort) instead
+    core = heavy_tenant_yields_while_its_quota_holds_it()
+    if ends == "yielded":
+        assert core.yielded("heavy/n2", 1.1) is not None
+    else:
+        core.finished("heavy/n2", 16, 8, 1.1)
+    assert run_all(core, 1.2, slots=1, running=3) == ["light/n0"]
+    # sent: the slot's concurrency quota is h's again, before its hold's 5.0
+    [started] = run_all(core, 2.0, slots=1, running=3)
+    assert started.startswith("heavy/")
+
+
 def test_a_protected_call_never_gives_its_share_to_a_sheddable_one() -> None:
     # the sheddable tenant runs under its share, but a protected call that yielded to it would
     # wait as a protected call and take the room back at once: both aborted again and again

@@ -24,6 +24,7 @@ from predictor.anomaly import AnomalyGuard
 from predictor.history import HistoryPredictor
 from tenants import MemoryQuotaStore, TenantQuota
 from tenants.policies import make_policy
+from tests.fake_clock import FakeClock
 from tests.gateway.conftest import byte_tokenizer
 from tests.gateway.jobs.factories import make_node
 
@@ -145,3 +146,31 @@ async def test_a_call_that_yields_with_its_answer_whole_in_hand_keeps_it() -> No
         assert restarts(heavy, "b") == [] and "L/x" in backend.live
         d.cancel(heavy)
         d.cancel(light)
+
+
+async def test_the_slot_a_share_yield_frees_is_not_taken_back_by_its_tenant() -> None:
+    # the aborted attempt's release lifted h's concurrency hold at once: its held call, first
+    # in fcfs's order, took the slot back from the call it had been given up for
+    store = MemoryQuotaStore()
+    two_calls = TenantQuota(max_tokens_ceiling=2048, max_concurrent_calls=2)
+    await store.create_tenant("h", "h", two_calls)
+    for tenant in ("m", "l"):
+        await store.create_tenant(tenant, tenant, QUOTA)
+    backend = HandRemote(slots=3)
+    clock = FakeClock()  # frozen: h's hold never lapses on its own
+    async with dispatcher(backend, store, clock) as d:
+        heavy = job("H", "h", "a", "b", "c", created_at=clock())
+        await submit(d, store, heavy)
+        await anyio.wait_all_tasks_blocked()
+        assert backend.submitted == ["H/a", "H/b"]  # H/c: refused, two calls at most
+        mid = job("M", "m", "m", created_at=clock())
+        await submit(d, store, mid)
+        await anyio.wait_all_tasks_blocked()
+        light = job("L", "l", "x", created_at=clock())
+        await submit(d, store, light)
+        await anyio.wait_all_tasks_blocked()
+        assert backend.aborted == ["H/b"]  # one slot each: h yields one of its two to l
+        assert sorted(backend.live) == ["H/a", "L/x", "M/m"]
+        assert restarts(heavy, "b") != []  # H/b waits to run again
+        for run in (heavy, mid, light):
+            d.cancel(run)
