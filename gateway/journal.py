@@ -19,7 +19,9 @@ expire after `retention_s`, or go sooner, oldest first, once its tenant's ended 
 `max_ended_per_tenant` or hold more than `max_ended_bytes_per_tenant` of Redis' memory (as the
 in-process registry keeps them): one tenant's jobs cannot fill the Redis every tenant's quotas live
 in. Every Redis error leaves as JournalUnavailable (the detail goes to the log): a replica that
-cannot journal stops accepting and dispatching.
+cannot journal stops accepting and dispatching. Blocking reads (watches of jobs other replicas run)
+have a client of their own, `BLOCKING_READS` connections that they wait their turn for: however
+many watch, the replica's writes and renewals never wait behind them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+import anyio
 from cachetools import LRUCache
 
 from gateway.errors import JournalUnavailable
@@ -43,9 +46,15 @@ from gateway.journal_codec import (
     restore_snapshot,
 )
 from gateway.registry import MAX_ENDED_BYTES_PER_TENANT, MAX_ENDED_PER_TENANT
-from tenants.redis_client import RedisClient, fails_closed
+from tenants.redis_client import RedisClient, bounded_client, fails_closed
 
 _SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel")
+POOL_SIZE = 32  # connections for every call but the blocking reads
+# Blocking reads (a watch of a job another replica runs) at once, each on a connection of its
+# own: an XREAD holds its connection for its whole wait, and on the shared pool 64 watchers
+# starved this replica's renewals and appends until its leases lapsed. A read beyond them waits
+# for a slot.
+BLOCKING_READS = 32
 IDEMPOTENCY_TTL_S = 86_400
 # Specs of jobs read from the journal, decoded, by their base64 size: a job's spec never changes,
 # and decoding it was about 40 % of another replica's read of a 256-node job
@@ -113,7 +122,11 @@ class RedisJournal(RedisClient):
         prefix: str = "fg",
         socket_timeout_s: float = 2.0,
     ) -> None:
-        super().__init__(url, 32, socket_timeout_s, socket_timeout_s)
+        super().__init__(url, POOL_SIZE, socket_timeout_s, socket_timeout_s)
+        # the slots bound the reads to the client's connections: none waits on its pool
+        self._blocking = bounded_client(url, BLOCKING_READS, socket_timeout_s, socket_timeout_s)
+        # (a free slot is taken at once: a read under way when the journal closes is not refused)
+        self._read_slots = anyio.Semaphore(BLOCKING_READS, fast_acquire=True)
         self.replica_id = replica_id
         self.lease_ttl_s = lease_ttl_s
         self.retention_s = retention_s
@@ -125,6 +138,10 @@ class RedisJournal(RedisClient):
         self._specs: LRUCache[str, tuple[JobSpec, int]] = LRUCache(
             SPEC_CACHE_BYTES, getsizeof=lambda entry: entry[1]
         )
+
+    async def aclose(self) -> None:
+        await super().aclose()  # waits for the blocking reads under way too
+        await self._blocking.aclose()
 
     def _job(self, tenant_id: str, job_id: str) -> str:
         return f"{self._base}:{_member(tenant_id, job_id)}"
@@ -329,15 +346,18 @@ class RedisJournal(RedisClient):
         limit: int | None = None,
     ) -> list[JobEvent]:
         """The events after sequence `after` (the first `limit` of them); with `block_s`, waits
-        that long for the first."""
+        that long for the first (after its turn for a blocking read's connection)."""
         stream = self._log(tenant_id, job_id)
         entries: Any
         if block_s is None:
             entries = await self._redis.xrange(stream, f"0-{after + 1}", "+", count=limit)
         else:
-            reply: Any = await self._redis.xread(
-                {stream: f"0-{after}"}, count=limit, block=int(block_s * 1000)
-            )
+            async with self._read_slots:
+                if self.closed:  # while it waited: a connection opened now would outlive the close
+                    raise JournalUnavailable("job journal unavailable")
+                reply: Any = await self._blocking.xread(
+                    {stream: f"0-{after}"}, count=limit, block=int(block_s * 1000)
+                )
             entries = reply[0][1] if reply else []
         return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
 

@@ -48,18 +48,23 @@ def round_trips() -> int:
     return _CountedPool.taken
 
 
+def bounded_client(url: str, pool_size: int, timeout_s: float, pool_timeout_s: float) -> Redis:
+    """A client of at most `pool_size` connections; a call waits `pool_timeout_s` for one."""
+    pool = _CountedPool.from_url(
+        url,
+        max_connections=pool_size,
+        timeout=pool_timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), retries=1),
+        decode_responses=True,
+    )
+    return Redis.from_pool(pool)
+
+
 class RedisClient:
     def __init__(self, url: str, pool_size: int, timeout_s: float, pool_timeout_s: float) -> None:
-        pool = _CountedPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=pool_timeout_s,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), retries=1),
-            decode_responses=True,
-        )
-        self._redis = Redis.from_pool(pool)
+        self._redis = bounded_client(url, pool_size, timeout_s, pool_timeout_s)
         self.closed = False
         # a call waits for the pool at most pool_timeout_s, then is sent at most twice
         self._close_wait_s = pool_timeout_s + 2 * timeout_s

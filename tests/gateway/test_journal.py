@@ -13,7 +13,7 @@ import pytest
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
-from gateway.journal import Batch, KeyTaken, RedisJournal
+from gateway.journal import BLOCKING_READS, POOL_SIZE, Batch, KeyTaken, RedisJournal
 from tests.conftest import REDIS_URL
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -225,8 +225,8 @@ async def test_closing_waits_for_a_read_under_way_and_leaves_no_connection(
         await reading.wait()
         await journal.aclose()
         assert read == []  # it ended before the close went on
-    pool: Any = journal._redis.connection_pool
-    connections = [*pool._available_connections, *pool._in_use_connections]
+    pools: list[Any] = [journal._redis.connection_pool, journal._blocking.connection_pool]
+    connections = [c for p in pools for c in (*p._available_connections, *p._in_use_connections)]
     assert connections and not any(conn.is_connected for conn in connections)
 
 
@@ -268,3 +268,34 @@ async def test_a_deleted_tenants_jobs_and_keys_leave_the_journal(
     assert await two._redis.zscore(two._index, "acme/job-2") is None  # nobody may claim it
     assert await two.job_by_key("acme.b", "k") == "job-3"
     assert await two.load("acme.b", "job-3") is not None
+
+
+async def test_blocking_reads_never_hold_back_renewals_and_appends(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    """Watchers of a quiet job another replica runs each hold a connection for their XREAD's
+    wait: on the pool every write shares, 64 of them (one tenant's streams) made this replica's
+    renewals wait for the pool and fail, so its leases lapsed. A watcher beyond the blocking
+    reads' connections waits for its turn; none fails."""
+    one, two = journals
+    theirs = JobRun("job-theirs", "noisy", two_calls(), 100.0)
+    their_owned = await one.create(theirs)
+    my_run = JobRun("job-mine", "victim", two_calls(), 100.0)
+    mine = await two.create(my_run)
+    watchers = 2 * max(POOL_SIZE, BLOCKING_READS)
+    seen: list[list[JobEvent]] = []
+
+    async def watch() -> None:
+        seen.append(await two.read("noisy", "job-theirs", 0, block_s=30.0))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(watchers):
+            tg.start_soon(watch)
+        await anyio.wait_all_tasks_blocked()  # each in its XREAD, or waiting for its turn
+        # behind the watchers, these waited for the pool (2 s), then failed
+        assert (await two.renew([mine])).lost == []
+        my_run.start(101.0)
+        assert await two.append([Batch(mine, my_run.events)]) == [True]
+        theirs.start(101.0)
+        assert await one.append([Batch(their_owned, theirs.events)]) == [True]
+    assert [[e.sequence for e in events] for events in seen] == [[1]] * watchers
