@@ -48,7 +48,7 @@ from gateway.journal_codec import (
 from gateway.registry import MAX_ENDED_BYTES_PER_TENANT, MAX_ENDED_PER_TENANT
 from tenants.redis_client import RedisClient, bounded_client, fails_closed
 
-_SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel")
+_SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel", "abandon")
 POOL_SIZE = 32  # connections for every call but the blocking reads
 # Blocking reads (a watch of a job another replica runs) at once, each on a connection of its
 # own: an XREAD holds its connection for its whole wait, and on the shared pool 64 watchers
@@ -367,11 +367,18 @@ class RedisJournal(RedisClient):
         sooner past its tenant's bounds)."""
         return bool(await self._redis.exists(self._job(tenant_id, job_id)))
 
+    @_fails_closed
     async def abandon(self, run: JobRun) -> None:
         """A job whose `create` may have run but whose reply never came back (its client left):
-        if it was journaled, it is cancelled by whoever claims it, at once."""
-        if await self.ask_cancel(run.tenant_id, run.job_id):
-            await self.hand_back([Owned(run.tenant_id, run.job_id, 1)])
+        if it was journaled, it is cancelled by whoever claims it, at once, and its idempotency
+        key names it no more (the client, told it failed, retries with the key)."""
+        await self._scripts["abandon"](
+            keys=[
+                *self._lease_keys(run.tenant_id, run.job_id),
+                self._key_record(run.tenant_id, run.spec.idempotency_key),
+            ],
+            args=[_member(run.tenant_id, run.job_id), run.job_id],
+        )
 
     @_fails_closed
     async def forget_tenant(self, tenant_id: str) -> None:

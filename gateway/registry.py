@@ -36,9 +36,11 @@ class JobRegistry:
         self._ended: defaultdict[str, OrderedDict[str, int]] = defaultdict(OrderedDict)
         self._ended_bytes: Counter[str] = Counter()
 
-    def add(self, run: JobRun) -> None:
+    def add(self, run: JobRun, *, keyed: bool = True) -> None:
+        """`keyed`: its idempotency key names it here (a job taken over is not: the journal's
+        record of the key may name another job, the retry of one abandoned)."""
         self._jobs[run.job_id] = run
-        if run.spec.idempotency_key:
+        if keyed and run.spec.idempotency_key:
             self._keys[(run.tenant_id, run.spec.idempotency_key)] = run.job_id
 
     def get(self, tenant_id: str, job_id: str) -> JobRun:

@@ -231,7 +231,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 raise
             except BaseException:
                 # the job may be journaled (its reply lost, or its client gone), and its client
-                # told it is not: whoever claims it cancels it
+                # told it is not: whoever claims it cancels it, and its key is free for a retry
                 with anyio.CancelScope(shield=True):
                     await self.dispatcher.undo_admit(run, admitted)
                     try:
@@ -254,7 +254,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         """Run on a job whose replica died or handed it back (claimed from the journal)."""
         assert self.journaling is not None
         self.journaling.attach(owned, run)
-        self.jobs.add(run)
+        self.jobs.add(run, keyed=False)  # a submission with its key asks the journal
         try:
             quota = await self._quota(run.tenant_id)
             await self.dispatcher.resume(run, quota)

@@ -299,3 +299,22 @@ async def test_blocking_reads_never_hold_back_renewals_and_appends(
         theirs.start(101.0)
         assert await one.append([Batch(their_owned, theirs.events)]) == [True]
     assert [[e.sequence for e in events] for events in seen] == [[1]] * watchers
+
+
+async def test_an_abandoned_job_is_cancelled_and_frees_its_key(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    """Its submitter was told it failed and retries with the key: the key named the abandoned
+    job, so the retry got a job that ended cancelled. A record naming another job stays."""
+    one, two = journals
+    run = JobRun("job-1", "acme", two_calls("k"), 100.0)
+    await one.create(run)
+    await one.abandon(run)
+    assert await two.job_by_key("acme", "k") is None
+    claimed = await two.claim("acme", "job-1")  # handed back: claimed at once, cancelled
+    assert claimed is not None and claimed[2]
+    other = JobRun("job-2", "acme", two_calls("k2"), 100.0)
+    await one.create(other)
+    await one._redis.set(one._key_record("acme", "k2"), "job-3")  # a later job's, say
+    await one.abandon(other)
+    assert await two.job_by_key("acme", "k2") == "job-3"

@@ -405,6 +405,45 @@ async def test_a_job_whose_journaling_reply_was_lost_runs_nothing(
         await cancelled_uncharged(a, "t1", created[0])
 
 
+async def test_a_retry_with_the_key_of_a_job_whose_journaling_reply_was_lost_runs(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The client, told UNAVAILABLE, submits again with its idempotency key (what the key is
+    for): it was handed the job abandoned meanwhile, which ended CANCELLED though nobody
+    cancelled it, and the key named that job for a day. The key leaves with the abandoned job:
+    the retry makes a job that runs, and the tenant pays for that one alone."""
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        assert a.gateway.journaling is not None
+        journal = a.gateway.journaling.journal
+        create, created = journal.create, []
+
+        async def reply_lost(run: JobRun) -> object:
+            await create(run)
+            created.append(run.job_id)
+            raise JournalUnavailable("job journal unavailable")
+
+        journal.create = reply_lost  # type: ignore[method-assign,assignment]
+        spec = roots(1, 20)
+        spec.idempotency_key = "order-1"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await a.submit("t1", spec)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        journal.create = create  # type: ignore[method-assign]
+        with anyio.fail_after(15):  # taken over by this replica: it holds the job, cancelled
+            abandoned = await a.finished("t1", created[0])
+        assert abandoned.state == pb.JOB_STATE_CANCELLED
+        retry = await a.submit("t1", spec)
+        assert retry.job_id != created[0]
+        with anyio.fail_after(15):
+            finished = await a.finished("t1", retry.job_id)
+        assert finished.state == pb.JOB_STATE_SUCCEEDED
+        assert (await a.submit("t1", spec)).job_id == retry.job_id  # the key names it now
+        await a.gateway.dispatcher.outbox.wait_drained()
+        usage = await a.usage("t1")
+        assert (usage.queued_jobs, usage.output_tokens) == (0, finished.nodes[0].output_tokens)
+
+
 async def test_a_job_whose_journaling_fails_otherwise_leaves_nothing_admitted(
     redis: RedisServer, tmp_path: Path
 ) -> None:
