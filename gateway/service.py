@@ -166,6 +166,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return await self._admit(tenant_id, spec, fingerprint, streamed)
         async with self._key_locks.hold((tenant_id, spec.idempotency_key)):
             existing = self.jobs.by_key(tenant_id, spec.idempotency_key)
+            if existing is not None and existing.detached:  # taken over: the journal answers
+                existing = None
             if existing is None and self.journaling is not None:
                 job_id = await self.journaling.journal.job_by_key(tenant_id, spec.idempotency_key)
                 existing = await self._find(tenant_id, job_id) if job_id is not None else None

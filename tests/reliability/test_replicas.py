@@ -294,6 +294,41 @@ async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took
         assert finished.state == pb.JOB_STATE_CANCELLED
 
 
+async def test_a_retry_with_its_key_on_the_replica_that_lost_the_job_answers_as_it_runs(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """A SubmitJob retried with its key on the replica whose lease on the job lapsed answered
+    from that replica's copy, cancelled "taken over by another replica", while the job ran on."""
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        journaling = a.gateway.journaling
+        assert journaling is not None
+        spec = chain(3, 160)
+        spec.idempotency_key = "order-1"
+        job = await a.submit("t1", spec)
+        await a.until_done("t1", job.job_id, 1)
+        lost, on_lost = anyio.Event(), journaling.on_lost
+
+        def noted(run: JobRun) -> None:
+            on_lost(run)
+            lost.set()
+
+        journaling.on_lost = noted
+        async with Redis.from_url(redis.url, decode_responses=True) as client:
+            await client.hset(f"fg:{{jobs}}:t1/{job.job_id}", "lease_until", 0)  # a's lapsed
+        thief = RedisJournal(redis.url, "b", lease_ttl_s=60.0)  # it runs nothing: no end
+        try:
+            assert await thief.claim("t1", job.job_id) is not None
+            with anyio.fail_after(5):
+                await lost.wait()  # a's next renewal finds the job taken: its copy detached
+            again = await a.stub.SubmitJob(pb.SubmitJobRequest(job=spec), metadata=a.auth("t1"))
+        finally:
+            await thief.aclose()
+        assert again.job_id == job.job_id
+        assert again.state == pb.JOB_STATE_RUNNING  # as the journal has it
+        assert again.nodes[1].reason == ""
+
+
 async def cancelled_uncharged(h: Reliable, tenant: str, job_id: str) -> None:
     """The job, journaled though its client was told it was not, ends cancelled by the replica
     that claims it, and its tenant holds and is charged nothing for it."""
