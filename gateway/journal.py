@@ -56,8 +56,9 @@ POOL_SIZE = 32  # connections for every call but the blocking reads
 # for a slot.
 BLOCKING_READS = 32
 IDEMPOTENCY_TTL_S = 86_400
-# Specs of jobs read from the journal, decoded, by their base64 size: a job's spec never changes,
-# and decoding it was about 40 % of another replica's read of a 256-node job
+# Specs of jobs read from the journal, decoded, counted by the memory they hold
+# (`JobSpec.held_bytes`, as the registry counts them; a 256-node spec holds ~14x its base64): a
+# job's spec never changes, and decoding it was about 40 % of another replica's read of that job
 SPEC_CACHE_BYTES = 16 * 1024 * 1024
 _READ_FIELDS = (*SUBMISSION_WITHOUT_SPEC, "snapshot", "cancel")
 
@@ -325,7 +326,8 @@ class RedisJournal(RedisClient):
             return None
         submission = Submission.from_fields(fields)
         if cached is None:
-            cached = submission.decoded_spec(), len(submission.spec)
+            spec = submission.decoded_spec()
+            cached = spec, spec.held_bytes()
             if cached[1] <= SPEC_CACHE_BYTES:
                 self._specs[key] = cached
         run = submission.run(cached[0])

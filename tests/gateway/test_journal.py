@@ -4,6 +4,8 @@ reply leaves no duplicate, and an idempotency key names one job across replicas.
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -318,3 +320,28 @@ async def test_an_abandoned_job_is_cancelled_and_frees_its_key(
     await one._redis.set(one._key_record("acme", "k2"), "job-3")  # a later job's, say
     await one.abandon(other)
     assert await two.job_by_key("acme", "k2") == "job-3"
+
+
+async def test_the_decoded_spec_cache_counts_what_its_specs_hold(
+    journals: tuple[RedisJournal, ...],
+) -> None:
+    """It counted each spec's base64 size while holding the decoded spec, ~14 times more for a
+    256-node job: its 16 MiB bound let a replica reading such jobs hold over 200 MiB."""
+    one, two = journals
+    nodes = tuple(NodeSpec(id=f"n{i}", prompt_template="x") for i in range(256))
+    spec = JobSpec(nodes=nodes, inputs={})
+    for i in range(9):
+        await one.create(JobRun(f"job-{i}", "acme", spec, 100.0))
+    await two.load("acme", "job-0")  # the connection and the scripts: not the cache's
+    counted = two._specs.currsize
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for i in range(1, 9):
+            await two.load("acme", f"job-{i}")  # each read decodes a spec of its own
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0 < held <= two._specs.currsize - counted
