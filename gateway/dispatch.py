@@ -94,7 +94,8 @@ Args = TypeVarTuple("Args")
 Encoded = TypeVar("Encoded")
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
-YIELDED = "yielded its slot to a call of a protected job"
+# to a protected job's call (overload), or to an under-share tenant's (share_slots)
+YIELDED = "yielded its slot to another job's waiting call"
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
 Entry = CoreCall[Ticket]
