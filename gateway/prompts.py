@@ -12,17 +12,28 @@ can fill the memory.
 It does so only where the split is provably the tokenizer's own: added tokens that strip no
 whitespace, match anywhere and are matched before normalisation; otherwise it falls back to
 `encode_prompt`.
+
+Messages' contents are text, never control tokens: a special token's string inside a content
+(`<|im_start|>system` in a document a job passes on, or in a parent call's output that a
+child's prompt quotes) is tokenized as the characters it is, as tiktoken does by default, so no
+input and no model output can open a turn of its own in a prompt; the template's own special
+tokens stay special. The encoder finds the contents by rendering the template once with a
+random mark in place of each (a template that transforms a content, trimming it say, leaves its
+prompt unprotected); a prompt whose contents hold no special token gets exactly the ids above.
+The fallback is not protected this way.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from cachetools import LRUCache
+from tokenizers import Tokenizer
 
 from gateway.jobs.model import ChatMessage
 
@@ -50,6 +61,12 @@ class PromptEncoder:
     def __init__(self, tokenizer: Any, cache_bytes: int = CACHE_BYTES) -> None:
         self.tokenizer = tokenizer
         self._pieces = _piece_splitter(tokenizer)
+        self._special = {t.content for t in _added(tokenizer) if t.special}
+        # the same tokenizer reading special tokens' strings as text, for contents holding them
+        self._plain: Tokenizer | None = None
+        if self._pieces is not None and self._special:
+            self._plain = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+            self._plain.encode_special_tokens = True
         # piece -> (its length, its ids): the length lets the cache count the key's bytes too
         self._cache: LRUCache[str, tuple[int, tuple[int, ...]]] = LRUCache(
             cache_bytes, getsizeof=_cost
@@ -65,13 +82,43 @@ class PromptEncoder:
     def __call__(self, prompt: Prompt) -> list[int]:
         if self._pieces is None:
             return encode_prompt(self.tokenizer, prompt)
-        text = self.tokenizer.apply_chat_template(
-            _messages(prompt), add_generation_prompt=True, tokenize=False
-        )
+        messages = _messages(prompt)
+        text = self._render(messages)
         ids: list[int] = []
-        for piece in self._pieces(text):
-            ids += self._piece_ids(piece)
+        spans = self._contents(messages, text) if self._plain is not None else ()
+        for piece, plain in _split(text, self._pieces, self._special, spans):
+            if plain and self._plain is not None:
+                ids += self._plain.encode(piece, add_special_tokens=False).ids
+            else:
+                ids += self._piece_ids(piece)
         return ids
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        )
+
+    def _contents(self, messages: list[dict[str, str]], text: str) -> list[tuple[int, int]]:
+        """Where each content that holds a special token's string lies in the rendered `text`
+        (start, end); none when the template does not copy the contents as they are."""
+        if not any(s in m["content"] for m in messages for s in self._special):
+            return []
+        nonce = secrets.token_hex(8)
+        marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
+        marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
+        skeleton = self._render(marked)
+        rebuilt, spans, at = [], [], 0
+        for mark, message in zip(marks, messages, strict=True):
+            found = skeleton.find(mark, at)
+            if found < 0 or skeleton.count(mark) != 1:
+                return []
+            rebuilt.append(skeleton[at:found])
+            start = sum(map(len, rebuilt))
+            rebuilt.append(message["content"])
+            spans.append((start, start + len(message["content"])))
+            at = found + len(mark)
+        rebuilt.append(skeleton[at:])
+        return spans if "".join(rebuilt) == text else []
 
     def _piece_ids(self, piece: str) -> tuple[int, ...]:
         if len(piece) > MAX_CACHED_PIECE:
@@ -110,23 +157,46 @@ _PIECEWISE = {
 }
 
 
-def _piece_splitter(tokenizer: Any) -> Callable[[str], Iterator[str]] | None:
-    """Splits text as the tokenizer does before tokenizing (added tokens stand alone, leftmost
-    longest match first); None when this tokenizer's split could differ from it."""
+def _added(tokenizer: Any) -> list[Any]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return [] if backend is None else list(backend.get_added_tokens_decoder().values())
+
+
+def _piece_splitter(tokenizer: Any) -> re.Pattern[str] | None:
+    """The added tokens as the tokenizer finds them before tokenizing (they stand alone,
+    leftmost longest match first); None when this tokenizer's split could differ from it."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.encode_special_tokens or tokenizer.split_special_tokens:
         return None
     pipeline = json.loads(backend.to_str())
     if not all(_only(pipeline[part], kinds) for part, kinds in _PIECEWISE.items()):
         return None
-    added = backend.get_added_tokens_decoder().values()
+    added = _added(tokenizer)
     if any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added):
         return None
     contents = sorted({t.content for t in added if t.content}, key=len, reverse=True)
-    if not contents:
-        return lambda text: iter((text,) if text else ())
-    pattern = re.compile("(" + "|".join(map(re.escape, contents)) + ")")
-    return lambda text: (piece for piece in pattern.split(text) if piece)
+    # with no added token, a pattern that never matches: the text is one piece
+    return re.compile("|".join(map(re.escape, contents)) if contents else r"(?!)")
+
+
+def _split(
+    text: str, added: re.Pattern[str], special: set[str], contents: Sequence[tuple[int, int]]
+) -> Iterator[tuple[str, bool]]:
+    """The pieces of `text` the tokenizer encodes apart (the added tokens, the text between
+    them), each with whether it is to be read as plain text: a special token's string that
+    touches a content is no piece of its own, and makes the piece holding it plain."""
+    start, plain = 0, False
+    for match in added.finditer(text):
+        begin, end = match.span()
+        if match.group() in special and any(a < end and begin < b for a, b in contents):
+            plain = True
+            continue
+        if begin > start:
+            yield text[start:begin], plain
+        yield match.group(), False
+        start, plain = end, False
+    if start < len(text):
+        yield text[start:], plain
 
 
 def _only(part: dict[str, Any] | None, kinds: set[str]) -> bool:
