@@ -3,18 +3,19 @@
 Like VTC's length predictor, a call is expected to produce what its tenant's recent calls to the
 same DAG node produced: the mean is an exponential moving average and the quantiles come from a
 small sliding window of the latest lengths. A key with too few observations falls back to the
-tenant's statistics, then to the global ones, then to a prior. With a `cold` predictor (the prompt
-model) every call is told by its own text instead, corrected by what its tenant's calls of that
-node (of no node: the tenant's bare calls) ran against the model's predictions
-(`predictor.correction`): a node's prompts that differ keep their ranking, a node of alike prompts
-converges to its own level, and a source unlike the model's training set is corrected within tens
-of calls. Each tenant's keys are kept in their own LRU order and its least recently used are
-dropped past `max_keys_per_tenant` (`OwnedLru`), so memory stays bounded whatever names clients
-invent and one tenant's names never evict another's; past `max_keys` tenants, the least recently
-seen one's keys and profile go. Per tenant it also keeps exponentially weighted mean and variance
-of log prompt and output lengths (a `LengthProfile`) for the anomaly guard's z-scores. Invariant:
-every key's window holds at most `window` lengths, and a prediction is capped at the call's
-max_tokens.
+tenant's statistics, then to a prior: never to what other tenants' calls ran (one tenant's calls
+would fill that window and set every new tenant's first predictions, long or short at will).
+With a `cold` predictor (the prompt model) every call is told by its own text instead, corrected
+by what its tenant's calls of that node (of no node: the tenant's bare calls) ran against the
+model's predictions (`predictor.correction`): a node's prompts that differ keep their ranking, a
+node of alike prompts converges to its own level, and a source unlike the model's training set
+is corrected within tens of calls. Each tenant's keys are kept in their own LRU order and its
+least recently used are dropped past `max_keys_per_tenant` (`OwnedLru`), so memory stays bounded
+whatever names clients invent and one tenant's names never evict another's; past `max_keys`
+tenants, the least recently seen one's keys and profile go. Per tenant it also keeps
+exponentially weighted mean and variance of log prompt and output lengths (a `LengthProfile`)
+for the anomaly guard's z-scores. Invariant: every key's window holds at most `window` lengths,
+and a prediction is capped at the call's max_tokens.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from predictor.correction import ResidualCorrection
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
 from predictor.owned_lru import OwnedLru
-
-_GLOBAL = ("", "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,14 +166,13 @@ def own_key(call: CallFeatures) -> tuple[str, str]:
 
 
 def _fallback_keys(call: CallFeatures) -> tuple[tuple[str, str], ...]:
-    """(tenant, node), (tenant, ""), global, each on the call's model (another model answers
-    the same prompt at another length): a call without a node name uses its tenant's."""
+    """(tenant, node), (tenant, ""), each on the call's model (another model answers the same
+    prompt at another length): a call without a node name uses its tenant's."""
     scope = f"{call.model}\x00" if call.model else ""
     tenant = (call.tenant_id, scope)
-    everyone = ("", scope) if scope else _GLOBAL
     if call.node_name:
-        return ((call.tenant_id, scope + call.node_name), tenant, everyone)
-    return (tenant, everyone)
+        return ((call.tenant_id, scope + call.node_name), tenant)
+    return (tenant,)
 
 
 def _sorted_quantile(ordered: list[int], q: float) -> float:

@@ -37,16 +37,25 @@ def test_node_history_wins_once_it_has_enough_calls() -> None:
     assert short.p90 == pytest.approx(np.quantile([10, 20, 30], 0.9))
 
 
-def test_fallback_goes_node_then_tenant_then_global_then_prior() -> None:
+def test_fallback_goes_node_then_tenant_then_prior() -> None:
     h = HistoryPredictor(PRIOR, min_count=2)
     h.observe(call(tenant="a", node="x"), 10)
     assert h.predict(call(tenant="a", node="x")) == PRIOR  # one call is not enough anywhere
     h.observe(call(tenant="a", node="y"), 30)
     assert h.predict(call(tenant="a", node="x")).p50 == 20  # tenant a: 10 and 30
-    assert h.predict(call(tenant="b", node="x")).p50 == 20  # global: same two calls
     h.observe(call(tenant="b", node="z"), 1000)
     assert h.predict(call(tenant="a", node="new")).p50 == 20
-    assert h.predict(call(tenant="b", node="new")).p50 == 30  # global median of 10, 30, 1000
+    assert h.predict(call(tenant="b", node="new")) == PRIOR  # one call of its own
+
+
+def test_one_tenants_calls_never_set_anothers_predictions() -> None:
+    """Past its own few calls a tenant fell back on every tenant's window: one tenant's 64 calls
+    at max_tokens filled it, and each new tenant was predicted at its cap (ordered last,
+    reserving all of it), or, the other way, predicted tiny."""
+    h = HistoryPredictor(PRIOR)
+    for _ in range(64):
+        h.observe(call(tenant="loud", node="x"), 4000)
+    assert h.predict(call(tenant="new", node="x")) == PRIOR
 
 
 def test_mean_is_an_exponential_moving_average() -> None:
@@ -73,14 +82,13 @@ def test_keys_are_bounded_per_tenant_and_one_tenants_names_never_evict_anothers(
     assert h.predict(call(tenant="quiet", node="plan")).p50 == 7
     assert h.predict(call(tenant="churn", node="n49")).p50 == 49
     assert h.predict(call(tenant="churn", node="n0")).p50 != 0  # its own oldest went
-    # churn's own key, three of its names, quiet's two, the global key
-    assert len(h._stats) == 4 + 2 + 1
+    # churn's own key, three of its names, quiet's two
+    assert len(h._stats) == 4 + 2
     for i in range(50):
         h.observe(call(tenant=f"t{i}", node="n"), i)
     # past max_keys tenants the least recently seen go whole: profile and keys
     assert h.profile("t0") is None and h.profile("t49") is not None
-    stranger = h.predict(call(tenant="nobody", node="x"))  # what is learned across tenants
-    assert h.predict(call(tenant="quiet", node="plan")) == stranger
+    assert h.predict(call(tenant="quiet", node="plan")) == PRIOR  # its keys went with it
     assert h.predict(call(tenant="t49", node="n")).p50 == 49
 
 
@@ -148,8 +156,7 @@ def test_each_model_keeps_its_own_history() -> None:
         h.observe(CallFeatures("t", "n", 50, 1000, model="large"), n)
     assert h.predict(CallFeatures("t", "n", 50, 1000, model="small")).p50 == 20
     assert h.predict(CallFeatures("t", "n", 50, 1000, model="large")).p50 == 500
-    # another tenant on a model falls back to that model's calls, not the other's
-    assert h.predict(CallFeatures("u", "n", 50, 1000, model="large")).p50 == 500
+    assert h.predict(CallFeatures("u", "n", 50, 1000, model="large")) == PRIOR  # not t's
 
 
 def test_corrections_are_bounded_per_tenant_and_never_evict_another_tenants() -> None:
