@@ -146,6 +146,15 @@ class CallPlanner:
             conservative,
         )
 
+    def expected_output(self, features: CallFeatures) -> float:
+        """A node's output as its job's arrival is costed, before its call is planned: the
+        predicted mean, or in conservative mode what its plan will order it by (a kind whose
+        calls keep running long must not look short in its job's cost, its chain or the
+        longest-job rule until each call is ready)."""
+        predicted = self.predictor.predict(features)
+        widened = self._conservative_length(features, predicted)
+        return predicted.mean if widened is None else widened
+
     def observe(self, plan: CallPlan, produced: int, overran: bool = False) -> None:
         """A call finished with `produced` tokens: history and the error tracker learn it.
         `overran`: `overran` said so for it while it ran."""

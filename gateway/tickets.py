@@ -127,7 +127,7 @@ def job_info(
             prompt_text(blank.prompt),
             model_of[node_id],
         )
-        predicted[node_id] = planner.predictor.predict(features).mean
+        predicted[node_id] = planner.expected_output(features)
         nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
     return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes), run.spec.priority)
 

@@ -39,7 +39,8 @@ class PlanLog:
 
 
 class PlannerPredictor:
-    """A node's arrival estimate is its predicted mean (as `gateway.tickets.job_info` has it);
+    """A node's arrival estimate is the planner's `expected_output` (as in
+    `gateway.tickets.job_info`: the predicted mean, or its conservative length);
     a ready call is planned, a running one checked against its p90 and a finished one
     observed, as the dispatcher does."""
 
@@ -53,7 +54,7 @@ class PlannerPredictor:
         self.log = PlanLog()
 
     def estimate(self, job: Job, node: Node) -> float:
-        return self.planner.predictor.predict(features(job, node)).mean
+        return self.planner.expected_output(features(job, node))
 
     def plan(self, job: Job, node: Node, now: float) -> CallEstimate:
         spec = NodeSpec(node.node_id, "", sampling=SamplingSpec(node.max_tokens), name=node.node_id)

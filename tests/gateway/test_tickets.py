@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from gateway.tickets import part_of
+import pytest
+
+from gateway.calls import CallDefaults, CallPlanner
+from gateway.job_run import JobRun
+from gateway.jobs.model import JobSpec, NodeSpec
+from gateway.server import LENGTH_PRIOR
+from gateway.tickets import Blank, job_info, part_of
+from predictor.error_tracker import ErrorTracker
+from predictor.history import HistoryPredictor
+from tenants import TenantQuota
 from tenants.policies import JobInfo, NodeCost
 
 
@@ -20,3 +29,24 @@ def test_a_pool_sees_its_nodes_and_only_their_parents_in_the_same_pool() -> None
     ]
     assert (large.job_id, large.tenant_id, large.priority) == ("j", "t", 3)
     assert part_of(info, {"draft", "check", "review"}) == info
+
+
+def test_a_kind_of_call_in_conservative_mode_is_costed_so_on_its_jobs_arrival() -> None:
+    """A job's arrival cost took every node's predicted mean: a tenant whose kind of call kept
+    running long (conservative, its ready calls ordered by their widened p90) still looked short
+    in each new job's tag, chain and longest-job rule until each call was ready."""
+    tracker = ErrorTracker()
+    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), None, CallDefaults(), None, tracker)
+    quota = TenantQuota(max_tokens_ceiling=1024, default_max_tokens=1024)
+    spec = JobSpec(nodes=(NodeSpec(id="a", prompt_template="x", name="summarise"),))
+    blanks = {"a": Blank("x", [1, 2, 3])}
+
+    def costed(tenant: str) -> float:
+        run = JobRun(f"{tenant}-job", tenant, spec, 0.0)
+        return job_info(run, quota, 0.0, blanks, planner, {"a": ""}).nodes[0].predicted_output
+
+    liar = planner.plan("liar", spec.nodes[0], "x", 3, quota)
+    for _ in range(3):  # three calls of its kind past their p90 as they run
+        assert planner.overran(liar, 1000)
+    assert costed("liar") == 1024  # its calls still running long count at their max_tokens
+    assert costed("honest") == pytest.approx(LENGTH_PRIOR.mean)
