@@ -82,9 +82,10 @@ async def journaled_job(
         nodes=tuple(NodeSpec(id=f"n{i}", prompt_template="hi") for i in range(nodes)), inputs={}
     )
     run = JobRun(f"job-{uuid.uuid4().hex[:8]}", TENANT, spec, time.time())
+    sent = time.monotonic()  # Journaling's clock
     owned = await journal.create(run)
     async with Journaling(journal, _no_orphan, _unexpected, _unexpected) as journaling:
-        journaling.attach(owned, run)
+        journaling.attach(owned, run, sent)
         now = run.created_at
         run.start(now)
         for node_id in run.nodes:

@@ -96,6 +96,7 @@ INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
 # to a protected job's call (overload), or to an under-share tenant's (share_slots)
 YIELDED = "yielded its slot to another job's waiting call"
+FENCED = "its job's lease may have lapsed"  # another replica may run the node: not charged here
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
 Entry = CoreCall[Ticket]
@@ -165,6 +166,9 @@ class Dispatcher(OwnsTasks):
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
         self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
         self.paused = False
+        # whether another replica may own the job now (the journaling's self-fence): a call of
+        # it is neither charged nor started here; never without a journal
+        self.fenced: Callable[[JobRun], bool] = lambda run: False
         self.share = share  # the pools' fair share across replicas (the gated lanes')
         self._share_changed = anyio.Event()
         self._published: dict[str, Heads] = {}  # pool -> the heads it last published
@@ -717,6 +721,8 @@ class Dispatcher(OwnsTasks):
                     ended = last is not None and last.finished
                     again = YIELDED if entry.yielding and not ended else ""
                     again = again or (BACKEND_LOST if lost else "")
+                    if self.fenced(run):  # after the stream's end, before any settle
+                        again = failure = FENCED
                     with self._failing_node(run, call.node_id):
                         if not (again and self._run_again(entry, again)):
                             if stream.usage is not None:  # the backend's count is the truth
@@ -726,16 +732,17 @@ class Dispatcher(OwnsTasks):
                         annotate_call(span, ticket, last, produced)
 
     def _run_again(self, entry: Entry, why: str) -> bool:
-        """The lost-call rule (`why` BACKEND_LOST) or a yield (YIELDED): the attempt's
-        reservation is released and the call runs again from its prompt under a fresh quota id
-        (a late release of an attempt cannot touch the next's); False when it cannot (lost
-        twice, or cancelled): it ends as it is."""
+        """The lost-call rule (`why` BACKEND_LOST, or FENCED: whoever owns the job next runs
+        it, this replica once renewed) or a yield (YIELDED): the attempt's reservation is
+        released and the call runs again from its prompt under a fresh quota id (a late release
+        of an attempt cannot touch the next's); False when it cannot (lost twice, or
+        cancelled): it ends as it is."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
-        if run.nodes[call.node_id].state is not NodeState.RUNNING:
+        if run.nodes[call.node_id].state is not NodeState.RUNNING or run.cancelling:
             return False
         core, now = self._lane(ticket).core, self.clock()
-        again = core.lost if why == BACKEND_LOST else core.yielded
+        again = core.lost if why == BACKEND_LOST else core.yielded  # a fenced end is no loss
         if again(call.call_id, now) is None:
             return False
         self.streams.pop(call.call_id, None)

@@ -200,6 +200,11 @@ class JobRun:
     def ended(self) -> bool:
         return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
+    @property
+    def cancelling(self) -> bool:
+        """A cancel came: no node runs again (those finishing end with their calls)."""
+        return self._end_state is not None
+
     def start(self, now: float) -> list[str]:
         """Mark the job running; returns the nodes ready at once (the roots)."""
         self.state, self.started_at = JobState.RUNNING, now

@@ -8,8 +8,9 @@ leases of the jobs it owns; a job another replica took over (its lease ran out w
 could not renew, or its token was fenced off at a write) is handed to `on_lost`, a cancel asked
 on another replica to `on_cancel`. As often, in a loop of its own (a slow take-over must not
 hold the renewals back, or this replica's own jobs would lapse), it looks for orphans (open jobs
-whose owner's lease ran out: the replica died) and claims up to `scan_limit` of them for
-`on_orphan`; one that cannot run here now (`give_back`) goes back to the journal at once.
+whose owner's lease ran out: the replica died) and claims up to `scan_limit` of them, journaled
+from then on, for `on_orphan`; one that cannot run here now (`give_back`) goes back to the
+journal at once.
 
 With a batch now and then the writer sends the job's state as of its last event (a snapshot):
 once the events since the last one pass `SNAPSHOT_MIN_EVENTS`, or the last one's size over
@@ -19,6 +20,14 @@ many events it has had (16,896 token deltas of a 256-node job took ~0.5 s to rep
 ~2 ms for the owner to answer), and the owner writes at most `SNAPSHOT_BYTES_PER_EVENT` of
 snapshot per event (amortised; a small job's snapshot is a few hundred bytes).
 
+Self-fencing: Redis judges a lease by its own clock, so this replica cannot know when another
+claims its job, only a time before which nobody can: each owned job has a deadline by the injected
+monotonic `clock`, the moment its last successful create, claim or renewal was *sent* plus
+`lease_ttl_s` less `LEASE_MARGIN` of it (the script sets the lease at or after the send, so the
+lease in Redis outlives the deadline). Past it the job is `fenced`: the dispatcher neither
+charges a call of it that ends nor starts one (the job may run elsewhere), until a renewal
+succeeds (`on_renewed`) or finds it lost. A job taken over (detached) is fenced for good.
+
 `hand_over()` is the graceful end: pending events are written (within `flush_s`), every owned
 job is detached and handed back, so another replica (or this one restarted) claims it at once;
 a call aborted here runs again there, and one that ended here was journaled as ended.
@@ -27,6 +36,7 @@ a call aborted here runs again there, and one that ended here was journaled as e
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -51,6 +61,10 @@ SNAPSHOT_MIN_EVENTS = 256
 # and restoring a byte of snapshot costs ~20 ns, an event ~30 us, so the events replayed cost
 # at most ~3x the snapshot's read, while the owner writes no more than this per event
 SNAPSHOT_BYTES_PER_EVENT = 512
+# of `lease_ttl_s`: a job is fenced this long before its lease can lapse in Redis, so that a
+# call settled just before has its end journaled in time; below a third (a renewal tick), so one
+# missed renewal never fences (the next is sent by then)
+LEASE_MARGIN = 1 / 6
 
 
 @dataclass(slots=True)
@@ -59,6 +73,7 @@ class _Job:
 
     owned: Owned
     run: JobRun
+    fence_at: float  # by the journaling's clock: past it another replica may own the job
     since_snapshot: int = 0  # events written since the last snapshot
     snapshot_every: int = SNAPSHOT_MIN_EVENTS
 
@@ -88,12 +103,16 @@ class Journaling(OwnsTasks):
         on_lost: Callable[[JobRun], None],
         on_cancel: Callable[[JobRun], None],
         *,
+        on_renewed: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
         scan_limit: int = SCAN_LIMIT,
         flush_s: float = 2.0,
     ) -> None:
         super().__init__()
         self.journal = journal
         self.on_orphan, self.on_lost, self.on_cancel = on_orphan, on_lost, on_cancel
+        self.on_renewed = on_renewed  # fenced jobs may be unfenced: their calls may start
+        self.clock = clock
         self.scan_limit = scan_limit
         self.flush_s = flush_s
         self._owned: dict[str, _Job] = {}
@@ -113,12 +132,23 @@ class Journaling(OwnsTasks):
     def owned(self) -> int:
         return len(self._owned)
 
-    def attach(self, owned: Owned, run: JobRun) -> None:
-        """Journal the job's events from now on (those it has are in the journal already)."""
+    def attach(self, owned: Owned, run: JobRun, sent: float) -> None:
+        """Journal the job's events from now on (those it has are in the journal already);
+        `sent`: when the create or claim that gave its lease was sent, by `clock`."""
         run.epoch = owned.token
         run.journal = self._record
         # a job taken over from its snapshot has had the events since it already
-        self._owned[run.job_id] = _Job(owned, run, run.last_sequence - run.log_start)
+        since = run.last_sequence - run.log_start
+        self._owned[run.job_id] = _Job(owned, run, self._fence_at(sent), since)
+
+    def _fence_at(self, sent: float) -> float:
+        return sent + self.journal.lease_ttl_s * (1 - LEASE_MARGIN)
+
+    def fenced(self, run: JobRun) -> bool:
+        """Whether another replica may own the job now: taken over (detached), or its lease
+        not renewed in time; a job not journaled here (ended, or no journal) is not."""
+        job = self._owned.get(run.job_id)
+        return run.detached or (job is not None and self.clock() >= job.fence_at)
 
     def _record(self, run: JobRun, event: JobEvent) -> None:
         self._pending.setdefault(run.job_id, []).append(event)
@@ -190,7 +220,13 @@ class Journaling(OwnsTasks):
         owned = [job.owned for job in self._owned.values()]
         if not owned:
             return
+        sent = self.clock()
         renewed = await self.journal.renew(owned)
+        fence_at = self._fence_at(sent)
+        for job in owned:
+            entry = self._owned.get(job.job_id)
+            if entry is not None and entry.owned == job:
+                entry.fence_at = max(entry.fence_at, fence_at)
         for job in renewed.lost:
             if job.job_id in self._owned and self._owned[job.job_id].owned == job:
                 self._lose(job.job_id)
@@ -198,6 +234,7 @@ class Journaling(OwnsTasks):
             entry = self._owned.get(job.job_id)
             if entry is not None and not entry.run.ended:
                 self.on_cancel(entry.run)
+        self.on_renewed()
 
     async def _adopt(self) -> None:
         if self._stopping:
@@ -206,6 +243,7 @@ class Journaling(OwnsTasks):
             if job_id in self._owned:
                 # its lease lapsed while renewals failed: the renewal keeps it or finds it lost
                 continue
+            sent = self.clock()
             claimed = await self.journal.claim(tenant_id, job_id)
             if claimed is None:
                 continue
@@ -214,6 +252,7 @@ class Journaling(OwnsTasks):
                 await self.journal.hand_back([owned])
                 return
             log.info("taking over job %s (token %d)", job_id, owned.token)
+            self.attach(owned, run, sent)
             await self.on_orphan(owned, run, cancel_asked)
 
     async def give_back(self, job_id: str) -> None:

@@ -304,6 +304,7 @@ async def running_gateway(
                 ),
             )
             service.journaling = await stack.enter_async_context(journaling)
+            dispatcher.fenced = journaling.fenced
         address = f"{settings.host}:{settings.port}"
         credentials = server_credentials(settings)
         if credentials is None:

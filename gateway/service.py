@@ -226,6 +226,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         admitted = await self.dispatcher.admit(run, quota)
         if self.journaling is not None:  # journaled before anyone hears of it
             journal = self.journaling.journal
+            sent = self.journaling.clock()  # its lease starts no earlier
             try:
                 owned = await journal.create(run)
             except KeyTaken:
@@ -241,7 +242,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                     except JournalUnavailable:
                         log.warning("job %s may run though refused: journal away", run.job_id)
                 raise
-            self.journaling.attach(owned, run)
+            self.journaling.attach(owned, run, sent)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
         withdrawn = self.revocations.since(STAMP.get(), tenant_id, key_id)
@@ -253,9 +254,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         return run
 
     async def take_over(self, owned: Owned, run: JobRun, cancel_asked: bool) -> None:
-        """Run on a job whose replica died or handed it back (claimed from the journal)."""
+        """Run on a job whose replica died or handed it back (claimed from the journal and
+        journaled from then on)."""
         assert self.journaling is not None
-        self.journaling.attach(owned, run)
         self.jobs.add(run, keyed=False)  # a submission with its key asks the journal
         try:
             quota = await self._quota(run.tenant_id)

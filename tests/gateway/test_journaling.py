@@ -6,6 +6,7 @@ bound what another replica replays to answer for the job."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from gateway.job_run import JobRun, NodeState
 from gateway.journal import Batch, Owned, RedisJournal, Renewed
 from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
 from tests.conftest import REDIS_URL
+from tests.fake_clock import FakeClock
 from tests.gateway.test_journal import two_calls
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -50,10 +52,11 @@ async def test_a_hand_over_waits_for_the_batch_on_its_way(redis_prefix: str) -> 
     journal = HeldJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
     other = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
     run = JobRun("job-1", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
     owned = await journal.create(run)
     aborted: list[bool] = []
     async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
-        journaling.attach(owned, run)
+        journaling.attach(owned, run, sent)
         run.start(101.0)
         await journal.sending.wait()  # the started event is on its way, held
         run.mark_running("a", 7, 102.0)
@@ -85,10 +88,11 @@ async def test_out_of_time_a_hand_over_still_waits_for_the_batch_on_its_way(
     journal = HeldJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
     other = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
     run = JobRun("job-2", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
     owned = await journal.create(run)
     journaling = Journaling(journal, no_orphan, no_loss, no_loss, flush_s=flush_s)
     async with journaling, anyio.create_task_group() as tg:
-        journaling.attach(owned, run)
+        journaling.attach(owned, run, sent)
         run.start(101.0)
         run.mark_running("a", 7, 102.0)
         run.finish_node("a", NodeState.SUCCEEDED, 103.0)
@@ -174,6 +178,7 @@ async def test_a_slow_take_over_holds_no_renewal_back(redis_prefix: str) -> None
     await dead.hand_back([await dead.create(JobRun("job-1", "acme", two_calls(), 100.0))])
     journal = CountedRenewals(REDIS_URL, "alive", lease_ttl_s=0.3, prefix=redis_prefix)
     mine = JobRun("job-2", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
     owned = await journal.create(mine)
     taking_over, done = anyio.Event(), anyio.Event()
 
@@ -182,7 +187,7 @@ async def test_a_slow_take_over_holds_no_renewal_back(redis_prefix: str) -> None
         await done.wait()  # encoding and store round trips that take their time
 
     async with Journaling(journal, slow_take_over, no_loss, no_loss) as journaling:
-        journaling.attach(owned, mine)
+        journaling.attach(owned, mine, sent)
         with anyio.fail_after(5):
             await taking_over.wait()
             await journal.renewed_twice.wait()  # its own job's lease goes on meanwhile
@@ -218,10 +223,105 @@ class CutOffRenewals(RedisJournal):
 async def test_a_replica_never_claims_a_job_it_runs_whose_lease_lapsed(redis_prefix: str) -> None:
     journal = CutOffRenewals(REDIS_URL, "one", lease_ttl_s=0.3, prefix=redis_prefix)
     run = JobRun("job-1", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
     owned = await journal.create(run)
     async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
-        journaling.attach(owned, run)
+        journaling.attach(owned, run, sent)
         with anyio.fail_after(5):
             await journal.scanned_twice.wait()  # its own job listed as an orphan, twice
         assert journal.claims == 0 and journaling.owned == 1
     await journal.aclose()
+
+
+class SlowRenewals(RedisJournal):
+    """Each renewal takes `round_trip_s` of the test's clock, or fails while `away`."""
+
+    def __init__(self, url: str, replica_id: str, clock: FakeClock, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.clock, self.round_trip_s, self.away = clock, 0.0, False
+
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        self.clock.advance(self.round_trip_s)
+        if self.away:
+            raise JournalUnavailable("job journal unavailable")
+        return await super().renew(owned)
+
+
+async def test_a_job_is_fenced_once_its_lease_may_have_lapsed(redis_prefix: str) -> None:
+    """Its deadline: when the create was sent plus the lease less its margin (60 s less 10 s),
+    then when the last successful renewal was sent (not when its answer came); a failed
+    renewal leaves it; a job not journaled here is never fenced."""
+    clock = FakeClock(100.0)
+    journal = SlowRenewals(REDIS_URL, "one", clock, lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    renewed: list[float] = []
+    journaling = Journaling(
+        journal,
+        no_orphan,
+        no_loss,
+        no_loss,
+        clock=clock,
+        on_renewed=lambda: renewed.append(clock()),
+    )
+    journaling.attach(owned, run, 100.0)
+    clock.now = 149.9
+    assert not journaling.fenced(run)
+    clock.now = 150.0
+    assert journaling.fenced(run)
+    journal.round_trip_s = 5.0
+    await journaling._renew()  # sent at 150, answered at 155
+    assert renewed == [155.0] and not journaling.fenced(run)
+    clock.now = 199.9
+    assert not journaling.fenced(run)
+    journal.away = True
+    with pytest.raises(JournalUnavailable):
+        await journaling._renew()
+    assert renewed == [155.0] and journaling.fenced(run)  # 150 + 50 has passed
+    assert not journaling.fenced(JobRun("job-2", "acme", two_calls(), 100.0))
+    await journal.aclose()
+
+
+async def test_a_job_taken_over_is_fenced_from_when_its_claim_was_sent(redis_prefix: str) -> None:
+    clock = FakeClock(100.0)
+    dead = RedisJournal(REDIS_URL, "dead", lease_ttl_s=60.0, prefix=redis_prefix)
+    await dead.hand_back([await dead.create(JobRun("job-1", "acme", two_calls(), 100.0))])
+    journal = ClaimOnItsWay(REDIS_URL, "alive", lease_ttl_s=60.0, prefix=redis_prefix)
+    taken: list[JobRun] = []
+    took = anyio.Event()
+
+    async def take_over(owned: Owned, run: JobRun, cancel_asked: bool) -> None:
+        taken.append(run)
+        took.set()
+
+    async with Journaling(journal, take_over, no_loss, no_loss, clock=clock) as journaling:
+        with anyio.fail_after(5):
+            await journal.claiming.wait()  # sent at 100
+            clock.now = 130.0  # the claim's answer comes late
+            journal.go.set()
+            await took.wait()
+        assert journaling.owned == 1
+        clock.now = 149.9
+        assert not journaling.fenced(taken[0])
+        clock.now = 150.0
+        assert journaling.fenced(taken[0])
+    await journal.aclose()
+    await dead.aclose()
+
+
+async def test_a_job_another_replica_took_over_is_fenced(redis_prefix: str) -> None:
+    """Found lost at a renewal: its copy here is detached, and fenced whatever the clock."""
+    clock = FakeClock(100.0)
+    journal = SlowRenewals(REDIS_URL, "one", clock, lease_ttl_s=60.0, prefix=redis_prefix)
+    other = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    lost: list[JobRun] = []
+    journaling = Journaling(journal, no_orphan, lost.append, no_loss, clock=clock)
+    journaling.attach(owned, run, 100.0)
+    await journal.hand_back([owned])
+    assert await other.claim("acme", "job-1") is not None
+    await journaling._renew()
+    assert lost == [run] and journaling.fenced(run)
+    await journal.aclose()
+    await other.aclose()
