@@ -21,6 +21,9 @@ is released and runs again once from its prompt, its node back to READY with its
 cleared (the lost-call rule); lost twice, it fails. A sheddable call the core chooses to yield
 its room to a waiting call of another job is aborted and goes the same way, as often as it
 yields (its aborted attempt is released: the tenant is not charged for work thrown away).
+A call that ends while its job is `fenced` (this replica's lease on it may have lapsed, by the
+journaling's clock: another replica may be running the node) goes the same way, not settled,
+and the fenced job is held (no call of it is sent) until `lease_renewed` finds it unfenced.
 Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
 for refinement is predicted again from its prompt's hidden state once prefilled (its engine
 reservation and its job's key follow). A
@@ -169,6 +172,7 @@ class Dispatcher(OwnsTasks):
         # whether another replica may own the job now (the journaling's self-fence): a call of
         # it is neither charged nor started here; never without a journal
         self.fenced: Callable[[JobRun], bool] = lambda run: False
+        self._held_fenced: dict[str, JobRun] = {}  # jobs held for it, until `lease_renewed`
         self.share = share  # the pools' fair share across replicas (the gated lanes')
         self._share_changed = anyio.Event()
         self._published: dict[str, Heads] = {}  # pool -> the heads it last published
@@ -178,6 +182,23 @@ class Dispatcher(OwnsTasks):
 
     def _wake_loop(self) -> None:
         self._wake.set()
+
+    def lease_renewed(self) -> None:
+        """A lease renewal landed: the held jobs it unfenced start calls again."""
+        for job_id, run in list(self._held_fenced.items()):
+            if not self.fenced(run):
+                del self._held_fenced[job_id]
+                for lane in self._lanes_of(run):
+                    lane.core.unhold_job(job_id)
+                self._wake.set()
+
+    def _hold_fenced(self, run: JobRun) -> None:
+        """A fenced job starts no call until a renewal finds it this replica's still (a call
+        started now might run beside the new owner's, and would be released at its end)."""
+        if run.job_id not in self._held_fenced:
+            self._held_fenced[run.job_id] = run
+            for lane in self._lanes_of(run):
+                lane.core.hold_job(run.job_id)
 
     def room_changed(self) -> None:
         """A backend shows new room (a scrape landed): a call waiting for room looks again."""
@@ -650,9 +671,13 @@ class Dispatcher(OwnsTasks):
             self.metrics.call_ended(tenant, node, produced, conservative, model, settled)
 
     def _start(self, entry: Entry) -> None:
-        """Send a dispatched call to its backend; a call the backend refuses fails alone."""
+        """Send a dispatched call to its backend; a call the backend refuses fails alone, one
+        of a fenced job is set aside unsent."""
         ticket = entry.payload
         call = ticket.call
+        if self.fenced(ticket.run):
+            self._set_aside(entry)
+            return
         backend = self.backends[entry.backend]
         try:
             stream = backend.submit(
@@ -673,6 +698,24 @@ class Dispatcher(OwnsTasks):
         self.streams[call.call_id] = stream
         ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
         self.tasks.start_soon(self._follow, entry, stream)
+
+    def _set_aside(self, entry: Entry) -> None:
+        """A call of a fenced job, dispatched but not sent: ready again (no attempt spent), its
+        reservation released, its job held."""
+        ticket = entry.payload
+        if self._lane(ticket).core.yielded(ticket.call.call_id, self.clock()) is None:
+            self.tasks.start_soon(self._close_unstarted, entry, FENCED)  # its job left the core
+            return
+        self._next_attempt(ticket)
+        self._hold_fenced(ticket.run)
+
+    def _next_attempt(self, ticket: Ticket) -> None:
+        """The attempt's reservation is released; the next reserves under a fresh quota id (a
+        late release of this one cannot touch the next's)."""
+        self.leases.drop_call(ticket.quota_id)
+        self.tasks.start_soon(self._send, Close("release", ticket.call.tenant_id, ticket.quota_id))
+        ticket.held = False
+        ticket.attempt += 1
 
     async def _close_unstarted(self, entry: Entry, reason: str) -> None:
         ticket = entry.payload
@@ -746,12 +789,11 @@ class Dispatcher(OwnsTasks):
         if again(call.call_id, now) is None:
             return False
         self.streams.pop(call.call_id, None)
-        self.leases.drop_call(ticket.quota_id)
-        self.tasks.start_soon(self._send, Close("release", call.tenant_id, ticket.quota_id))
-        ticket.held = False
-        ticket.attempt += 1
+        self._next_attempt(ticket)
         run.finishing.discard(call.node_id)
         run.retry_node(call.node_id, now, f"{why}: running again")
+        if why == FENCED:
+            self._hold_fenced(run)
         self._wake.set()
         return True
 
@@ -907,6 +949,7 @@ class Dispatcher(OwnsTasks):
         for lane in self._lanes_of(run):
             self._release_held(lane.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)
+        self._held_fenced.pop(run.job_id, None)
         self.leases.drop_job(run.job_id)
         span = self._job_spans.pop(run.job_id, None)
         if span is not None:

@@ -46,9 +46,12 @@ policy does not share by weight), `granted` records it with the call's key in th
 (the priority a shared server is told, so that what several replicas sent it runs in that order;
 not re-keyed later: a server takes a priority once), `retry_later(quota=False)` sends back a
 call the share made wait, and `heads` says which tenants have work here and which could send a
-call now (not held by a quota). When an attempt that was granted ends, however it ends, what it
-used beyond its grant (all of it back for an attempt that never ran) is `owed` to the share, for
-the caller to pay with its next exchange.
+call now (not held by a quota or with its job). When an attempt that was granted ends, however
+it ends, what it used beyond its grant (all of it back for an attempt that never ran) is `owed`
+to the share, for the caller to pay with its next exchange.
+
+A job the caller holds (`hold_job`: its replica's lease on it may have lapsed) shows no ready
+call, now or later, and is not published as waiting, until `unhold_job`.
 
 Invariant: a call is in exactly one of ready, taking and running, and only while its job is
 active, except running calls, which stay until they end (their job may have left the policy).
@@ -59,7 +62,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -165,6 +168,9 @@ class DispatchCore(Generic[T]):
         # did): that wait is the tenant's, not the gateway's (`waiting_since`); kept while it
         # has jobs here, or the hold lasts
         self._quota_held: dict[str, float] = {}
+        # jobs whose ready calls wait unshown, and unpublished, until the caller lets them go
+        # (their replica's lease on them may have lapsed)
+        self._held_jobs: set[str] = set()
 
     # --- jobs and ready calls -------------------------------------------------------------
 
@@ -177,6 +183,16 @@ class DispatchCore(Generic[T]):
 
     def has_job(self, job_id: str) -> bool:
         return job_id in self._jobs
+
+    def hold_job(self, job_id: str) -> None:
+        """The job's ready calls, and those to come, wait until `unhold_job`."""
+        if job_id in self._jobs:
+            self.policy.hold_job(job_id)
+            self._held_jobs.add(job_id)
+
+    def unhold_job(self, job_id: str) -> None:
+        self.policy.unhold_job(job_id)
+        self._held_jobs.discard(job_id)
 
     def add_ready(
         self,
@@ -198,6 +214,7 @@ class DispatchCore(Generic[T]):
         if self._jobs.pop(job_id, None) is None:
             return []
         self.policy.remove_job(job_id, now)
+        self._held_jobs.discard(job_id)
         self.router.forget(job_id)
         tenant = self._tenant_of_job.pop(job_id)
         self._tenant_jobs[tenant] -= 1
@@ -450,11 +467,17 @@ class DispatchCore(Generic[T]):
             *self.ready.tenants(),
             *(e.call.tenant_id for calls in (self.taking, self.running) for e in calls.values()),
         }
-        shown = {t: self.ready.jobs(t) for t in self.unheld_tenants(now)}
+        shown = {t: self._shown_jobs(t) for t in self.unheld_tenants(now)}
+        shown = {t: jobs for t, jobs in shown.items() if jobs}
         ready_jobs = {job for jobs in shown.values() for job in jobs}
         job_offsets = self.policy.pool_offsets(ready_jobs, now)
         waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
+
+    def _shown_jobs(self, tenant_id: str) -> Collection[str]:
+        """The tenant's jobs with a ready call that are not held."""
+        jobs = self.ready.jobs(tenant_id)
+        return [j for j in jobs if j not in self._held_jobs] if self._held_jobs else jobs
 
     def quota_held(self, tenant_id: str, now: float) -> bool:
         """Whether the tenant's own quota holds its calls back now."""

@@ -302,6 +302,7 @@ async def running_gateway(
                 on_cancel=lambda run: dispatcher.cancel(
                     run, "cancelled by the client", charge=True
                 ),
+                on_renewed=dispatcher.lease_renewed,
             )
             service.journaling = await stack.enter_async_context(journaling)
             dispatcher.fenced = journaling.fenced

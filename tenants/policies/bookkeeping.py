@@ -109,6 +109,7 @@ class BookPolicy:
         self._next_seq = 0
         self._held: set[str] = set()  # ready calls not to show
         self._held_tenants: dict[str, float] = {}  # tenant -> held until (same clock as now)
+        self._held_jobs: set[str] = set()  # active jobs whose ready calls are not to show
         self._prioritized = 0  # active jobs with a non-zero priority
         self._shedding = False  # sheddable jobs (negative priority) are held
 
@@ -138,7 +139,7 @@ class BookPolicy:
     def peek(self, now: float, load: EngineLoad) -> ReadyCall | None:
         best: ActiveJob | None = None
         best_key: OrderKey | None = None
-        holding = bool(self._held or self._held_tenants or self._shedding)
+        holding = bool(self._held or self._held_tenants or self._held_jobs or self._shedding)
         by_standing: dict[tuple[str, object], tuple[tuple[int, OrderKey], ActiveJob]] = {}
         for job in self._eligible_jobs(now, load):
             key = self._job_order(job, now)
@@ -174,6 +175,13 @@ class BookPolicy:
 
     def unhold_tenant(self, tenant_id: str) -> None:
         self._held_tenants.pop(tenant_id, None)
+
+    def hold_job(self, job_id: str) -> None:
+        self._job(job_id)
+        self._held_jobs.add(job_id)
+
+    def unhold_job(self, job_id: str) -> None:
+        self._held_jobs.discard(job_id)
 
     def set_shedding(self, on: bool) -> None:
         self._shedding = on
@@ -248,6 +256,7 @@ class BookPolicy:
         for call_id in (*job.ready, *job.running):
             del self._call_job[call_id]
         self._ready_jobs.pop(job_id, None)
+        self._held_jobs.discard(job_id)
         del self._jobs[job_id]
 
     def priority(self, call_id: str) -> float:
@@ -300,7 +309,7 @@ class BookPolicy:
 
     def _first_shown(self, job: ActiveJob, now: float) -> ReadyCall | None:
         """The job's first ready call that is not held, or None."""
-        if self._shedding and job.info.priority < 0:
+        if (self._shedding and job.info.priority < 0) or job.info.job_id in self._held_jobs:
             return None
         until = self._held_tenants.get(job.info.tenant_id)
         if until is not None:
@@ -354,7 +363,7 @@ class BookPolicy:
         assert seen == set(self._call_job)
         ready = {c for job in self._jobs.values() for c in job.ready}
         assert ready == set(self._ready_seq) == set(self._ready_at)
-        assert self._held <= ready
+        assert self._held <= ready and self._held_jobs <= self._jobs.keys()
         assert self._prioritized == sum(j.info.priority != 0 for j in self._jobs.values())
         self._check_order()
 

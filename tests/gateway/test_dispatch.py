@@ -385,6 +385,33 @@ async def admit(
     then()
 
 
+async def test_a_fenced_job_starts_no_call_until_a_renewal_unfences_it(make_env: MakeEnv) -> None:
+    """Its replica's lease on the job may have lapsed: the call reserved with its admission is
+    set aside unsent and released, and waits; once a renewal finds the job this replica's, it
+    runs under a fresh reservation, settled once."""
+    store = CountingStore()
+    env = await make_env(store)
+    fenced = {"single"}
+    env.dispatcher.fenced = lambda run: run.job_id in fenced
+    single = job("single", ("a", 3))
+    await admit(env.dispatcher, single)  # dispatched at once, as nothing else is ready
+    await anyio.wait_all_tasks_blocked()
+    assert store.ops == ["admit_job_and_reserve", "release"]
+    assert single.nodes["a"].state is NodeState.READY and not env.engine.core.scheduler.requests
+    env.dispatcher.lease_renewed()  # a renewal that left it fenced (taken over, say)
+    await anyio.wait_all_tasks_blocked()
+    assert store.ops == ["admit_job_and_reserve", "release"]
+    fenced.clear()
+    env.dispatcher.lease_renewed()
+    async for _ in single.watch():
+        pass
+    await anyio.wait_all_tasks_blocked()
+    assert store.ops[2:] == ["reserve", "settle finishing single"]
+    assert single.state is JobState.SUCCEEDED
+    usage = await store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
+
+
 async def test_a_job_taken_over_keeps_its_place_first_come_first_served(
     make_env: MakeEnv,
 ) -> None:

@@ -181,6 +181,32 @@ def test_a_lost_call_runs_again_on_the_same_backend_while_the_others_are_down() 
     assert dispatch is not None and dispatch.entry.backend == "x"
 
 
+def test_a_held_job_shows_no_call_until_it_is_let_go_and_others_go_on() -> None:
+    """A fenced job (its replica's lease on it may have lapsed): the call it set aside unsent
+    waits unshown and unpublished, without an attempt spent, while other jobs go on."""
+    core = make_core()
+    add_job(core, "a", tenant="t1")
+    snapshot = {"x": room()}
+    dispatch = core.next(0.0, snapshot)
+    assert dispatch is not None and core.launched("a/n0", 0.0) is not None
+    assert core.yielded("a/n0", 1.0) is not None  # set aside before it was sent
+    core.hold_job("a")
+    add_job(core, "b", now=2.0, tenant="t2")
+    assert core.heads(2.0) == (("t1", "t2"), {"t2": 2.0})  # t1 could send nothing
+    nxt = core.next(2.0, snapshot)
+    assert nxt is not None and nxt.entry.call.job_id == "b"  # another job goes on
+    assert core.next(3.0, snapshot) is None
+    core.unhold_job("a")
+    again = core.next(4.0, snapshot)
+    assert again is not None and again.entry.call.call_id == "a/n0"
+    entry = core.launched("a/n0", 4.0)
+    assert entry is not None and entry.attempts - entry.yields == 1
+    core.hold_job("a")
+    core.finished("a/n0", 16, 16, 5.0)
+    assert core.remove_job("a", 5.0) == [] and core.heads(5.0) == (("t2",), {})
+    core.policy.check_invariants()  # type: ignore[attr-defined]
+
+
 def test_a_removed_job_forgets_its_waiting_calls_and_its_running_calls_end_alone() -> None:
     core = make_core()
     add_job(core, "a", nodes=3)

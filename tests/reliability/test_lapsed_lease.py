@@ -21,7 +21,7 @@ from gateway.journal import RedisJournal
 from gateway.journaling import Journaling
 from gateway.outbox import Close
 from tests.fake_clock import FakeClock
-from tests.reliability.harness import Reliable, node
+from tests.reliability.harness import Reliable, node, reruns
 from tests.reliability.redis_server import RedisServer
 from tests.reliability.test_replicas import LEASE_TTL_S, replica, running_watch
 
@@ -55,19 +55,29 @@ def fenced_by_hand(h: Reliable) -> tuple[Journaling, FakeClock]:
     return journaling, clock
 
 
-def closes_of(h: Reliable, call_id: str) -> anyio.abc.ObjectReceiveStream[Close]:
-    """Every quota close the replica sends for the call's attempts, as it sends it."""
-    outbox = h.gateway.dispatcher.outbox
-    send, receive = anyio.create_memory_object_stream[Close](16)
-    real = outbox.send
+class Closes:
+    """Every quota close the replica sends for a job's calls, as it sends it."""
 
-    async def noted(close: Close) -> Any:
-        if close.subject.startswith(call_id):
-            send.send_nowait(close)
-        return await real(close)
+    def __init__(self, h: Reliable) -> None:
+        self.job_id = ""
+        self.seen: list[Close] = []
+        self._more = anyio.Event()
+        outbox = h.gateway.dispatcher.outbox
+        real = outbox.send
 
-    outbox.send = noted  # type: ignore[method-assign]
-    return receive
+        async def noted(close: Close) -> Any:
+            if self.job_id and close.subject.startswith(f"{self.job_id}/"):
+                self.seen.append(close)
+                self._more.set()
+                self._more = anyio.Event()
+            return await real(close)
+
+        outbox.send = noted  # type: ignore[method-assign]
+
+    async def sent(self, count: int) -> list[Close]:
+        while len(self.seen) < count:
+            await self._more.wait()
+        return self.seen
 
 
 def lost_event(journaling: Journaling) -> anyio.Event:
@@ -88,13 +98,14 @@ async def test_a_lapsed_owner_releases_its_call_and_the_replica_that_claimed_the
         b.keys["t1"] = await a.tenant("t1")
         journaling, clock = fenced_by_hand(a)
         partition, lost = Partition(journaling.journal), lost_event(journaling)
+        closes = Closes(a)
         job = await a.submit("t1", pb.JobSpec(nodes=[node("n0", "hello", TOKENS)]))
-        closes = closes_of(a, f"{job.job_id}/n0")
+        closes.job_id = job.job_id
         await running_watch(a, "t1", job.job_id)
         partition.cut = True  # a's call runs on; its lease lapses in Redis and b claims the job
         clock.advance(LEASE_TTL_S)  # by a's clock its last renewal sent is a lease old
         with anyio.fail_after(30):
-            first = await closes.receive()  # a's call has ended
+            (first,) = await closes.sent(1)  # a's call has ended
             final = await b.finished("t1", job.job_id)  # b ran n0 again
         assert first.op == "release"
         partition.cut = False
@@ -105,3 +116,44 @@ async def test_a_lapsed_owner_releases_its_call_and_the_replica_that_claimed_the
         usage = await b.usage("t1")
     assert final.state == pb.JOB_STATE_SUCCEEDED
     assert (usage.settled_calls, usage.output_tokens) == (1, final.nodes[0].output_tokens)
+    assert usage.active_reservations == 0  # neither replica holds a reservation of the job
+
+
+async def test_a_fenced_owner_starts_nothing_until_renewed_then_runs_the_node_again_once(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    async with replica(redis, tmp_path, "a") as a:
+        await a.tenant("t1")
+        journaling, clock = fenced_by_hand(a)
+        partition, closes = Partition(journaling.journal), Closes(a)
+        dispatcher = a.gateway.dispatcher
+        started_fenced: list[bool] = []  # for each call sent to a backend
+        for backend in dispatcher.backends.values():
+            submit = backend.submit
+
+            def noted(call: Any, _submit: Any = submit) -> Any:
+                run = dispatcher.runs[call.call_id.split("/")[0]]
+                started_fenced.append(journaling.fenced(run))
+                return _submit(call)
+
+            backend.submit = noted  # type: ignore[method-assign]
+        job = await a.submit("t1", pb.JobSpec(nodes=[node("n0", "hello", TOKENS)]))
+        closes.job_id = job.job_id
+        events = await running_watch(a, "t1", job.job_id)
+        partition.cut = True
+        clock.advance(LEASE_TTL_S)
+        with anyio.fail_after(30):
+            (first,) = await closes.sent(1)  # the call ended while a was fenced
+        assert first.op == "release"
+        partition.cut = False  # the next renewal lands: the job is a's still
+        with anyio.fail_after(30):
+            again, final = await reruns(events)
+            await closes.sent(2)
+        await dispatcher.outbox.wait_drained()
+        usage = await a.usage("t1")
+    assert started_fenced == [False, False]  # the first attempt, and the one once renewed
+    assert again == {"n0": "its job's lease may have lapsed: running again"}
+    assert final is not None and final.state == pb.JOB_STATE_SUCCEEDED
+    assert [close.op for close in closes.seen] == ["release", "settle"]
+    assert (usage.settled_calls, usage.output_tokens) == (1, final.nodes[0].output_tokens)
+    assert usage.active_reservations == 0
