@@ -167,7 +167,7 @@ class Dispatcher(OwnsTasks):
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
-        self._tokenizing: dict[str, anyio.CapacityLimiter] = {}
+        self._tokenizing: dict[str, tuple[anyio.CapacityLimiter, int]] = {}  # and its users
         self.paused = False
         # whether another replica may own the job now (the journaling's self-fence): a call of
         # it is neither charged nor started here; never without a journal
@@ -303,15 +303,18 @@ class Dispatcher(OwnsTasks):
         """`encode(*args)` in a worker thread, one of the tenant's at a time. The tenant's
         worker is kept while it is busy or awaited, and no longer: a worker per tenant ever
         seen (or ever refused) would only grow."""
-        limiter = self._tokenizing.get(tenant_id)
-        if limiter is None:
-            limiter = self._tokenizing[tenant_id] = anyio.CapacityLimiter(1)
+        limiter, users = self._tokenizing.get(tenant_id) or (anyio.CapacityLimiter(1), 0)
+        # counted before the first await: a worker's limiter can show idle between a task
+        # taking it and that task's turn, and dropped then a second worker would start
+        self._tokenizing[tenant_id] = (limiter, users + 1)
         try:
             return await anyio.to_thread.run_sync(encode, *args, limiter=limiter)
         finally:
-            idle = not limiter.borrowed_tokens and not limiter.statistics().tasks_waiting
-            if idle and self._tokenizing.get(tenant_id) is limiter:
+            limiter, users = self._tokenizing[tenant_id]
+            if users == 1:
                 del self._tokenizing[tenant_id]
+            else:
+                self._tokenizing[tenant_id] = (limiter, users - 1)
 
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""
@@ -519,8 +522,6 @@ class Dispatcher(OwnsTasks):
                     self._start(entry)
             for victim in lane.core.to_yield(self.clock(), lane.capacities()):
                 self.backends[victim.backend].abort(victim.call.call_id)
-                if self.metrics is not None:
-                    self.metrics.yielded(victim.call.tenant_id)
             published = self._published.get(lane.model)
             exact = not lane.core.policy.by_weight  # no slack: a grown offset holds others back
             if lane.core.gated and not granting and self._heads(lane).outdated(published, exact):
@@ -792,6 +793,8 @@ class Dispatcher(OwnsTasks):
         self._next_attempt(ticket)
         run.finishing.discard(call.node_id)
         run.retry_node(call.node_id, now, f"{why}: running again")
+        if why == YIELDED and self.metrics is not None:  # counted once it runs again: a call
+            self.metrics.yielded(call.tenant_id)  # whose answer had come keeps it, no yield
         if why == FENCED:
             self._hold_fenced(run)
         self._wake.set()

@@ -723,9 +723,12 @@ def serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
     return sum(r.running + r.waiting + r.free_slots for r in capacities.values() if r.healthy)
 
 
+def shrunk_slots(room: BackendCapacity, fraction: float) -> int:
+    """The backend's slots that may be busy within `fraction` of them (one at least)."""
+    return max(1, math.floor((room.running + room.waiting + room.free_slots) * fraction))
+
+
 def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:
     """The room left when at most `fraction` of the backend's slots may be busy."""
-    busy = room.running + room.waiting
-    cap = max(1, math.floor((busy + room.free_slots) * fraction))
-    slots = min(room.free_slots, cap - busy)
+    slots = min(room.free_slots, shrunk_slots(room, fraction) - room.running - room.waiting)
     return dataclasses.replace(room, free_slots=slots)

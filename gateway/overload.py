@@ -20,7 +20,6 @@ dispatch loop use the room a lower level gives back.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -28,7 +27,7 @@ from contextlib import contextmanager
 
 import anyio
 
-from gateway.dispatch_core import serving_slots
+from gateway.dispatch_core import shrunk_slots
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
 from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
@@ -249,8 +248,10 @@ def tick_interval(spent_s: float) -> float:
 
 
 def _shrunk_slots(lane: Lane) -> int:
-    """The slots of the pool's serving backends within the shrunk batch."""
-    return math.floor(serving_slots(lane.capacities()) * SHRUNK_BATCH)
+    """The slots of the pool's serving backends within the shrunk batch, each backend's
+    counted as the refusal's room counts it."""
+    rooms = lane.capacities().values()
+    return sum(shrunk_slots(room, SHRUNK_BATCH) for room in rooms if room.healthy)
 
 
 def _sheddable(ticket: Ticket) -> bool:

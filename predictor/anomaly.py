@@ -41,7 +41,9 @@ Signals, each adding its weight to the call's score (thresholds are `GuardConfig
   `zscore_threshold` standard deviations (log scale) above the tenant's history (with at least
   `min_history` calls) - weight 0.5 each;
 - `near_prompt_limit`: the prompt fills over `near_limit_fraction` of its tenant's prompt limit
-  (a call built to take the most KV its tenant may) - weight 1;
+  (a call built to take the most KV its tenant may) - weight 1; a tenant without a limit is
+  not judged by it (a prompt near the model's context is what a long agent call looks like,
+  and the context bounds its KV);
 - `near_cap`: the predicted p90 reaches `near_limit_fraction` of max_tokens - weight 0.5.
 A call scoring at least `flag_score` is flagged: it is stopped at the `cap_quantile` of its
 prediction (never under `min_cap_tokens`, never over its max_tokens; the gateway reports the

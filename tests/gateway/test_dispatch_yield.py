@@ -19,6 +19,7 @@ from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, NodeChanged, NodeState
 from gateway.jobs.model import JobSpec, SamplingSpec
 from gateway.lanes import make_lane
+from gateway.metrics import GatewayMetrics
 from gateway.server import LENGTH_PRIOR
 from predictor.anomaly import AnomalyGuard
 from predictor.history import HistoryPredictor
@@ -174,3 +175,32 @@ async def test_the_slot_a_share_yield_frees_is_not_taken_back_by_its_tenant() ->
         assert restarts(heavy, "b") != []  # H/b waits to run again
         for run in (heavy, mid, light):
             d.cancel(run)
+
+
+async def test_a_call_that_kept_its_answer_is_not_counted_as_yielded() -> None:
+    """A yield was counted as its abort went: a call whose answer had come keeps it, and the
+    metric (calls that gave their slot away and ran again) counted one that never ran again."""
+    store = MemoryQuotaStore()
+    for tenant in ("h", "l"):
+        await store.create_tenant(tenant, tenant, QUOTA)
+    backend = HandRemote(slots=2)
+    planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), CallDefaults(), None)
+    lane = make_lane("sim", [backend], byte_tokenizer(), make_policy("fcfs"), planner,
+                     share_slots=True)  # fmt: skip
+    metrics = GatewayMetrics()
+    async with Dispatcher([lane], store, planner, DispatchConfig(), metrics=metrics) as d:
+        heavy = job("H", "h", "a", "b")
+        await submit(d, store, heavy)
+        await anyio.wait_all_tasks_blocked()
+        light = job("L", "l", "x")
+        await submit(d, store, light)  # l under its share: H/b is chosen to yield
+        backend.send("H/b", "partial ")
+        backend.send("H/b", "ANSWER", finished=True)  # its answer whole in the buffer
+        await anyio.wait_all_tasks_blocked()
+        b = heavy.nodes["b"]
+        assert backend.aborted == ["H/b"]
+        assert b.state is NodeState.SUCCEEDED and restarts(heavy, "b") == []
+        yielded = metrics.registry.get_sample_value("fairgate_calls_yielded_total", {"tenant": "h"})
+        d.cancel(heavy)
+        d.cancel(light)
+    assert not yielded, f"fairgate_calls_yielded_total{{tenant=h}} = {yielded}, no call ran again"

@@ -134,3 +134,38 @@ def test_a_protected_job_refused_for_the_load_holds_the_refusing_level() -> None
             pass
         control.tick()
     assert control.level == 3
+
+
+class Named:
+    def __init__(self, name: str, room: BackendCapacity) -> None:
+        self.name, self.room = name, room
+
+    def capacity(self) -> BackendCapacity:
+        return self.room
+
+
+def test_a_job_too_wide_for_two_shrunk_backends_does_not_hold_the_refusing_level() -> None:
+    """Two idle backends of 5 slots have 3 + 3 within the shrunk batch (each rounded down), yet
+    the refusal's "wider than the pool" check rounded their sum (7): a 7-root job refused on an
+    idle pool still counted as the level acting."""
+    now = [0.0]
+    idle = BackendCapacity(1000, 16, free_slots=5, running=0, waiting=0, healthy=True)
+    backends = {"a": Named("a", idle), "b": Named("b", idle)}
+    lane = Lane("m", backends, DispatchCore(make_policy("justitia")), None)  # type: ignore[arg-type]
+    control = OverloadControl(CONFIG, [lane], lambda: now[0], lambda: None)
+    for i in range(10):
+        now[0] = 0.3 * i
+        first_token(control, f"late{i}", 5.0, now[0])
+    assert control.level == 3
+    refused = 0
+    for i in range(1200):  # two minutes; one client retries a 7-root job every 1.5 s
+        now[0] = 3.0 + 0.1 * i
+        if i % 15 == 0:
+            try:
+                with control.admission(Counter({"m": 7}), sheddable=False):
+                    pass
+            except ShedJob:
+                refused += 1
+        control.tick()
+    assert refused > 0  # on an idle pool (6 spare < 7): no load explains it
+    assert control.level == 0, f"level held at {control.level} by an unadmittable job's retries"

@@ -1,0 +1,75 @@
+"""A tenant tokenizes one call at a time (`Dispatcher._tokenize`). Its worker was let go
+while a task that had already fetched it was about to acquire it: `to_thread.run_sync` checkpoints
+before it acquires the limiter, and if the tenant's running tokenization ended in that window its
+`finally` saw the limiter idle and deleted it; the fetched task then encoded under the orphaned
+limiter while the tenant's next tokenization made a fresh one: two encodes of one tenant at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import anyio
+import pytest
+
+from gateway.dispatch import Dispatcher
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_a_tenant_tokenizes_one_call_at_a_time() -> None:
+    owner = SimpleNamespace(_tokenizing={})  # all `_tokenize` touches on its dispatcher
+    loop = asyncio.get_running_loop()
+    a_gate, c_gate, c_in, d_in = (threading.Event() for _ in range(4))
+    inside, most, lock = [0], [0], threading.Lock()
+    tasks: list[asyncio.Task[int]] = []
+
+    def encoding(gate: threading.Event | None, entered: threading.Event | None) -> None:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        if entered is not None:
+            entered.set()
+        if gate is not None:
+            gate.wait()
+        with lock:
+            inside[0] -= 1
+
+    def start_c() -> None:  # another call of the tenant's is tokenized at that moment
+        tasks.append(loop.create_task(Dispatcher._tokenize(owner, "t", encode_c)))
+
+    def encode_a() -> int:
+        encoding(a_gate, None)
+        # queued before this worker reports A's result: C's first step runs before A's end
+        loop.call_soon_threadsafe(start_c)
+        return 1
+
+    def encode_c() -> int:
+        encoding(c_gate, c_in)
+        return 3
+
+    def encode_d() -> int:
+        encoding(None, d_in)
+        return 4
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(Dispatcher._tokenize, owner, "t", encode_a)
+        await anyio.wait_all_tasks_blocked()
+        a_gate.set()
+        await anyio.to_thread.run_sync(c_in.wait)  # C encodes now
+        await anyio.wait_all_tasks_blocked()
+        kept_while_c_runs = "t" in owner._tokenizing
+        tg.start_soon(Dispatcher._tokenize, owner, "t", encode_d)
+        await anyio.wait_all_tasks_blocked()
+        d_started_alongside = d_in.wait(timeout=0)
+        c_gate.set()
+        assert await tasks[0] == 3
+    assert kept_while_c_runs, "the busy tenant's worker was let go"
+    assert not d_started_alongside and most[0] == 1, f"{most[0]} of one tenant's encodes at once"
