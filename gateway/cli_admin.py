@@ -32,7 +32,7 @@ QUOTA_TYPES: dict[str, type] = {
     f.name: type(getattr(QUOTA_DEFAULTS, f.name)) for f in dataclasses.fields(TenantQuota)
 }
 QUOTA_HELP = {
-    "weight": "fair-share weight, > 0",
+    "weight": "fair-share weight, 0.001 to 1000",
     "tokens_per_minute": "token bucket rate over prompt + output tokens; 0: no limit",
     "max_concurrent_calls": "calls running at once; 0: no limit",
     "max_queued_jobs": "admitted, unfinished jobs; 0: no limit",
@@ -71,7 +71,9 @@ def register_admin(subparsers: Subparsers) -> None:
     revoke.add_argument("key_id")
     weight = _group(kinds, "weight", "set a tenant's fair-share weight")
     setting = _command(weight, "set", weight_set, "set the fair-share weight", "tenant")
-    setting.add_argument("weight", type=float, help="> 0; twice the weight, twice the share")
+    setting.add_argument(
+        "weight", type=float, help="0.001 to 1000; twice the weight, twice the share"
+    )
     quota = _group(kinds, "quota", "set a tenant's quota settings")
     _command(quota, "set", quota_set, "change the quota settings given", "tenant", "quota")
     _command(kinds, "usage", usage_get, "show a tenant's usage", "tenant")

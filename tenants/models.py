@@ -1,7 +1,7 @@
 """Tenant records, quota settings and usage snapshots shared by every quota store.
 
 Invariant: a `TenantQuota` that exists is enforceable: limits are non-negative integers (0 means
-unlimited where the field says so), the weight is positive and finite, and
+unlimited where the field says so), the weight is within [MIN_WEIGHT, MAX_WEIGHT], and
 `1 <= default_max_tokens <= max_tokens_ceiling`. The defaults bound every count a tenant can
 grow (calls, jobs, nodes, prompt size, streams), so a tenant created without a quota cannot take
 the whole gateway; the token rate and daily budget are billing terms and stay unlimited until set.
@@ -24,6 +24,11 @@ MAX_ID_LEN = 256
 # counts the store takes: exact in Redis' Lua, whose numbers are doubles
 MAX_COUNT = 2**53
 MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
+# A tenant's service is charged per unit of its weight: at 1e-300 a call of a few million KV
+# token-steps charged ~1e306, and some tens of calls overflowed the pool's shared counters
+# (infinity: every exchange of the pool failed, and with it every tenant's dispatch). A ratio of
+# a million between two tenants is more than any share an operator means.
+MIN_WEIGHT, MAX_WEIGHT = 1e-3, 1e3
 
 _TENANT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _MAX_DISPLAY_NAME = 200
@@ -45,8 +50,10 @@ class TenantQuota:
     def __post_init__(self) -> None:
         if isinstance(self.weight, bool) or not isinstance(self.weight, int | float):
             raise QuotaInvalid(f"weight must be a number, got {self.weight!r}")
-        if not (math.isfinite(self.weight) and self.weight > 0):
-            raise QuotaInvalid(f"weight must be positive and finite, got {self.weight}")
+        if not MIN_WEIGHT <= self.weight <= MAX_WEIGHT:  # NaN is in no range
+            raise QuotaInvalid(
+                f"weight must be in [{MIN_WEIGHT:g}, {MAX_WEIGHT:g}], got {self.weight}"
+            )
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name == "weight":

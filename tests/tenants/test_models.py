@@ -16,6 +16,9 @@ from tenants import QuotaInvalid, TenantQuota
         {"weight": -1.0},
         {"weight": math.inf},
         {"weight": math.nan},
+        {"weight": 1e-300},  # its charges overflowed the pool's shared counters
+        {"weight": 1e-4},
+        {"weight": 1e4},
         {"tokens_per_minute": -1},
         {"max_concurrent_calls": 1.5},
         {"daily_token_budget": True},
