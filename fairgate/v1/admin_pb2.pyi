@@ -44,7 +44,7 @@ class TenantQuota(_message.Message):
     DAILY_TOKEN_BUDGET_FIELD_NUMBER: _builtins.int
     MAX_STREAMS_FIELD_NUMBER: _builtins.int
     weight: _builtins.float
-    """Fair-share weight (> 0): a tenant with weight 2 gets twice the share of one with 1."""
+    """Fair-share weight, 0.001 to 1000: a tenant with weight 2 gets twice the share of one with 1."""
     tokens_per_minute: _builtins.int
     """Token bucket refill rate over prompt + output tokens."""
     max_concurrent_calls: _builtins.int
