@@ -70,6 +70,7 @@ from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
 from gateway.errors import ShareUnavailable
 from gateway.job_run import ENDED, JobRun, JobState, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
+from gateway.keyed_locks import KeyedLocks
 from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within, retry_unavailable
 from gateway.metrics import GatewayMetrics
@@ -167,7 +168,7 @@ class Dispatcher(OwnsTasks):
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
         # one tokenizing worker per tenant: a tenant's large job never stalls another's
-        self._tokenizing: dict[str, tuple[anyio.CapacityLimiter, int]] = {}  # and its users
+        self._tokenizing = KeyedLocks()
         self.paused = False
         # whether another replica may own the job now (the journaling's self-fence): a call of
         # it is neither charged nor started here; never without a journal
@@ -300,21 +301,12 @@ class Dispatcher(OwnsTasks):
     async def _tokenize(
         self, tenant_id: str, encode: Callable[[Unpack[Args]], Encoded], *args: *Args
     ) -> Encoded:
-        """`encode(*args)` in a worker thread, one of the tenant's at a time. The tenant's
-        worker is kept while it is busy or awaited, and no longer: a worker per tenant ever
-        seen (or ever refused) would only grow."""
-        limiter, users = self._tokenizing.get(tenant_id) or (anyio.CapacityLimiter(1), 0)
-        # counted before the first await: a worker's limiter can show idle between a task
-        # taking it and that task's turn, and dropped then a second worker would start
-        self._tokenizing[tenant_id] = (limiter, users + 1)
-        try:
+        """`encode(*args)` in a worker thread, one of the tenant's at a time, on a thread of
+        its own rather than one of the default workers: no tenant's encoding waits for
+        another's."""
+        async with self._tokenizing.hold(tenant_id):
+            limiter = anyio.CapacityLimiter(1)
             return await anyio.to_thread.run_sync(encode, *args, limiter=limiter)
-        finally:
-            limiter, users = self._tokenizing[tenant_id]
-            if users == 1:
-                del self._tokenizing[tenant_id]
-            else:
-                self._tokenizing[tenant_id] = (limiter, users - 1)
 
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready."""

@@ -29,7 +29,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -76,6 +76,7 @@ from gateway.jobs import (
 )
 from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
+from gateway.keyed_locks import KeyedLocks
 from gateway.overload import ShedJob
 from gateway.registry import JobRegistry
 from gateway.revocations import STAMP, Revocations
@@ -138,10 +139,10 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_active_jobs = max_active_jobs
         self.max_admissions_per_tenant = max_admissions_per_tenant
         self._admitting = TenantCounts()  # per tenant, submissions under way
-        self._key_locks = _KeyedLocks()  # idempotency keys: check-and-add is one step
+        self._key_locks = KeyedLocks()  # idempotency keys: check-and-add is one step
         # a tenant's reads of jobs another replica runs, one at a time: each takes the loop for
         # up to tens of ms, and one tenant's many must not queue ahead of every other tenant
-        self._reading = _KeyedLocks()
+        self._reading = KeyedLocks()
         self._running: Counter[str] = Counter()  # job id -> RunJob/Generate streams running it
         # so that an admission under way across a key's revocation or its tenant's deletion is
         # undone instead of escaping the cancel
@@ -515,24 +516,3 @@ def _single_call(request: pb.GenerateRequest) -> JobSpec:
         return JobSpec(nodes=(node,), inputs=inputs, name="generate")
     node = dataclasses.replace(call, prompt_template="{{inputs.prompt}}")
     return JobSpec(nodes=(node,), inputs={"prompt": request.prompt}, name="generate")
-
-
-class _KeyedLocks:
-    """One lock per key, alive while someone holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[Hashable, tuple[anyio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: Hashable) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (anyio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users == 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)

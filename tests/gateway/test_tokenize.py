@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from gateway.dispatch import Dispatcher
+from gateway.keyed_locks import KeyedLocks
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +26,7 @@ def anyio_backend() -> str:
 
 
 async def test_a_tenant_tokenizes_one_call_at_a_time() -> None:
-    owner = SimpleNamespace(_tokenizing={})  # all `_tokenize` touches on its dispatcher
+    owner = SimpleNamespace(_tokenizing=KeyedLocks())  # all `_tokenize` touches on its dispatcher
     loop = asyncio.get_running_loop()
     a_gate, c_gate, c_in, d_in = (threading.Event() for _ in range(4))
     inside, most, lock = [0], [0], threading.Lock()
