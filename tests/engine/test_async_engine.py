@@ -111,17 +111,31 @@ class GatedRunner:
             self.release.wait(5)
         return self.runner.execute(plan)
 
+    async def hold(self) -> None:
+        """Return once the engine's next step is in flight, held there."""
+        self.gate.set()
+        await anyio.to_thread.run_sync(self.entered.wait, 5)
+
+    def let_go(self) -> None:
+        """The held step ends; later steps run freely."""
+        self.release.set()
+        self.gate.clear()
+
+
+def gated_core(num_blocks: int = 16) -> tuple[GatedRunner, LLMEngine]:
+    """An engine of 4 sequences over the simulated runner, whose steps a test can hold."""
+    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
+    config = EngineConfig(num_blocks=num_blocks, block_size=4, max_model_len=4096, max_num_seqs=4)
+    return runner, LLMEngine(config, runner=runner, num_blocks=num_blocks)
+
 
 async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
-    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
-    config = EngineConfig(num_blocks=8, block_size=4, max_model_len=4096, max_num_seqs=4)
-    core = LLMEngine(config, runner=runner, num_blocks=8)
+    runner, core = gated_core(8)
     async with AsyncEngine(core) as engine:
         stream = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=20))
         async for _ in stream:  # admitted and stepping: its prompt's 2 blocks held
             break
-        runner.gate.set()
-        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        await runner.hold()  # a step is in flight
 
         def seen() -> tuple[int, int, int, int]:
             cap = engine.capacity
@@ -135,8 +149,7 @@ async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
         assert seen() == (4, 1, 0, 6)
         other = engine.add_request(list(range(1, 9)), SamplingParams(max_tokens=4))
         assert seen() == (3, 1, 1, 4)  # waiting, with its prompt's 2 blocks
-        runner.release.set()
-        runner.gate.clear()
+        runner.let_go()
         deltas = await collect(other)
         assert sum(len(d.token_ids) for d in deltas) == 4
         await until_idle(core)
@@ -230,20 +243,16 @@ async def test_an_error_outside_the_runner_fails_every_live_request_and_the_loop
 async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() -> None:
     # a gateway runs a call again under its id once it gave its slot away: the abort waits for
     # the step in flight, the new attempt is submitted after it
-    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
-    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
-    core = LLMEngine(config, runner=runner, num_blocks=16)
+    runner, core = gated_core()
     async with AsyncEngine(core) as engine:
         first = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20), request_id="c")
         async for _ in first:
             break
-        runner.gate.set()
-        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        await runner.hold()  # a step is in flight
         engine.abort("c")
         await first.aclose()
         again = engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), request_id="c")
-        runner.release.set()
-        runner.gate.clear()
+        runner.let_go()
         deltas = await collect(again)
         assert sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finished
         await until_idle(core)
@@ -253,22 +262,18 @@ async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() 
 async def test_an_abort_during_the_step_that_finishes_the_request_comes_too_late() -> None:
     """A gateway's yield aborted a call while the step that finished it ran: its stream ended
     without the finished delta, and the whole answer was thrown away (the call ran again)."""
-    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
-    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
-    core = LLMEngine(config, runner=runner, num_blocks=16)
+    runner, core = gated_core()
     async with AsyncEngine(core) as engine:
         done = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id="done")
         cut = engine.add_request([4, 5, 6], SamplingParams(max_tokens=9), request_id="cut")
         for stream in (done, cut):
             async for _ in stream:  # both prefilled: the next step finishes only "done"
                 break
-        runner.gate.set()
-        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # that step is in flight
+        await runner.hold()  # that step is in flight
         engine.abort("done")
         engine.abort("cut")
         assert engine.num_live == 0 and engine.capacity.free_seqs == 4
-        runner.release.set()
-        runner.gate.clear()
+        runner.let_go()
         [last] = await collect(done)  # the step finished it: its answer is whole
         assert last.finished and last.finish_reason is FinishReason.LENGTH
         assert len(last.token_ids) == 1
@@ -278,18 +283,14 @@ async def test_an_abort_during_the_step_that_finishes_the_request_comes_too_late
 
 
 async def test_a_stream_closed_while_the_step_that_finishes_it_runs_is_let_go() -> None:
-    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
-    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
-    core = LLMEngine(config, runner=runner, num_blocks=16)
+    runner, core = gated_core()
     async with AsyncEngine(core) as engine:
         stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id="c")
         async for _ in stream:
             break
-        runner.gate.set()
-        await anyio.to_thread.run_sync(runner.entered.wait, 5)
+        await runner.hold()
         await stream.aclose()  # its reader lets go: nobody takes the finished delta
-        runner.release.set()
-        runner.gate.clear()
+        runner.let_go()
         after = await collect(engine.add_request([1, 2], SamplingParams(max_tokens=2)))
         assert after[-1].finished  # the loop serves on
         await until_idle(core)
@@ -315,18 +316,14 @@ async def test_a_finished_streams_close_leaves_a_new_request_under_its_id() -> N
 async def test_a_change_deferred_past_a_step_that_fails_leaves_the_loop_serving() -> None:
     """A refused prediction, deferred while a step ran, ended the step loop and every request
     with it; now it is refused as it is asked, and a deferred change that fails is logged."""
-    runner = GatedRunner(SimulatedRunner(STEP_MODEL, vocab_size=500))
-    config = EngineConfig(num_blocks=16, block_size=4, max_model_len=4096, max_num_seqs=4)
-    core = LLMEngine(config, runner=runner, num_blocks=16)
+    runner, core = gated_core()
     async with AsyncEngine(core) as engine:
         stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=6), request_id="c")
-        runner.gate.set()
-        await anyio.to_thread.run_sync(runner.entered.wait, 5)  # a step is in flight
+        await runner.hold()  # a step is in flight
         with pytest.raises(InvalidRequest, match="predicted_output_len"):
             engine.set_prediction("c", -1)
         engine._run(lambda: core.scheduler.set_priority("gone", 1.0))  # fails once applied
-        runner.release.set()
-        runner.gate.clear()
+        runner.let_go()
         deltas = await collect(stream)
         assert sum(len(d.token_ids) for d in deltas) == 6 and deltas[-1].finished
 
