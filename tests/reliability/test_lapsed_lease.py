@@ -16,14 +16,13 @@ import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.errors import JournalUnavailable
-from gateway.job_run import JobRun
 from gateway.journal import RedisJournal
 from gateway.journaling import Journaling
 from gateway.outbox import Close
 from tests.fake_clock import FakeClock
 from tests.reliability.harness import Reliable, node, reruns
 from tests.reliability.redis_server import RedisServer
-from tests.reliability.test_replicas import LEASE_TTL_S, replica, running_watch
+from tests.reliability.test_replicas import LEASE_TTL_S, lost_event, replica, running_watch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 TOKENS = 300  # one call of ~3 s on the simulated engine (0.01 s a token)
@@ -78,17 +77,6 @@ class Closes:
         while len(self.seen) < count:
             await self._more.wait()
         return self.seen
-
-
-def lost_event(journaling: Journaling) -> anyio.Event:
-    lost, on_lost = anyio.Event(), journaling.on_lost
-
-    def noted(run: JobRun) -> None:
-        on_lost(run)
-        lost.set()
-
-    journaling.on_lost = noted
-    return lost
 
 
 async def test_a_lapsed_owner_releases_its_call_and_the_replica_that_claimed_the_job_charges_it(

@@ -23,7 +23,7 @@ from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
 from gateway.journal import RedisJournal
-from gateway.journaling import SNAPSHOT_MIN_EVENTS
+from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
 from tenants import QuotaUnavailable, RedisQuotaStore
 from tenants.api_keys import key_id_of
 from tests.gateway.conftest import sim_core
@@ -278,13 +278,7 @@ async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took
         async def cut_off(owned: object) -> None:  # a's renewals no longer reach Redis
             raise JournalUnavailable("job journal unavailable")
 
-        lost, on_lost = anyio.Event(), journaling.on_lost
-
-        def noted(run: JobRun) -> None:
-            on_lost(run)
-            lost.set()
-
-        journaling.on_lost = noted
+        lost = lost_event(journaling)
         journaling.journal.renew = cut_off  # type: ignore[method-assign,assignment]
         with anyio.fail_after(15):
             await lost.wait()  # b took the job over once a's lease ended; a's copy is detached
@@ -307,13 +301,7 @@ async def test_a_retry_with_its_key_on_the_replica_that_lost_the_job_answers_as_
         spec.idempotency_key = "order-1"
         job = await a.submit("t1", spec)
         await a.until_done("t1", job.job_id, 1)
-        lost, on_lost = anyio.Event(), journaling.on_lost
-
-        def noted(run: JobRun) -> None:
-            on_lost(run)
-            lost.set()
-
-        journaling.on_lost = noted
+        lost = lost_event(journaling)
         async with Redis.from_url(redis.url, decode_responses=True) as client:
             await client.hset(f"fg:{{jobs}}:t1/{job.job_id}", "lease_until", 0)  # a's lapsed
         thief = RedisJournal(redis.url, "b", lease_ttl_s=60.0)  # it runs nothing: no end
@@ -327,6 +315,28 @@ async def test_a_retry_with_its_key_on_the_replica_that_lost_the_job_answers_as_
         assert again.job_id == job.job_id
         assert again.state == pb.JOB_STATE_RUNNING  # as the journal has it
         assert again.nodes[1].reason == ""
+
+
+async def submitted_reply_lost(h: Reliable, tenant: str, spec: pb.JobSpec) -> str:
+    """Submit a job whose journaling runs but whose reply is lost: the client is told
+    UNAVAILABLE; returns the id of the job the journal holds."""
+    assert h.gateway.journaling is not None
+    journal = h.gateway.journaling.journal
+    create, created = journal.create, []
+
+    async def reply_lost(run: JobRun) -> object:
+        await create(run)
+        created.append(run.job_id)
+        raise JournalUnavailable("job journal unavailable")
+
+    journal.create = reply_lost  # type: ignore[method-assign,assignment]
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit(tenant, spec)
+    finally:
+        journal.create = create  # type: ignore[method-assign]
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    return created[0]
 
 
 async def cancelled_uncharged(h: Reliable, tenant: str, job_id: str) -> None:
@@ -363,6 +373,18 @@ async def test_a_run_job_client_gone_while_its_job_is_journaled_runs_nothing(
         call.cancel()  # the only client goes away
         journal.create = create  # type: ignore[method-assign]
         await cancelled_uncharged(a, "t1", created[0])
+
+
+def lost_event(journaling: Journaling) -> anyio.Event:
+    """Set once the replica's journaling hands a job to `on_lost` (another replica has it)."""
+    lost, on_lost = anyio.Event(), journaling.on_lost
+
+    def noted(run: JobRun) -> None:
+        on_lost(run)
+        lost.set()
+
+    journaling.on_lost = noted
+    return lost
 
 
 async def running_watch(h: Reliable, tenant: str, job_id: str) -> AsyncIterator[pb.JobEvent]:
@@ -423,21 +445,7 @@ async def test_a_job_whose_journaling_reply_was_lost_runs_nothing(
     submit again, and the job journaled meanwhile was taken over a lease later and ran too."""
     async with replica(redis, tmp_path, "a") as a:
         await a.tenant("t1")
-        assert a.gateway.journaling is not None
-        journal = a.gateway.journaling.journal
-        create, created = journal.create, []
-
-        async def reply_lost(run: JobRun) -> object:
-            await create(run)
-            created.append(run.job_id)
-            raise JournalUnavailable("job journal unavailable")
-
-        journal.create = reply_lost  # type: ignore[method-assign,assignment]
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await a.submit("t1", roots(1, 20))
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        journal.create = create  # type: ignore[method-assign]
-        await cancelled_uncharged(a, "t1", created[0])
+        await cancelled_uncharged(a, "t1", await submitted_reply_lost(a, "t1", roots(1, 20)))
 
 
 async def test_a_retry_with_the_key_of_a_job_whose_journaling_reply_was_lost_runs(
@@ -449,27 +457,14 @@ async def test_a_retry_with_the_key_of_a_job_whose_journaling_reply_was_lost_run
     the retry makes a job that runs, and the tenant pays for that one alone."""
     async with replica(redis, tmp_path, "a") as a:
         await a.tenant("t1")
-        assert a.gateway.journaling is not None
-        journal = a.gateway.journaling.journal
-        create, created = journal.create, []
-
-        async def reply_lost(run: JobRun) -> object:
-            await create(run)
-            created.append(run.job_id)
-            raise JournalUnavailable("job journal unavailable")
-
-        journal.create = reply_lost  # type: ignore[method-assign,assignment]
         spec = roots(1, 20)
         spec.idempotency_key = "order-1"
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await a.submit("t1", spec)
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-        journal.create = create  # type: ignore[method-assign]
+        lost_reply = await submitted_reply_lost(a, "t1", spec)
         with anyio.fail_after(15):  # taken over by this replica: it holds the job, cancelled
-            abandoned = await a.finished("t1", created[0])
+            abandoned = await a.finished("t1", lost_reply)
         assert abandoned.state == pb.JOB_STATE_CANCELLED
         retry = await a.submit("t1", spec)
-        assert retry.job_id != created[0]
+        assert retry.job_id != lost_reply
         with anyio.fail_after(15):
             finished = await a.finished("t1", retry.job_id)
         assert finished.state == pb.JOB_STATE_SUCCEEDED
