@@ -444,8 +444,8 @@ class Dispatcher(OwnsTasks):
         except CallRefused:
             return None  # refused again once submitted, where its node fails
         reserve, rooms = ticket.plan.reserve_output, lane.capacities()
-        sheddable = run.spec.priority < 0
-        return ticket if lane.core.starts_at_once(ticket.call, reserve, rooms, sheddable) else None
+        starts = lane.core.starts_at_once(ticket.call, reserve, rooms, run.spec.sheddable)
+        return ticket if starts else None
 
     def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
         tickets = self.lane_of(run, node_id).tickets
@@ -458,7 +458,7 @@ class Dispatcher(OwnsTasks):
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
         core = self._lane(ticket).core
-        sheddable = ticket.run.spec.priority < 0
+        sheddable = ticket.run.spec.sheddable
         core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held, sheddable)
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:

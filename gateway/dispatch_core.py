@@ -296,7 +296,7 @@ class DispatchCore(Generic[T]):
     def reserve_slots(self, capacities: Mapping[str, BackendCapacity]) -> int:
         """How many of the serving backends' slots `sheddable_reserve` keeps from sheddable
         calls."""
-        return math.ceil(self.sheddable_reserve * serving_slots(capacities))
+        return math.ceil(self.sheddable_reserve * _serving_slots(capacities))
 
     def _reserve_reached(self, capacities: Mapping[str, BackendCapacity]) -> bool:
         """Whether no more slots are free than the reserve (so sheddable calls wait)."""
@@ -409,7 +409,7 @@ class DispatchCore(Generic[T]):
         weighted share of the serving slots, and the one furthest over its own share would
         still hold at least that share after giving one up; None when there is none."""
         serving = {name: room for name, room in capacities.items() if room.healthy}
-        slots = serving_slots(capacities)
+        slots = _serving_slots(capacities)
         running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
         backlogged = {*running, *self.ready.tenants()}
         weights = {t: self._weights.get(t, 1.0) for t in backlogged}
@@ -718,7 +718,7 @@ def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
     )
 
 
-def serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
+def _serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
     """The batch slots of the backends that serve: busy or free."""
     return sum(r.running + r.waiting + r.free_slots for r in capacities.values() if r.healthy)
 

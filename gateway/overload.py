@@ -145,12 +145,12 @@ class OverloadControl:
         return False
 
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
-        tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
+        tenant, sheddable = ticket.call.tenant_id, ticket.run.spec.sheddable
         now = self._clock()
         self._apply(self.monitor.first_token(ticket.call.call_id, tenant, sheddable, ttft_s, now))
 
     def ended(self, ticket: Ticket, tpot_s: float | None) -> None:
-        tenant, sheddable = ticket.call.tenant_id, _sheddable(ticket)
+        tenant, sheddable = ticket.call.tenant_id, ticket.run.spec.sheddable
         now = self._clock()
         self._apply(self.monitor.ended(ticket.call.call_id, tenant, sheddable, tpot_s, now))
 
@@ -177,7 +177,7 @@ class OverloadControl:
         self.monitor.still_waiting({ticket.call.call_id for ticket, _, _ in waiting})
         for ticket, wait in self._expected_waits(waiting, now):
             call = ticket.call
-            self.monitor.overdue(call.call_id, call.tenant_id, _sheddable(ticket), wait, now)
+            self.monitor.overdue(call.call_id, call.tenant_id, ticket.run.spec.sheddable, wait, now)
         # holding work back acts only for protected calls being judged: with too few of them
         # to tell, a sheddable backlog alone would hold its level (and its reserve) for good
         judged = self.monitor.violation_rate(now) is not None
@@ -252,7 +252,3 @@ def _shrunk_slots(lane: Lane) -> int:
     counted as the refusal's room counts it."""
     rooms = lane.capacities().values()
     return sum(shrunk_slots(room, SHRUNK_BATCH) for room in rooms if room.healthy)
-
-
-def _sheddable(ticket: Ticket) -> bool:
-    return ticket.run.spec.priority < 0

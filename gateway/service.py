@@ -212,7 +212,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return
         needs = Counter(self.dispatcher.lane_of(run, n).model for n in run.dag.roots())
         try:
-            with overload.admission(needs, sheddable=run.spec.priority < 0):
+            with overload.admission(needs, sheddable=run.spec.sheddable):
                 yield
         except ShedJob:
             if self.dispatcher.metrics is not None:

@@ -66,6 +66,11 @@ class JobSpec:
     deadline_unix_s: float | None = None  # absolute, seconds since the epoch (UTC)
     name: str = ""
 
+    @property
+    def sheddable(self) -> bool:
+        """A negative priority: under overload its calls give way to the others'."""
+        return self.priority < 0
+
     def held_bytes(self) -> int:
         """About the memory holding the spec takes: each of its strings as Python holds it (a
         character of a wide script takes up to 4 bytes), and its objects."""

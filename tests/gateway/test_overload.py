@@ -91,7 +91,7 @@ def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
     at_reserve = BackendCapacity(1000, 16, free_slots=4, running=12, waiting=0, healthy=True)
     control, lane, now = overloaded(at_reserve)
     node = SimpleNamespace(first_token_at=None, ready_at=now[0])
-    job = SimpleNamespace(nodes={"n": node}, spec=SimpleNamespace(priority=-1))
+    job = SimpleNamespace(nodes={"n": node}, spec=SimpleNamespace(sheddable=True))
     call = ReadyCall("batch/n", "batch", "batch", "n", 16, 16.0, 64)
     lane.core.add_job(
         JobInfo("batch", "batch", 1.0, now[0], (NodeCost("n", (), 16, 16.0, 64),), -1), now[0]
