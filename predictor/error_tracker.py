@@ -48,7 +48,7 @@ class _Window:
     __slots__ = ("_p90", "covered", "errors", "excess", "items", "misses", "open", "tokens")
 
     def __init__(self, size: int) -> None:
-        self.items: deque[tuple[float, bool, int, float]] = deque(maxlen=size)
+        self.items: deque[tuple[float, int, float]] = deque(maxlen=size)  # error, length, excess
         self.errors = 0.0
         self.covered = 0
         self.tokens = 0  # output tokens in the window
@@ -64,13 +64,13 @@ class _Window:
     ) -> None:
         """A finished call; `counted` when it was counted past its p90 while it ran."""
         if len(self.items) == self.items.maxlen:
-            old_error, old_covered, old_len, old_excess = self.items[0]
+            old_error, old_len, old_excess = self.items[0]
             self.errors -= old_error
-            self.covered -= old_covered
+            self.covered -= old_excess == 0
             self.tokens -= old_len
             self.excess -= old_excess
         covered = excess == 0
-        self.items.append((error, covered, true_len, excess))
+        self.items.append((error, true_len, excess))
         self.errors += error
         self.covered += covered
         self.tokens += true_len
@@ -93,7 +93,7 @@ class _Window:
 
     def observed_p90(self) -> float:
         if self._p90 is None:
-            lengths = [n for _, _, n, _ in self.items] + list(self.open)
+            lengths = [n for _, n, _ in self.items] + list(self.open)
             self._p90 = float(np.quantile(lengths, 0.9)) if lengths else 0.0
         return self._p90
 
