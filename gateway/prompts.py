@@ -107,16 +107,16 @@ class PromptEncoder:
         marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
         marked = [{**m, "content": mark} for m, mark in zip(messages, marks, strict=True)]
         skeleton = self._render(marked)
-        rebuilt, spans, at = [], [], 0
+        rebuilt, spans, at, start = [], [], 0, 0
         for mark, message in zip(marks, messages, strict=True):
             found = skeleton.find(mark, at)
             if found < 0 or skeleton.count(mark) != 1:
                 return []
-            rebuilt.append(skeleton[at:found])
-            start = sum(map(len, rebuilt))
-            rebuilt.append(message["content"])
-            spans.append((start, start + len(message["content"])))
-            at = found + len(mark)
+            content = message["content"]
+            start += found - at  # the template's text before it
+            rebuilt += [skeleton[at:found], content]
+            spans.append((start, start + len(content)))
+            start, at = start + len(content), found + len(mark)
         rebuilt.append(skeleton[at:])
         return spans if "".join(rebuilt) == text else []
 
