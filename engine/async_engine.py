@@ -43,6 +43,7 @@ from engine.llm import LLMEngine, RequestOutput
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity, check_prediction
+from engine.step_fit import StepFit
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class AsyncEngine:
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
         self._capacity = core.scheduler.capacity()
+        # the engine's speed, fitted from its own steps (in the steps' thread): the knee a
+        # gateway may keep its batch below
+        self.step_fit = StepFit(eager=True)
 
     async def __aenter__(self) -> AsyncEngine:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())
@@ -324,12 +328,18 @@ class AsyncEngine:
         self._stepping = True
         try:
             if self._run_in_thread:
-                return await anyio.to_thread.run_sync(self.core.step, limiter=self._step_thread)
-            outputs = self.core.step()
+                return await anyio.to_thread.run_sync(self._step_core, limiter=self._step_thread)
+            outputs = self._step_core()
             await anyio.lowlevel.checkpoint()
             return outputs
         finally:
             self._stepping = False
+
+    def _step_core(self) -> list[RequestOutput]:
+        outputs = self.core.step()
+        if self.core.last_step is not None:
+            self.step_fit.observe(*self.core.last_step)
+        return outputs
 
     def _record_step(self, failed: bool) -> None:
         self.steps += 1

@@ -26,6 +26,7 @@ from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
+from engine.sim_runner import StepShape
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class LLMEngine:
         self._ids = itertools.count()
         self.last_step_s = 0.0
         self.last_step_failed = False  # the runner raised in the last step
+        # what the last step that ran computed, and its time (modelled, for a simulated
+        # runner): None after a step with nothing to run or a failed one
+        self.last_step: tuple[StepShape, float] | None = None
 
     def now(self) -> float:
         return self._clock() if self._clock is not None else self.virtual_time
@@ -141,7 +145,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
-        self.last_step_failed = False
+        self.last_step_failed, self.last_step = False, None
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
@@ -153,7 +157,9 @@ class LLMEngine:
             self.last_step_failed = True
             return self._fail([seq.request_id for seq in plan.seqs])
         self.last_step_s = time.perf_counter() - start
-        self.virtual_time += output.elapsed_s or self.last_step_s
+        elapsed = output.elapsed_s or self.last_step_s
+        self.virtual_time += elapsed
+        self.last_step = (StepShape.of(plan), elapsed)
         result = self.scheduler.update(plan, output, self.now())
         finished = {r.request_id: r for r in result.finished}
         outputs = []

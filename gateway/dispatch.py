@@ -119,7 +119,6 @@ class Admitted:
 @dataclass(frozen=True, slots=True)
 class DispatchConfig:
     reservation_ttl_s: float = 60.0  # lease of a reservation or an admitted job, renewed
-    knee_calls: int | None = None
     reserve_deadline_s: float = 30.0  # how long a reserve retries an unreachable store
     max_prompt_chars: int = 262_144  # bound on a rendered prompt, checked before rendering
     cache_salt_per_tenant: bool = False  # tenants never share prefix-cache blocks

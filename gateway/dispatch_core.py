@@ -64,7 +64,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from gateway.backends.base import BackendCapacity
 from gateway.ready_calls import ReadyCalls
@@ -73,6 +73,9 @@ from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall, kv_token_ti
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 2  # a lost call runs again once
+# the batch past which the policy lets only its most urgent jobs add calls: a number per
+# backend, "auto" for each backend's own measure of it (`BackendCapacity.knee_calls`), or none
+Knee = int | Literal["auto"] | None
 
 
 @dataclass(slots=True)
@@ -126,13 +129,13 @@ class DispatchCore(Generic[T]):
     def __init__(
         self,
         policy: Policy,
-        knee_calls: int | None = None,
+        knee_calls: Knee = None,
         router: Router | None = None,
         share_slots: bool = False,
         gated: bool = False,
     ) -> None:
         self.policy = policy
-        self.knee_calls = knee_calls  # per backend
+        self.knee_calls = knee_calls
         self.router = router or Router()
         self.ready: ReadyCalls[CoreCall[T]] = ReadyCalls()
         self.taking: dict[str, CoreCall[T]] = {}
@@ -237,10 +240,17 @@ class DispatchCore(Generic[T]):
 
     def load(self, capacities: Mapping[str, BackendCapacity]) -> EngineLoad:
         """How busy the pool is, as the policy is told: calls the backends hold or are being
-        sent, against the knee of every backend that serves."""
+        sent, against the knees of the backends that serve (with "auto", none until every one
+        of them has measured its own)."""
         busy = sum(c.running + c.waiting for c in capacities.values()) + len(self.taking)
-        serving = sum(c.healthy for c in capacities.values())
-        knee = None if self.knee_calls is None else self.knee_calls * max(serving, 1)
+        serving = [c for c in capacities.values() if c.healthy]
+        knee: int | None = None
+        if self.knee_calls == "auto":
+            knees = [c.knee_calls for c in serving]
+            if serving and all(k is not None for k in knees):
+                knee = sum(k for k in knees if k is not None)
+        elif self.knee_calls is not None:
+            knee = self.knee_calls * max(len(serving), 1)
         # a pool shared with other replicas runs their calls too: the policy's jobs hold these
         own = len(self.running) + len(self.taking) if self.gated else None
         return EngineLoad(busy, 0, knee, own)

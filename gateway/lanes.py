@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.backends import Backend, BackendCapacity
 from gateway.calls import CallPlanner
-from gateway.dispatch_core import DispatchCore
+from gateway.dispatch_core import DispatchCore, Knee
 from gateway.tickets import Ticket, Tickets
 from tenants.policies import Policy
 
@@ -35,7 +35,7 @@ def make_lane(
     tokenizer: Any,
     policy: Policy,
     planner: CallPlanner,
-    knee_calls: int | None = None,
+    knee_calls: Knee = None,
     share_slots: bool = False,
     gated: bool = False,
 ) -> Lane:

@@ -220,7 +220,6 @@ async def running_gateway(
         pools = await open_pools(settings, stack, core, instant)
         config = DispatchConfig(
             reservation_ttl_s=settings.reservation_ttl_s,
-            knee_calls=settings.knee_calls,
             reserve_deadline_s=settings.reserve_deadline_s,
             max_prompt_chars=settings.max_prompt_chars,
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, model_validator
 from pydantic_settings import (
@@ -88,9 +88,11 @@ class Settings(BaseSettings):
     max_num_batched_tokens: int = Field(default=512, ge=16)
     max_model_len: int = Field(default=2048, ge=64)
     reserve_mode: Literal["none", "max", "predicted"] = "predicted"
-    # calls in the engine past which justitia lets only its most urgent jobs add more (the batch
-    # size where a step's cost per token stops falling; see docs/BENCHMARKS.md, fair scheduling)
-    knee_calls: int | None = Field(default=None, ge=1)
+    # calls in a backend past which justitia lets only its most urgent jobs add more (the batch
+    # size where a step's cost per token stops falling; see docs/BENCHMARKS.md, fair scheduling),
+    # or "auto": where the local engine's throughput reaches 80 % of its full batch's, by a step
+    # model fitted to its own steps (no knee on a backend that measures none)
+    knee_calls: Annotated[int, Field(ge=1)] | Literal["auto"] | None = None
     # keep each tenant's weighted share of the backends' slots, not only a fair order: a call of
     # a tenant under its share that waits for room takes the slot of the newest call of a tenant
     # over its share, which runs again from its prompt (gateway/dispatch_core.py)

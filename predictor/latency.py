@@ -1,13 +1,9 @@
 """Latency model: TTFT and completion time of calls, from engine state and a step-time model.
 
 A step's time is `engine.StepTimeModel` (fixed overhead + cost per batched token + cost per
-token of context + cost per query-key pair of a prefill chunk), calibrated online: measured
-steps go into a sliding window and the model is refitted by non-negative least squares of
-relative errors (so that the few long prefill steps do not decide the fit of the many decode
-steps) every `refit_every` observations. The last `prefill_window` steps with prefill pairs (a
-chunk of more than one token) are kept apart and join the fit when they have left the window,
-so that a stretch of decodes alone never leaves the prefill cost unmeasured (a call's TTFT is
-mostly prefill). Arrivals go into another
+token of context + cost per query-key pair of a prefill chunk), calibrated online by
+`engine.step_fit.StepFit` from measured steps (a call's TTFT is mostly prefill: that fit keeps
+prefill steps apart so their cost stays measured). Arrivals go into another
 window, whose mean gap and sizes are the traffic expected to join behind a call. An estimate
 replays the engine's continuous batching on the model (`predictor.replay`) from a snapshot of
 the engine's state.
@@ -22,6 +18,7 @@ from collections.abc import Callable, Iterable
 
 from engine.request import Request
 from engine.sim_runner import StepShape, StepTimeModel
+from engine.step_fit import StepFit
 from predictor.errors import InvalidCall
 from predictor.replay import (
     ArrivalLoad,
@@ -87,25 +84,15 @@ class LatencyModel:
             raise InvalidCall("arrival_window must be >= 2 and prefill_window >= 0")
         self.step_model = step_model
         self.token_budget, self.max_num_seqs = token_budget, max_num_seqs
-        self.refit_every = refit_every
-        self._samples: deque[tuple[StepShape, float]] = deque(maxlen=window)
-        self._prefills: deque[tuple[int, StepShape, float]] = deque(maxlen=prefill_window)
-        self._num_steps = 0
-        self._since_fit = 0
+        self.steps = StepFit(
+            step_model, window=window, prefill_window=prefill_window, refit_every=refit_every
+        )
         self._arrivals: deque[tuple[float, int, int]] = deque(maxlen=arrival_window)
 
     def observe_step(self, shape: StepShape, seconds: float) -> None:
         """Record one measured engine step; refit the step-time model every few of them."""
-        self._samples.append((shape, seconds))
-        if shape.prefill_pairs:
-            self._prefills.append((self._num_steps, shape, seconds))
-        self._num_steps += 1
-        self._since_fit += 1
-        if self._since_fit >= self.refit_every and len(self._samples) >= 3:
-            first_in_window = self._num_steps - len(self._samples)
-            older = [(sh, s) for i, sh, s in self._prefills if i < first_in_window]
-            self.step_model = StepTimeModel.fit([*older, *self._samples], relative=True)
-            self._since_fit = 0
+        if self.steps.observe(shape, seconds) and self.steps.model is not None:
+            self.step_model = self.steps.model
 
     def observe_arrival(self, now: float, prompt_tokens: int, output_tokens: int) -> None:
         """Record a call's arrival (`output_tokens`: its predicted length)."""

@@ -9,7 +9,8 @@ model or `--model`: `fcfs`, `justitia`, `justitia` with `share_slots` (a tenant 
 weighted share of the slots yields its newest call to a waiting call of a tenant under it), and
 that with the knee (`knee_calls`: past it only justitia's most urgent jobs add calls) where the
 engine's throughput reaches 80 % of its full batch's, by the step model fitted on the fcfs arm's
-steps and the workload's mean decoding context (`bench.sim.regime.knee_calls`).
+steps and the workload's mean decoding context (`engine.step_fit.knee_calls`), and that with
+`knee_calls = "auto"`: the same knee as the engine measures it from its own steps as it runs.
 Reported per arm: the light tenants' average JCT, the heavy tenant's, the makespan, and each
 as a ratio to fcfs's; and how many light jobs ended past `gps_finish + Δ` of the run's own GPS
 reference (`bench.sim.reference`: the calls' live token counts, the engine's KV pool as the
@@ -33,20 +34,22 @@ import anyio
 from bench.live.replay import ADMIN_KEY, LiveRun, output_ceiling, replay
 from bench.live.steps import busy_step_s, fit_step_model
 from bench.sim.reference import bound_slack, gps_finish
-from bench.sim.regime import knee_calls
 from bench.sim.setup import mean_decode_context
 from bench.workloads.format import Job, Node
 from engine import StepTimeModel
+from engine.step_fit import knee_calls
 from gateway.engine_setup import engine_config
 from gateway.settings import Settings
 
 HEAVY, LIGHT = "heavy", ("light-a", "light-b")
-# (policy, share_slots, knee): the first arm must be fcfs, whose steps give the knee
-ARMS = (
-    ("fcfs", False, False),
-    ("justitia", False, False),
-    ("justitia", True, False),
-    ("justitia", True, True),
+# (policy, share_slots, knee: none, "fcfs" fitted from the fcfs arm's steps, or "auto"): the
+# first arm must be fcfs, whose steps give the knee
+ARMS: tuple[tuple[str, bool, str], ...] = (
+    ("fcfs", False, ""),
+    ("justitia", False, ""),
+    ("justitia", True, ""),
+    ("justitia", True, "fcfs"),
+    ("justitia", True, "auto"),
 )
 MAPS, PROMPT_TOKENS, REDUCE_TOKENS = 8, 32, 16
 RATIOS = ("light_avg_jct_s", "heavy_avg_jct_s", "makespan_s")  # each arm's, over fcfs's
@@ -129,12 +132,13 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
             port=0,
             policy=policy,
             share_slots=share,
-            knee_calls=knee if kneed else None,
+            knee_calls={"": None, "fcfs": knee, "auto": "auto"}[kneed],
             model=args.model,
             admin_key=ADMIN_KEY,
             default_temperature=0.0,
         )
-        name = policy + ("+share_slots" if share else "") + (f"+knee {knee}" if kneed else "")
+        knee_name = {"": "", "fcfs": f"+knee {knee}", "auto": "+knee auto"}[kneed]
+        name = policy + ("+share_slots" if share else "") + knee_name
         run = await replay(settings, jobs, 1.0, ceiling)
         model, _ = fit_step_model([run.steps])
         arms[name] = summary(run, jobs, settings, model)

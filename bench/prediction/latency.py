@@ -141,9 +141,9 @@ def calibrate(llm: LLMEngine, latency: LatencyModel, prompt_len: int = 256, n: i
         [rng.randrange(1, 1000) for _ in range(rng.randint(8, prompt_len))] for _ in range(n)
     ]
     params = [SamplingParams(max_tokens=rng.randint(8, 64), ignore_eos=True) for _ in prompts]
-    latency.refit_every = 1
+    latency.steps.refit_every = 1
     llm.generate(prompts, params)
-    latency.refit_every = 16
+    latency.steps.refit_every = 16
 
 
 def run_latency_bench(

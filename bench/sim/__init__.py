@@ -18,7 +18,7 @@ from bench.sim.predictions import (
     oracle,
 )
 from bench.sim.reference import bound_slack, gps_finish, solo_call_seconds
-from bench.sim.regime import Regime, cpu_regime, gpu_regime, knee_calls, load_step_model
+from bench.sim.regime import Regime, cpu_regime, gpu_regime, load_step_model
 from bench.sim.runner import TraceRunner
 from bench.sim.setup import Prepared, engine_setup, prepare
 from bench.sim.simulator import EngineSetup, SimResult, Simulation
@@ -53,7 +53,6 @@ __all__ = [
     "gps_finish_times",
     "gpu_regime",
     "jain_index",
-    "knee_calls",
     "load_step_model",
     "lying",
     "noisy",

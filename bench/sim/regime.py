@@ -8,9 +8,9 @@ binds). `cpu`: this machine's engine, compute-bound: the step model is measured,
 file (`overhead_s`, `per_token_s`, `per_context_token_s`, `per_prefill_pair_s`) or
 `CPU_STEP_MODEL` (measured on one of these machines); the KV pool holds 64 average calls, 128
 sequences, 512 batched tokens a step (the engine's defaults).
-Its knee is the decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote:
-`B / (o + B k) >= e / k`, i.e. `B = ceil(o k^-1 e / (1 - e))` with `k = per_token_s +
-per_context_token_s * mean_context`, the mean context a decoding call reads. Invariant: every
+Its knee is the decode batch at which throughput reaches 80 % of its asymptote
+(`engine.step_fit.knee_calls` without a batch limit), with the mean context a decoding call
+reads. Invariant: every
 regime admits by `ReserveMode.PREDICTED` and its pool holds any single call of the workload.
 """
 
@@ -24,13 +24,13 @@ from pathlib import Path
 
 from bench.sim.errors import StepModelInvalid
 from engine import EngineConfig, ReserveMode, StepTimeModel
+from engine.step_fit import knee_calls
 
 GPU_STEP_MODEL = StepTimeModel(overhead_s=0.015, per_token_s=2e-5, per_context_token_s=1e-8)
 # SmolLM2-135M fp32 on the real engine, 2 cores of an Intel Xeon (Sapphire Rapids), measured by
 # `python -m bench.sim.calibrate` on 2026-11-30 (relative fit; docs/BENCHMARKS.md, "Fair
 # scheduling"). Another machine: calibrate there and pass the file with --cpu-step-model.
 CPU_STEP_MODEL = StepTimeModel(overhead_s=0.0374, per_token_s=1.052e-3, per_context_token_s=2.30e-6)
-KNEE_EFFICIENCY = 0.8
 BLOCK_SIZE = 16
 
 
@@ -62,20 +62,6 @@ class Regime:
         if not self.use_knee:
             return None
         return knee_calls(self.step_model, mean_context)
-
-
-def knee_calls(model: StepTimeModel, mean_context: float, max_batch: int | None = None) -> int:
-    """The decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote, or, for
-    an engine of `max_batch` slots, of the full batch's: `B / (o + B k) >= e S / (o + S k)`, i.e.
-    `B = ceil(e S o / (o + (1 - e) S k))` (the asymptote's as S grows). An engine whose slots
-    end well before the asymptote never reaches it: 80 % of it may lie past the full batch."""
-    per_call = model.per_token_s + model.per_context_token_s * mean_context
-    if per_call <= 0:
-        return 1
-    e, o = KNEE_EFFICIENCY, model.overhead_s
-    if max_batch is None:
-        return max(1, math.ceil(o / per_call * e / (1.0 - e)))
-    return max(1, math.ceil(e * max_batch * o / (o + (1.0 - e) * max_batch * per_call)))
 
 
 def gpu_regime() -> Regime:

@@ -40,6 +40,9 @@ class BackendCapacity:
     waiting: int  # calls it holds but has not admitted
     healthy: bool  # False: send it nothing (down, circuit open, metrics stale)
     total_blocks: int = 0  # its whole KV pool, for usage gauges; 0: unknown
+    # the batch past which its throughput grows little (engine.step_fit), as measured from its
+    # own steps; None: not measured
+    knee_calls: int | None = None
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

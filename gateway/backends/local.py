@@ -5,7 +5,7 @@ admitted yet, and requests added while a step is in flight), so a snapshot taken
 submit already counts it. It is always healthy to the router: a failing step fails its own
 calls, and only new calls let the engine show that it serves again (health is reported to
 clients by the gRPC health service, from `AsyncEngine.healthy`). Calls are never lost here: the
-engine fails them itself.
+engine fails them itself. Its knee is the one the engine measures from its own steps.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from gateway.backends.base import (
 )
 
 
-def engine_capacity(cap: Capacity, block_size: int, total_blocks: int = 0) -> BackendCapacity:
+def engine_capacity(
+    cap: Capacity, block_size: int, total_blocks: int = 0, knee_calls: int | None = None
+) -> BackendCapacity:
     return BackendCapacity(
         cap.free_blocks,
         block_size,
@@ -29,6 +31,7 @@ def engine_capacity(cap: Capacity, block_size: int, total_blocks: int = 0) -> Ba
         cap.num_waiting,
         True,
         total_blocks,
+        knee_calls,
     )
 
 
@@ -42,8 +45,9 @@ class LocalBackend:
         self._blocks = engine.core.block_manager
 
     def capacity(self) -> BackendCapacity:
+        knee = self.engine.step_fit.knee(self.engine.core.config.max_num_seqs)
         return engine_capacity(
-            self.engine.capacity, self._blocks.block_size, self._blocks.num_blocks
+            self.engine.capacity, self._blocks.block_size, self._blocks.num_blocks, knee
         )
 
     def submit(self, call: BackendCall) -> CallStream:

@@ -9,12 +9,13 @@ from bench.sched import main as sched_main
 from bench.sim.metrics import jain_index, run_metrics
 from bench.sim.predictions import Predictions, noisy, oracle
 from bench.sim.reference import solo_call_seconds
-from bench.sim.regime import gpu_regime, knee_calls
+from bench.sim.regime import gpu_regime
 from bench.sim.setup import Prepared
 from bench.sim.simulator import EngineSetup, Simulation
 from bench.sim.study import yardstick
 from bench.workloads.format import Job, Node, write_workload
 from engine import EngineConfig, ReserveMode, StepTimeModel
+from engine.step_fit import knee_calls
 from tenants.policies import POLICY_NAMES, EngineLoad, kv_token_time, make_policy
 from tests.bench.jobs import diamond
 

@@ -173,7 +173,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             policy = policy if policy is not None else RecordingJustitia()
             gated = share is not None  # a pool shared with other replicas
             lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls, gated=gated)
-            config = DispatchConfig(knee_calls=knee_calls)
+            config = DispatchConfig()
             dispatcher = dispatcher_type([lane], store, planner, config, share=share)
             return Env(engine, await stack.enter_async_context(dispatcher))
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from gateway.backends import BackendCapacity
-from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
+from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore, Knee
 from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
 
 
@@ -21,7 +22,7 @@ def room(
     return BackendCapacity(free_blocks, 16, free_slots, running, waiting, healthy)
 
 
-def make_core(policy: str = "fcfs", knee_calls: int | None = None) -> DispatchCore[str]:
+def make_core(policy: str = "fcfs", knee_calls: Knee = None) -> DispatchCore[str]:
     return DispatchCore(make_policy(policy), knee_calls)
 
 
@@ -125,6 +126,18 @@ def test_the_knee_counts_every_serving_backend() -> None:
     assert core.load(healthy).knee_calls == 4 and core.load(healthy).running_calls == 2
     one_down = {"x": room(running=1), "y": room(running=1, healthy=False)}
     assert core.load(one_down).knee_calls == 2
+
+
+def test_an_auto_knee_is_the_serving_backends_own_once_each_has_measured_one() -> None:
+    core = make_core("justitia", knee_calls="auto")
+    x, y = room(running=1), room(running=1)
+    measured = {"x": replace(x, knee_calls=20), "y": replace(y, knee_calls=30)}
+    assert core.load(measured).knee_calls == 50
+    assert core.load({"x": measured["x"], "y": y}).knee_calls is None  # y has not measured yet
+    y_down = replace(y, healthy=False)
+    assert core.load({"x": measured["x"], "y": y_down}).knee_calls == 20
+    assert core.load({"y": y_down}).knee_calls is None
+    assert make_core("justitia", knee_calls=8).load(measured).knee_calls == 16  # the operator's
 
 
 def test_progress_past_the_prediction_reprioritizes_the_jobs_running_calls() -> None:

@@ -128,41 +128,6 @@ def test_online_refit_recovers_the_step_model_every_refit_every_steps() -> None:
     assert dataclasses.astuple(model.step_model) == pytest.approx(dataclasses.astuple(true))
 
 
-@pytest.mark.parametrize("prefill_window", [0, 8])
-def test_prefill_steps_that_left_the_window_still_fit_the_prefill_cost(
-    prefill_window: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    true = StepTimeModel(0.02, 0.0005, 2e-6, 4e-7)
-    model = LatencyModel(
-        StepTimeModel(1.0, 0.0),
-        token_budget=BUDGET,
-        max_num_seqs=SEQS,
-        window=50,
-        prefill_window=prefill_window,
-        refit_every=50,
-    )
-    fitted_sizes: list[int] = []
-    fit = StepTimeModel.fit
-
-    def counting_fit(samples: list[tuple[StepShape, float]], relative: bool) -> StepTimeModel:
-        fitted_sizes.append(len(samples))
-        return fit(samples, relative=relative)
-
-    monkeypatch.setattr(StepTimeModel, "fit", counting_fit)
-    rng = random.Random(1)
-    shapes = [random_shape(rng, prefill=True) for _ in range(20)]
-    shapes += [random_shape(rng, prefill=False) for _ in range(80)]  # a long stretch of decodes
-    for shape in shapes:
-        model.observe_step(shape, true.shape_time(shape))
-    # two fits: the 50 latest steps, then those plus the kept prefill steps that left them
-    assert fitted_sizes == [50, 50 + min(prefill_window, 20)]
-    fitted = model.step_model.per_prefill_pair_s
-    if prefill_window:
-        assert fitted == pytest.approx(true.per_prefill_pair_s)
-    else:  # the window saw no prefill: the pair cost is unmeasured, so zero
-        assert fitted == 0.0
-
-
 @pytest.mark.parametrize(
     "state",
     [
