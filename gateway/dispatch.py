@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
+import anyio.lowlevel
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 
@@ -81,7 +82,7 @@ from gateway.prompts import PromptEncoder
 from gateway.share import Ask, Grant, Heads, RedisShare
 from gateway.slo import SloConfig
 from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
-from gateway.tickets import Blank, Ticket, job_info, part_of
+from gateway.tickets import Blank, Ticket, job_info, node_costs, part_of
 from tenants import (
     CallClosed,
     QuotaExceeded,
@@ -91,7 +92,7 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import JobInfo
+from tenants.policies import JobInfo, NodeCost
 
 log = logging.getLogger(__name__)
 Args = TypeVarTuple("Args")
@@ -103,6 +104,7 @@ YIELDED = "yielded its slot to another job's waiting call"
 FENCED = "its job's lease may have lapsed"  # another replica may run the node: not charged here
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
+NODES_PER_CHECKPOINT = 8  # a job's arrival costs yield to the loop this often (~0.25 ms a node)
 Entry = CoreCall[Ticket]
 
 
@@ -253,8 +255,7 @@ class Dispatcher(OwnsTasks):
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the pool would take at once has its call reserved in the same script."""
         blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
-        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
-        info = job_info(run, quota, self.clock(), blanks, self.planner, models)
+        info = await self._job_info(run, quota, self.clock(), blanks)
         ticket = self._ticket_to_hold(run, quota, blanks)
         admitted = Admitted(info, blanks, ticket)
         try:
@@ -288,6 +289,21 @@ class Dispatcher(OwnsTasks):
             ttl_s=ttl,
         )
         ticket.held = held is not None
+
+    async def _job_info(
+        self, run: JobRun, quota: TenantQuota, now: float, blanks: dict[str, Blank]
+    ) -> JobInfo:
+        """The job's costs on arrival, yielding to the event loop every few nodes: a node's
+        prediction may be a prompt model's pass, and a tenant's largest job predicted in one go
+        would hold every other tenant's streams, dispatches and RPCs for tens of ms. Not in a
+        worker thread: the predictor's history changes on the loop as calls end."""
+        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
+        nodes: list[NodeCost] = []
+        for cost in node_costs(run, quota, blanks, self.planner, models):
+            nodes.append(cost)
+            if len(nodes) % NODES_PER_CHECKPOINT == 0:
+                await anyio.lowlevel.checkpoint()
+        return job_info(run, quota, now, nodes)
 
     def _encode_blanks(self, run: JobRun) -> dict[str, Blank]:
         """Every node's blank prompt, encoded for the model it runs on."""
@@ -333,9 +349,8 @@ class Dispatcher(OwnsTasks):
             if node.state is NodeState.RUNNING:
                 run.retry_node(node_id, now, f"{BACKEND_LOST} with its replica: running again")
         blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
-        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
         # it arrived when its client submitted it: first come, first served keeps its place
-        info = job_info(run, quota, run.created_at, blanks, self.planner, models)
+        info = await self._job_info(run, quota, run.created_at, blanks)
         if run.ended or run.detached:  # cancelled, or lost again, while it was being read
             return
         await self._admit_in_store(run, None)

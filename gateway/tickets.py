@@ -1,19 +1,21 @@
 """From a job's nodes to what the policy and the engine need: predicted costs and tickets.
 
-`Tickets.job_info` is what the fair-share policy learns when a job arrives: each node's
-predicted cost, where an unrun node's prompt is its template with the inputs filled and its
+`job_info` is what the fair-share policy learns when a job arrives: each node's predicted cost
+(`node_costs`), where an unrun node's prompt is its template with the inputs filled and its
 ancestors' outputs empty (`encode_blanks`), plus its parents' predicted outputs (the roots'
 prompts are final, so their token ids are kept). `Tickets.make` turns a ready node into a Ticket:
 its rendered and encoded prompt (`encode_node`), its plan (limits, sampling, prediction, anomaly
 guard) and the ReadyCall the policy orders. No I/O and no clock: `now` is passed in. The two
 encoders are the CPU-heavy part (rendering, the chat template, the tokenizer): they read nothing
-that changes while they run, so the dispatcher calls them in a worker thread.
+that changes while they run, so the dispatcher calls them in a worker thread. The predictions
+read the predictor's history, which changes on the event loop as calls end, so they run there,
+one node at a time: the dispatcher yields to the loop between nodes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,17 +103,16 @@ class Tickets:
         return Ticket(call, run, prompt_ids, plan, self.model_name)
 
 
-def job_info(
+def node_costs(
     run: JobRun,
     quota: TenantQuota,
-    now: float,
     blanks: Mapping[str, Blank],
     planner: CallPlanner,
     model_of: Mapping[str, str],
-) -> JobInfo:
-    """The whole job as the policies see it on arrival: each node's predicted cost (`model_of`
-    names the model each node runs on, whose history predicts it)."""
-    nodes = []
+) -> Iterator[NodeCost]:
+    """Each node's predicted cost on its job's arrival, in the DAG's order (`model_of` names the
+    model each node runs on, whose history predicts it). One node at a time: a prediction may be
+    a prompt model's pass, so a caller on the event loop yields between nodes."""
     predicted: dict[str, float] = {}
     for node_id in run.dag.order:
         spec = run.nodes[node_id].spec
@@ -128,7 +129,11 @@ def job_info(
             model_of[node_id],
         )
         predicted[node_id] = planner.expected_output(features)
-        nodes.append(NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens))
+        yield NodeCost(node_id, parents, prompt, predicted[node_id], max_tokens)
+
+
+def job_info(run: JobRun, quota: TenantQuota, now: float, nodes: Iterable[NodeCost]) -> JobInfo:
+    """The whole job as the policies see it on arrival, from its nodes' costs (`node_costs`)."""
     return JobInfo(run.job_id, run.tenant_id, quota.weight, now, tuple(nodes), run.spec.priority)
 
 

@@ -40,7 +40,7 @@ class PlanLog:
 
 class PlannerPredictor:
     """A node's arrival estimate is the planner's `expected_output` (as in
-    `gateway.tickets.job_info`: the predicted mean, or its conservative length);
+    `gateway.tickets.node_costs`: the predicted mean, or its conservative length);
     a ready call is planned, a running one checked against its p90 and a finished one
     observed, as the dispatcher does."""
 

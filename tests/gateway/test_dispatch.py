@@ -24,6 +24,7 @@ from gateway.server import LENGTH_PRIOR
 from gateway.share import RedisShare
 from gateway.slo import SloConfig, SloTarget
 from predictor.anomaly import AnomalyGuard
+from predictor.base import CallFeatures
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
@@ -122,11 +123,19 @@ class RecordingJustitia(JustitiaPolicy):
 
 
 class RecordingPlanner(CallPlanner):
-    """The real planner, noting when each call is counted past its p90 while it runs."""
+    """The real planner, noting when each call is counted past its p90 while it runs, and
+    counting the nodes it predicts as their jobs arrive."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.overruns: list[tuple[str, int]] = []  # (error tracker key, tokens so far)
+        self.arrivals = 0  # nodes costed on their job's arrival
+        self.first_arrival = anyio.Event()
+
+    def expected_output(self, features: CallFeatures) -> float:
+        self.arrivals += 1
+        self.first_arrival.set()
+        return super().expected_output(features)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
         counted = super().overran(plan, produced)
@@ -375,6 +384,31 @@ async def test_a_call_is_held_only_when_the_engine_has_room_for_every_ready_call
     store.ops.clear()
     await admit(env.dispatcher, job("small", ("a", 4)))  # 2 blocks fit, but not beside large-2
     assert store.ops == ["admit_job"]
+
+
+@pytest.mark.parametrize("arrive", ["admit", "resume"])
+async def test_a_wide_jobs_arrival_lets_other_tasks_run_between_its_nodes_predictions(
+    make_env: MakeEnv, arrive: str
+) -> None:
+    """Each node's arrival cost is a prediction (the prompt model's pass, ~0.25 ms): all of a
+    tenant's largest job predicted in one go held the event loop, so every other tenant's
+    streams, dispatches and RPCs, for tens of ms."""
+    env = await make_env(MemoryQuotaStore())
+    planner = env.dispatcher.planner
+    assert isinstance(planner, RecordingPlanner)
+    nodes = 64
+    wide = job("wide", *((f"n{i}", 10) for i in range(nodes)))
+    seen: list[int] = []
+
+    async def another_tenants_task() -> None:
+        await planner.first_arrival.wait()
+        seen.append(planner.arrivals)  # how many nodes were predicted before it ran
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(another_tenants_task)
+        await getattr(env.dispatcher, arrive)(wide, QUOTA)
+    assert planner.arrivals == nodes
+    assert 0 < seen[0] < nodes  # it ran while the job was being costed
 
 
 async def admit(

@@ -8,7 +8,7 @@ from gateway.calls import CallDefaults, CallPlanner
 from gateway.job_run import JobRun
 from gateway.jobs.model import JobSpec, NodeSpec
 from gateway.server import LENGTH_PRIOR
-from gateway.tickets import Blank, job_info, part_of
+from gateway.tickets import Blank, node_costs, part_of
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from tenants import TenantQuota
@@ -43,7 +43,8 @@ def test_a_kind_of_call_in_conservative_mode_is_costed_so_on_its_jobs_arrival() 
 
     def costed(tenant: str) -> float:
         run = JobRun(f"{tenant}-job", tenant, spec, 0.0)
-        return job_info(run, quota, 0.0, blanks, planner, {"a": ""}).nodes[0].predicted_output
+        (node,) = node_costs(run, quota, blanks, planner, {"a": ""})
+        return node.predicted_output
 
     liar = planner.plan("liar", spec.nodes[0], "x", 3, quota)
     for _ in range(3):  # three calls of its kind past their p90 as they run
