@@ -2,11 +2,12 @@
 
 Deadlines sit in a heap ordered by time; the task sleeps until the earliest one (or until a new
 earlier one arrives) and reports each job whose deadline has passed exactly once, unless it was
-discarded first (the job ended). A discarded deadline stays in the heap until it comes to the top,
-so the heap is rebuilt from the live ones once the discarded outnumber them: jobs submitted with
-far deadlines and cancelled at once would otherwise pile up behind one earlier live deadline.
-Times are the injected clock's (unix seconds, like `JobSpec.deadline_unix_s`). Invariant: the heap
-holds at most twice the live deadlines, plus `_SLACK`.
+discarded first (the job ended) or added again (moved: the latest counts). A discarded or moved
+deadline stays in the heap until it comes to the top, so the heap is rebuilt from the live ones
+once the stale outnumber them: jobs submitted with far deadlines and cancelled at once would
+otherwise pile up behind one earlier live deadline. Times are the injected clock's (unix seconds
+for `JobSpec.deadline_unix_s`, the journaling's monotonic clock for its fencing deadlines).
+Invariant: the heap holds at most twice the live deadlines, plus `_SLACK`.
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ class Deadlines:
         self._wake = anyio.Event()
 
     def add(self, job_id: str, at: float) -> None:
+        """The job's deadline, replacing the one it had."""
         self._live[job_id] = at
         heapq.heappush(self._heap, (at, job_id))
+        self._compact()
         self._wake.set()
 
     def discard(self, job_id: str) -> None:
         self._live.pop(job_id, None)
+        self._compact()
+
+    def _compact(self) -> None:
         if len(self._heap) > 2 * len(self._live) + _SLACK:
             self._heap = [(at, job) for job, at in self._live.items()]
             heapq.heapify(self._heap)

@@ -23,7 +23,11 @@ its room to a waiting call of another job is aborted and goes the same way, as o
 yields (its aborted attempt is released: the tenant is not charged for work thrown away).
 A call that ends while its job is `fenced` (this replica's lease on it may have lapsed, by the
 journaling's clock: another replica may be running the node) goes the same way, not settled,
-and the fenced job is held (no call of it is sent) until `lease_renewed` finds it unfenced.
+and the fenced job is held (no call of it is sent) until `lease_renewed` finds it unfenced. The
+journaling's timer tells `job_fenced` as the deadline passes: the job is held then and its
+running calls are aborted on their backends (their work would be thrown away, beside the next
+owner's), going the same way; one so aborted goes so even if a renewal lands before its end is
+seen (it runs again here at once: the renewal unheld the job).
 Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
 for refinement is predicted again from its prompt's hidden state once prefilled (its engine
 reservation and its job's key follow). A
@@ -193,6 +197,19 @@ class Dispatcher(OwnsTasks):
                 for lane in self._lanes_of(run):
                     lane.core.unhold_job(job_id)
                 self._wake.set()
+
+    def job_fenced(self, run: JobRun) -> None:
+        """The job's fencing deadline passed (no renewal landed in time): it is held, and its
+        running calls are aborted on their backends (another replica may be running them):
+        each follower releases its attempt and sends its node back to READY (`_follow`)."""
+        if run.job_id not in self.runs or not self.fenced(run):
+            return
+        self._hold_fenced(run)
+        for node_id in run.nodes:
+            entry = self._running(run, node_id)
+            if entry is not None:
+                entry.payload.fenced_off = True
+                self.backends[entry.backend].abort(entry.call.call_id)
 
     def _hold_fenced(self, run: JobRun) -> None:
         """A fenced job starts no call until a renewal finds it this replica's still (a call
@@ -431,10 +448,13 @@ class Dispatcher(OwnsTasks):
                 self._release_held(lane.core.withdraw_unsent(run.job_id, now))
 
     def _abort(self, run: JobRun, node_id: str) -> None:
-        call_id = f"{run.job_id}/{node_id}"
-        entry = self.lane_of(run, node_id).core.running.get(call_id)
+        entry = self._running(run, node_id)
         if entry is not None:
-            self.backends[entry.backend].abort(call_id)
+            self.backends[entry.backend].abort(entry.call.call_id)
+
+    def _running(self, run: JobRun, node_id: str) -> Entry | None:
+        """The node's call, while the core counts it running (sent, not yet closed)."""
+        return self.lane_of(run, node_id).core.running.get(f"{run.job_id}/{node_id}")
 
     def _expire(self, job_id: str) -> None:
         run = self.runs.get(job_id)
@@ -722,6 +742,7 @@ class Dispatcher(OwnsTasks):
         self.leases.drop_call(ticket.quota_id)
         self.tasks.start_soon(self._send, Close("release", ticket.call.tenant_id, ticket.quota_id))
         ticket.held = False
+        ticket.fenced_off = False
         ticket.attempt += 1
 
     async def _close_unstarted(self, entry: Entry, reason: str) -> None:
@@ -771,7 +792,9 @@ class Dispatcher(OwnsTasks):
                     ended = last is not None and last.finished
                     again = YIELDED if entry.yielding and not ended else ""
                     again = again or (BACKEND_LOST if lost else "")
-                    if self.fenced(run):  # after the stream's end, before any settle
+                    # after the stream's end, before any settle; an attempt aborted as fenced
+                    # goes so even if a renewal has landed since
+                    if self.fenced(run) or (ticket.fenced_off and not ended):
                         again = failure = FENCED
                     with self._failing_node(run, call.node_id):
                         if not (again and self._run_again(entry, again)):
@@ -801,7 +824,7 @@ class Dispatcher(OwnsTasks):
         run.retry_node(call.node_id, now, f"{why}: running again")
         if why == YIELDED and self.metrics is not None:  # counted once it runs again: a call
             self.metrics.yielded(call.tenant_id)  # whose answer had come keeps it, no yield
-        if why == FENCED:
+        if why == FENCED and self.fenced(run):  # unless a renewal landed since its abort
             self._hold_fenced(run)
         self._wake.set()
         return True

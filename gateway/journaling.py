@@ -26,7 +26,9 @@ monotonic `clock`, the moment its last successful create, claim or renewal was *
 `lease_ttl_s` less `LEASE_MARGIN` of it (the script sets the lease at or after the send, so the
 lease in Redis outlives the deadline). Past it the job is `fenced`: the dispatcher neither
 charges a call of it that ends nor starts one (the job may run elsewhere), until a renewal
-succeeds (`on_renewed`) or finds it lost. A job taken over (detached) is fenced for good.
+succeeds (`on_renewed`) or finds it lost. A job taken over (detached) is fenced for good. One
+timer (`Deadlines`, on the same clock) tells `on_fenced` of each job whose deadline passes with
+no renewal landed to move it, so that its running calls stop then, not when they end.
 
 `hand_over()` is the graceful end: pending events are written (within `flush_s`), every owned
 job is detached and handed back, so another replica (or this one restarted) claims it at once;
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskGroup
 
+from gateway.deadlines import Deadlines
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEnded, JobEvent, JobRun, TokensAdded
 from gateway.journal import Batch, Owned, RedisJournal
@@ -104,6 +107,7 @@ class Journaling(OwnsTasks):
         on_cancel: Callable[[JobRun], None],
         *,
         on_renewed: Callable[[], None] = lambda: None,
+        on_fenced: Callable[[JobRun], None] = lambda run: None,
         clock: Callable[[], float] = time.monotonic,
         scan_limit: int = SCAN_LIMIT,
         flush_s: float = 2.0,
@@ -112,7 +116,10 @@ class Journaling(OwnsTasks):
         self.journal = journal
         self.on_orphan, self.on_lost, self.on_cancel = on_orphan, on_lost, on_cancel
         self.on_renewed = on_renewed  # fenced jobs may be unfenced: their calls may start
+        self.on_fenced = on_fenced  # the job's deadline passed: what runs of it must stop
         self.clock = clock
+        # each owned job's `fence_at`; read through `self.clock`, which tests set by hand
+        self._fences = Deadlines(lambda: self.clock(), self._fence_passed)
         self.scan_limit = scan_limit
         self.flush_s = flush_s
         self._owned: dict[str, _Job] = {}
@@ -125,6 +132,7 @@ class Journaling(OwnsTasks):
 
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._write_loop)
+        tg.start_soon(self._fences.run)
         tg.start_soon(self._lease_loop, self._renew)
         tg.start_soon(self._lease_loop, self._adopt)
 
@@ -139,10 +147,22 @@ class Journaling(OwnsTasks):
         run.journal = self._record
         # a job taken over from its snapshot has had the events since it already
         since = run.last_sequence - run.log_start
-        self._owned[run.job_id] = _Job(owned, run, self._fence_at(sent), since)
+        job = self._owned[run.job_id] = _Job(owned, run, self._fence_at(sent), since)
+        self._fences.add(run.job_id, job.fence_at)
 
     def _fence_at(self, sent: float) -> float:
         return sent + self.journal.lease_ttl_s * (1 - LEASE_MARGIN)
+
+    def _fence_passed(self, job_id: str) -> None:
+        """A job's deadline passed with no renewal landed to move it. A job no longer owned
+        here (ended, lost, handed back) is let be: its deadline is left to pass rather than
+        discarded at each way out of `_owned`."""
+        job = self._owned.get(job_id)
+        try:
+            if job is not None:
+                self.on_fenced(job.run)
+        except Exception:  # the timer serves every job: it must go on
+            log.exception("fencing %s", job_id)
 
     def fenced(self, run: JobRun) -> bool:
         """Whether another replica may own the job now: taken over (detached), or its lease
@@ -225,8 +245,9 @@ class Journaling(OwnsTasks):
         fence_at = self._fence_at(sent)
         for job in owned:
             entry = self._owned.get(job.job_id)
-            if entry is not None and entry.owned == job:
-                entry.fence_at = max(entry.fence_at, fence_at)
+            if entry is not None and entry.owned == job and fence_at > entry.fence_at:
+                entry.fence_at = fence_at
+                self._fences.add(job.job_id, fence_at)
         for job in renewed.lost:
             if job.job_id in self._owned and self._owned[job.job_id].owned == job:
                 self._lose(job.job_id)

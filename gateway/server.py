@@ -302,6 +302,7 @@ async def running_gateway(
                     run, "cancelled by the client", charge=True
                 ),
                 on_renewed=dispatcher.lease_renewed,
+                on_fenced=dispatcher.job_fenced,
             )
             service.journaling = await stack.enter_async_context(journaling)
             dispatcher.fenced = journaling.fenced

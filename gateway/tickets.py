@@ -48,6 +48,7 @@ class Ticket:
     held: bool = False  # reserved in the quota store with its job's admission
     attempt: int = 1  # a call lost with its backend runs again once (a second attempt)
     overran: bool = False  # ran past its predicted p90; the error tracker has counted it
+    fenced_off: bool = False  # this attempt was aborted as its job's lease may have lapsed
 
     @property
     def quota_id(self) -> str:

@@ -38,3 +38,31 @@ async def test_discarded_deadlines_behind_a_live_one_do_not_pile_up() -> None:
         tg.cancel_scope.cancel()
     assert expired == ["early", "kept", "last"]
     assert len(deadlines) == 0
+
+
+async def test_a_deadline_added_again_is_moved_reported_once_at_its_latest() -> None:
+    """A job's fencing deadline moves at each renewal: the earlier ones never fire, and do not
+    pile up in the heap."""
+    now = [0.0]
+    expired: list[tuple[str, float]] = []
+    done = anyio.Event()
+
+    def on_expired(job_id: str) -> None:
+        expired.append((job_id, now[0]))
+        done.set()
+
+    deadlines = Deadlines(lambda: now[0], on_expired)
+    for at in range(1, 10_001):
+        deadlines.add("renewed", float(at))
+    assert len(deadlines._heap) <= 2 * len(deadlines) + 64
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(deadlines.run)
+        now[0] = 9_999.0
+        await anyio.wait_all_tasks_blocked()
+        assert not expired
+        now[0] = 10_000.0
+        deadlines.add("other", 20_000.0)  # wakes the timer, which sees the clock moved
+        with anyio.fail_after(5):
+            await done.wait()
+        tg.cancel_scope.cancel()
+    assert expired == [("renewed", 10_000.0)]

@@ -97,11 +97,16 @@ class CountingStore(MemoryQuotaStore):
 
 
 class RecordingEngine(AsyncEngine):
-    """The real async engine, noting the refined predictions it is told."""
+    """The real async engine, noting the refined predictions and the aborts it is told."""
 
     def __init__(self, core: LLMEngine) -> None:
         super().__init__(core, run_in_thread=False)
         self.predictions: list[tuple[str, int]] = []
+        self.aborted: list[str] = []
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        super().abort(request_id)
 
     def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
         self.predictions.append((request_id, predicted_output_len))
@@ -444,6 +449,55 @@ async def test_a_fenced_job_starts_no_call_until_a_renewal_unfences_it(make_env:
     assert single.state is JobState.SUCCEEDED
     usage = await store.usage("acme")
     assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("then", ["renewed", "renewed at once", "cancelled"])
+async def test_a_running_call_of_a_job_fenced_is_aborted_and_released_never_failed(
+    make_env: MakeEnv, then: str
+) -> None:
+    """The job's fencing deadline passes while its call runs: the call is aborted on its
+    backend, released, and its node is READY again (not failed), the job held until a renewal
+    lands; then it runs again here, settled once. A renewal landing before the aborted call's
+    end is seen runs it again at once; a cancel meanwhile ends it, released once."""
+    store = CountingStore()
+    env = await make_env(store)
+    fenced: set[str] = set()
+    env.dispatcher.fenced = lambda run: run.job_id in fenced
+    single = job("single", ("a", 500))
+    await admit(env.dispatcher, single)
+    again: list[str] = []
+    with anyio.fail_after(10):
+        async for event in single.watch():
+            body = event.body
+            if isinstance(body, TokensAdded) and not fenced and not again:  # it runs
+                fenced.add("single")
+                env.dispatcher.job_fenced(single)
+                if then == "renewed at once":
+                    fenced.clear()
+                    env.dispatcher.lease_renewed()
+                elif then == "cancelled":
+                    env.dispatcher.cancel(single)
+            elif isinstance(body, NodeChanged) and body.previous is NodeState.RUNNING:
+                if body.state is not NodeState.READY:
+                    continue
+                again.append(body.reason)
+                if then == "renewed":
+                    await anyio.wait_all_tasks_blocked()  # held: nothing starts
+                    assert store.ops == ["admit_job_and_reserve", "release"]
+                    assert not env.engine.core.scheduler.requests
+                    fenced.clear()
+                    env.dispatcher.lease_renewed()
+    await anyio.wait_all_tasks_blocked()
+    usage = await store.usage("acme")
+    assert env.engine.aborted[0] == "single/a"
+    assert (usage.queued_jobs, usage.active_reservations) == (0, 0)
+    if then == "cancelled":
+        assert single.state is JobState.CANCELLED and not again
+        assert sorted(store.ops) == ["admit_job_and_reserve", "finish_job", "release"]
+        return
+    assert again == ["its job's lease may have lapsed: running again"]
+    assert store.ops == ["admit_job_and_reserve", "release", "reserve", "settle finishing single"]
+    assert single.state is JobState.SUCCEEDED and usage.settled_calls == 1
 
 
 async def test_a_job_taken_over_keeps_its_place_first_come_first_served(

@@ -282,6 +282,36 @@ async def test_a_job_is_fenced_once_its_lease_may_have_lapsed(redis_prefix: str)
     await journal.aclose()
 
 
+async def test_the_fencing_deadline_passing_is_told_at_once_unless_a_renewal_moved_it(
+    redis_prefix: str,
+) -> None:
+    """By the injected clock, the timer tells `on_fenced` of a job whose deadline has passed
+    (its running calls are to stop), once; a job whose renewal landed in time is not told."""
+    clock = FakeClock(100.0)
+    journal = SlowRenewals(REDIS_URL, "one", clock, lease_ttl_s=60.0, prefix=redis_prefix)
+    kept, lapsed = (JobRun(f"job-{i}", "acme", two_calls(), 100.0) for i in (1, 2))
+    told: list[JobRun] = []
+    once = anyio.Event()
+
+    def on_fenced(run: JobRun) -> None:
+        told.append(run)
+        once.set()
+
+    journaling = Journaling(journal, no_orphan, no_loss, no_loss, on_fenced=on_fenced, clock=clock)
+    journaling.attach(await journal.create(kept), kept, 100.0)  # deadline 150
+    clock.now = 140.0
+    await journaling._renew()  # kept's deadline 190
+    journaling.attach(await journal.create(lapsed), lapsed, 100.0)  # claim sent at 100: 150
+    clock.now = 160.0
+    journal.away = True  # no renewal lands from now on
+    async with journaling:
+        with anyio.fail_after(5):
+            await once.wait()
+        await anyio.wait_all_tasks_blocked()
+    assert told == [lapsed]
+    await journal.aclose()
+
+
 async def test_a_job_taken_over_is_fenced_from_when_its_claim_was_sent(redis_prefix: str) -> None:
     clock = FakeClock(100.0)
     dead = RedisJournal(REDIS_URL, "dead", lease_ttl_s=60.0, prefix=redis_prefix)

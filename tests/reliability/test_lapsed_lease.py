@@ -1,9 +1,10 @@
 """A replica whose lease renewals fail fences itself: once its last renewal sent is older than
-the lease less its margin (by its own clock, driven here by hand), a call of the job that ends
-there is released, not settled, and its node is left for whoever owns the job next: another
-replica that claimed it, or this one once a renewal succeeds. The tenant pays the node once
-(it paid it twice: the lapsed owner settled the call it ran to its end, and the replica that
-claimed the job ran the node again and settled it too)."""
+the lease less its margin (by its own clock, driven here by hand), a call of the job running
+there is aborted (it ran on to its end beside the next owner's), released, not settled, and its
+node is left for whoever owns the job next: another replica that claimed it, or this one once
+a renewal succeeds. The tenant pays the node once (it paid it twice: the lapsed owner settled
+the call it ran to its end, and the replica that claimed the job ran the node again and settled
+it too)."""
 
 from __future__ import annotations
 
@@ -90,10 +91,10 @@ async def test_a_lapsed_owner_releases_its_call_and_the_replica_that_claimed_the
         job = await a.submit("t1", pb.JobSpec(nodes=[node("n0", "hello", TOKENS)]))
         closes.job_id = job.job_id
         await running_watch(a, "t1", job.job_id)
-        partition.cut = True  # a's call runs on; its lease lapses in Redis and b claims the job
+        partition.cut = True  # a's lease lapses in Redis and b claims the job
         clock.advance(LEASE_TTL_S)  # by a's clock its last renewal sent is a lease old
         with anyio.fail_after(30):
-            (first,) = await closes.sent(1)  # a's call has ended
+            (first,) = await closes.sent(1)  # a has stopped its call
             final = await b.finished("t1", job.job_id)  # b ran n0 again
         assert first.op == "release"
         partition.cut = False
@@ -107,7 +108,7 @@ async def test_a_lapsed_owner_releases_its_call_and_the_replica_that_claimed_the
     assert usage.active_reservations == 0  # neither replica holds a reservation of the job
 
 
-async def test_a_fenced_owner_starts_nothing_until_renewed_then_runs_the_node_again_once(
+async def test_a_fenced_owner_stops_its_call_starts_nothing_until_renewed_then_runs_it_once(
     redis: RedisServer, tmp_path: Path
 ) -> None:
     async with replica(redis, tmp_path, "a") as a:
@@ -116,23 +117,33 @@ async def test_a_fenced_owner_starts_nothing_until_renewed_then_runs_the_node_ag
         partition, closes = Partition(journaling.journal), Closes(a)
         dispatcher = a.gateway.dispatcher
         started_fenced: list[bool] = []  # for each call sent to a backend
+        aborted: list[tuple[bool, int]] = []  # for each abort: fenced, its node's tokens so far
         for backend in dispatcher.backends.values():
-            submit = backend.submit
+            submit, abort = backend.submit, backend.abort
 
             def noted(call: Any, _submit: Any = submit) -> Any:
                 run = dispatcher.runs[call.call_id.split("/")[0]]
                 started_fenced.append(journaling.fenced(run))
                 return _submit(call)
 
+            def stopped(call_id: str, _abort: Any = abort) -> None:
+                job_id, node_id = call_id.split("/")
+                run = dispatcher.runs[job_id]
+                aborted.append((journaling.fenced(run), run.nodes[node_id].output_tokens))
+                _abort(call_id)
+
             backend.submit = noted  # type: ignore[method-assign]
+            backend.abort = stopped  # type: ignore[method-assign]
         job = await a.submit("t1", pb.JobSpec(nodes=[node("n0", "hello", TOKENS)]))
         closes.job_id = job.job_id
         events = await running_watch(a, "t1", job.job_id)
         partition.cut = True
         clock.advance(LEASE_TTL_S)
         with anyio.fail_after(30):
-            (first,) = await closes.sent(1)  # the call ended while a was fenced
+            (first,) = await closes.sent(1)  # the call was stopped as a's deadline passed
         assert first.op == "release"
+        ((fenced, tokens),) = aborted
+        assert fenced and tokens < TOKENS  # aborted mid-way, not run on to its end
         partition.cut = False  # the next renewal lands: the job is a's still
         with anyio.fail_after(30):
             again, final = await reruns(events)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -22,7 +22,7 @@ from fairgate.v1 import gateway_pb2 as pb
 from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
-from gateway.journal import RedisJournal
+from gateway.journal import Owned, RedisJournal, Renewed
 from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
 from tenants import QuotaUnavailable, RedisQuotaStore
 from tenants.api_keys import key_id_of
@@ -272,14 +272,19 @@ async def test_a_run_job_client_leaving_cancels_its_job_on_the_replica_that_took
             job_id = job_id or event.job_id
             if event.node_state_changed.node.state == pb.NODE_STATE_RUNNING:
                 break
-        journaling = a.gateway.journaling
-        assert journaling is not None
+        journaling, taker = a.gateway.journaling, b.gateway.journaling
+        assert journaling is not None and taker is not None
+        renew = journaling.journal.renew
 
-        async def cut_off(owned: object) -> None:  # a's renewals no longer reach Redis
-            raise JournalUnavailable("job journal unavailable")
+        # a's renewals fail until b has taken the job over (a stopped its call at its fencing
+        # deadline, so no write of it finds the job taken): then one finds it lost
+        async def cut_off(owned: Sequence[Owned]) -> Renewed:
+            if not taker.owned:
+                raise JournalUnavailable("job journal unavailable")
+            return await renew(owned)
 
         lost = lost_event(journaling)
-        journaling.journal.renew = cut_off  # type: ignore[method-assign,assignment]
+        journaling.journal.renew = cut_off  # type: ignore[method-assign]
         with anyio.fail_after(15):
             await lost.wait()  # b took the job over once a's lease ended; a's copy is detached
         call.cancel()  # the client goes away
