@@ -52,7 +52,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, TypeVarTuple, Unpack
 
@@ -96,11 +96,12 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import JobInfo, NodeCost
+from tenants.policies import JobInfo
 
 log = logging.getLogger(__name__)
 Args = TypeVarTuple("Args")
 Encoded = TypeVar("Encoded")
+T = TypeVar("T")
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
 # to a protected job's call (overload), or to an under-share tenant's (share_slots)
@@ -108,18 +109,34 @@ YIELDED = "yielded its slot to another job's waiting call"
 FENCED = "its job's lease may have lapsed"  # another replica may run the node: not charged here
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
-NODES_PER_CHECKPOINT = 8  # a job's arrival costs yield to the loop this often (~0.25 ms a node)
+# a job's arrival costs and its roots' plans yield to the loop this often (~0.25 ms a node)
+NODES_PER_CHECKPOINT = 8
 Entry = CoreCall[Ticket]
+Planned = Ticket | CallRefused  # a ready node's call, or why the planner refused it
 
 
 @dataclass(slots=True)
 class Admitted:
-    """A job the store has admitted: its costs for the policy, its nodes' blank prompts, and
-    the ticket of a one-call job that was planned before admission (held or not)."""
+    """A job the store has admitted: its costs for the policy, its roots' calls (planned
+    before its admission) and the one of them a one-call job reserved with it (held or not)."""
 
     info: JobInfo
-    blanks: dict[str, Blank]
-    ticket: Ticket | None = None
+    roots: dict[str, Planned]  # root -> its call; a refused one fails once the job is submitted
+    ticket: Ticket | None = None  # one of `roots`: the store was asked to reserve it
+
+
+async def paced(items: Iterable[T]) -> list[T]:
+    """All of `items`, yielding to the event loop every NODES_PER_CHECKPOINT of them: drawing
+    one may be a node's prediction or its plan (a prompt model's pass, ~0.25 ms), and all of a
+    tenant's largest job drawn in one go would hold every other tenant's streams, dispatches
+    and RPCs for tens of ms. On the loop, not in a worker thread: the predictor's history
+    changes there as calls end."""
+    drawn: list[T] = []
+    for item in items:
+        drawn.append(item)
+        if len(drawn) % NODES_PER_CHECKPOINT == 0:
+            await anyio.lowlevel.checkpoint()
+    return drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +290,9 @@ class Dispatcher(OwnsTasks):
         job that the pool would take at once has its call reserved in the same script."""
         blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
         info = await self._job_info(run, quota, self.clock(), blanks)
-        ticket = self._ticket_to_hold(run, quota, blanks)
-        admitted = Admitted(info, blanks, ticket)
+        roots = await self._plan_roots(run, run.dag.roots(), quota, blanks)
+        ticket = self._ticket_to_hold(run, roots)
+        admitted = Admitted(info, roots, ticket)
         try:
             await self._admit_in_store(run, ticket)
         except (QuotaUnavailable, anyio.get_cancelled_exc_class()):
@@ -310,17 +328,21 @@ class Dispatcher(OwnsTasks):
     async def _job_info(
         self, run: JobRun, quota: TenantQuota, now: float, blanks: dict[str, Blank]
     ) -> JobInfo:
-        """The job's costs on arrival, yielding to the event loop every few nodes: a node's
-        prediction may be a prompt model's pass, and a tenant's largest job predicted in one go
-        would hold every other tenant's streams, dispatches and RPCs for tens of ms. Not in a
-        worker thread: the predictor's history changes on the loop as calls end."""
+        """The job's costs on arrival, yielding to the event loop every few nodes (`paced`)."""
         models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
-        nodes: list[NodeCost] = []
-        for cost in node_costs(run, quota, blanks, self.planner, models):
-            nodes.append(cost)
-            if len(nodes) % NODES_PER_CHECKPOINT == 0:
-                await anyio.lowlevel.checkpoint()
-        return job_info(run, quota, now, nodes)
+        costs = node_costs(run, quota, blanks, self.planner, models)
+        return job_info(run, quota, now, await paced(costs))
+
+    async def _plan_roots(
+        self, run: JobRun, roots: Sequence[str], quota: TenantQuota, blanks: dict[str, Blank]
+    ) -> dict[str, Planned]:
+        """The roots' calls, yielding to the event loop every few (`paced`): planned with the
+        job's costs, before its admission, so that adding the job (`submit`, the end of
+        `resume`) plans nothing. A plan leaves the planner nothing that costing the job has
+        not (the error tracker's kind of call, `tracker_key`): an admission refused or undone
+        after it leaves no trace of them."""
+        planned = (self._plan(run, node_id, quota, blanks[node_id]) for node_id in roots)
+        return dict(zip(roots, await paced(planned), strict=True))
 
     def _encode_blanks(self, run: JobRun) -> dict[str, Blank]:
         """Every node's blank prompt, encoded for the model it runs on."""
@@ -341,7 +363,8 @@ class Dispatcher(OwnsTasks):
             return await anyio.to_thread.run_sync(encode, *args, limiter=limiter)
 
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
-        """Add an admitted job: it joins the policy and its roots become ready."""
+        """Add an admitted job: it joins the policy and its roots become ready (a root the
+        planner refused fails), in one step of the loop."""
         now = self.clock()
         self._add_job(run, admitted.info, now, set(run.nodes))  # nothing kept if it refuses
         self._track(run, quota, admitted.info)
@@ -349,10 +372,7 @@ class Dispatcher(OwnsTasks):
         if ticket is not None and ticket.held:
             self.leases.hold_call(run.tenant_id, ticket.quota_id)
         for node_id in run.start(now):
-            if ticket is not None and ticket.call.node_id == node_id:
-                self._add_ready(ticket, now)
-            else:
-                self._plan_ready(run, node_id, admitted.blanks[node_id])
+            self._add_planned(run, node_id, admitted.roots[node_id])
         self._wake.set()
 
     async def resume(self, run: JobRun, quota: TenantQuota) -> None:
@@ -368,6 +388,10 @@ class Dispatcher(OwnsTasks):
         blanks = await self._tokenize(run.tenant_id, self._encode_blanks, run)
         # it arrived when its client submitted it: first come, first served keeps its place
         info = await self._job_info(run, quota, run.created_at, blanks)
+        # the roots ready once it is added: a running one runs again, and nothing else moves
+        # a node of a job not yet added here (a cancel ends the job)
+        waiting = [n for n in run.dag.roots() if run.nodes[n].state not in ENDED]
+        roots = await self._plan_roots(run, waiting, quota, blanks)
         if run.ended or run.detached:  # cancelled, or lost again, while it was being read
             return
         await self._admit_in_store(run, None)
@@ -390,7 +414,7 @@ class Dispatcher(OwnsTasks):
             if run.dag.parents[node_id]:  # its prompt holds its parents' outputs
                 self.tasks.start_soon(self._prepare, run, node_id)
             else:  # its prompt is its blank, as when it was submitted
-                self._plan_ready(run, node_id, blanks[node_id])
+                self._add_planned(run, node_id, roots[node_id])
         self._wake.set()
 
     def _add_job(self, run: JobRun, info: JobInfo, now: float, nodes: set[str]) -> None:
@@ -464,31 +488,32 @@ class Dispatcher(OwnsTasks):
         except Exception:  # the deadline timer serves every job: it must go on
             log.exception("expiring %s", job_id)
 
-    def _ticket_to_hold(
-        self, run: JobRun, quota: TenantQuota, blanks: dict[str, Blank]
-    ) -> Ticket | None:
+    def _ticket_to_hold(self, run: JobRun, roots: dict[str, Planned]) -> Ticket | None:
         """The ticket of a one-call job that the next dispatch pass will start whatever the
         policy's order: some backend, below its knee, has room for it and every ready call."""
         if len(run.nodes) != 1:
             return None
-        (node_id,) = run.nodes
-        lane = self.lane_of(run, node_id)
-        try:
-            ticket = lane.tickets.make(run, node_id, quota, blanks[node_id])
-        except CallRefused:
-            return None  # refused again once submitted, where its node fails
+        (ticket,) = roots.values()
+        if isinstance(ticket, CallRefused):
+            return None  # its node fails once submitted
+        lane = self._lane(ticket)
         reserve, rooms = ticket.plan.reserve_output, lane.capacities()
         starts = lane.core.starts_at_once(ticket.call, reserve, rooms, run.spec.sheddable)
         return ticket if starts else None
 
-    def _plan_ready(self, run: JobRun, node_id: str, encoded: Blank) -> None:
-        tickets = self.lane_of(run, node_id).tickets
+    def _plan(self, run: JobRun, node_id: str, quota: TenantQuota, encoded: Blank) -> Planned:
+        """A ready node's call, or the planner's refusal (its node fails as it is added)."""
         try:
-            ticket = tickets.make(run, node_id, self._quotas[run.tenant_id], encoded)
+            return self.lane_of(run, node_id).tickets.make(run, node_id, quota, encoded)
         except CallRefused as exc:
-            self._finish_node(run, node_id, NodeState.FAILED, str(exc))
-            return
-        self._add_ready(ticket, self.clock())
+            return exc
+
+    def _add_planned(self, run: JobRun, node_id: str, planned: Planned) -> None:
+        """A ready node's call joins the policy; a refused one fails its node."""
+        if isinstance(planned, CallRefused):
+            self._finish_node(run, node_id, NodeState.FAILED, str(planned))
+        else:
+            self._add_ready(planned, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
         core = self._lane(ticket).core
@@ -508,7 +533,8 @@ class Dispatcher(OwnsTasks):
             encode = self.lane_of(run, node_id).tickets.encode_node
             encoded = await self._tokenize(run.tenant_id, encode, run, node_id)
             if run.nodes[node_id].state is NodeState.READY:  # not cancelled meanwhile
-                self._plan_ready(run, node_id, encoded)
+                quota = self._quotas[run.tenant_id]
+                self._add_planned(run, node_id, self._plan(run, node_id, quota, encoded))
                 self._wake.set()
 
     async def _loop(self) -> None:

@@ -7,7 +7,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -127,20 +127,35 @@ class RecordingJustitia(JustitiaPolicy):
         self.refined.append((call_id, predicted_output, before, self.tag(job_id)))
 
 
+@dataclass
+class Tally:
+    """How often a step of the planner ran, and whether it has yet."""
+
+    count: int = 0
+    first: anyio.Event = field(default_factory=anyio.Event)
+
+    def add(self) -> None:
+        self.count += 1
+        self.first.set()
+
+
 class RecordingPlanner(CallPlanner):
     """The real planner, noting when each call is counted past its p90 while it runs, and
-    counting the nodes it predicts as their jobs arrive."""
+    counting the nodes it predicts as their jobs arrive and the calls it plans."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.overruns: list[tuple[str, int]] = []  # (error tracker key, tokens so far)
-        self.arrivals = 0  # nodes costed on their job's arrival
-        self.first_arrival = anyio.Event()
+        self.arrivals = Tally()  # nodes costed on their job's arrival
+        self.plans = Tally()  # calls planned
 
     def expected_output(self, features: CallFeatures) -> float:
-        self.arrivals += 1
-        self.first_arrival.set()
+        self.arrivals.add()
         return super().expected_output(features)
+
+    def plan(self, *args: Any, **kwargs: Any) -> CallPlan:
+        self.plans.add()
+        return super().plan(*args, **kwargs)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
         counted = super().overran(plan, produced)
@@ -391,29 +406,60 @@ async def test_a_call_is_held_only_when_the_engine_has_room_for_every_ready_call
     assert store.ops == ["admit_job"]
 
 
-@pytest.mark.parametrize("arrive", ["admit", "resume"])
-async def test_a_wide_jobs_arrival_lets_other_tasks_run_between_its_nodes_predictions(
-    make_env: MakeEnv, arrive: str
+@pytest.mark.parametrize("arrive", ["submit", "resume"])
+@pytest.mark.parametrize("step", ["arrivals", "plans"])
+async def test_a_wide_jobs_arrival_lets_other_tasks_run_between_its_nodes_predictions_and_plans(
+    make_env: MakeEnv, arrive: str, step: str
 ) -> None:
-    """Each node's arrival cost is a prediction (the prompt model's pass, ~0.25 ms): all of a
-    tenant's largest job predicted in one go held the event loop, so every other tenant's
-    streams, dispatches and RPCs, for tens of ms."""
+    """Each node's arrival cost is a prediction (the prompt model's pass, ~0.25 ms), and so is
+    each root's plan as the job starts (with the anomaly guard's reading): all of a tenant's
+    largest job predicted, or all of its roots planned, in one go held the event loop, so every
+    other tenant's streams, dispatches and RPCs, for tens of ms."""
     env = await make_env(MemoryQuotaStore())
     planner = env.dispatcher.planner
     assert isinstance(planner, RecordingPlanner)
-    nodes = 64
+    tally: Tally = getattr(planner, step)
+    nodes = 64  # all roots
     wide = job("wide", *((f"n{i}", 10) for i in range(nodes)))
     seen: list[int] = []
 
     async def another_tenants_task() -> None:
-        await planner.first_arrival.wait()
-        seen.append(planner.arrivals)  # how many nodes were predicted before it ran
+        await tally.first.wait()
+        seen.append(tally.count)  # how many nodes were predicted, or planned, before it ran
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(another_tenants_task)
-        await getattr(env.dispatcher, arrive)(wide, QUOTA)
-    assert planner.arrivals == nodes
-    assert 0 < seen[0] < nodes  # it ran while the job was being costed
+        if arrive == "submit":
+            await admit(env.dispatcher, wide)
+        else:
+            await env.dispatcher.resume(wide, QUOTA)
+    assert tally.count == nodes
+    assert 0 < seen[0] < nodes  # it ran while the job was being costed, or its roots planned
+
+
+@pytest.mark.parametrize("others", [0, 1])
+async def test_a_root_over_the_prompt_limit_fails_its_node_once_its_job_is_submitted(
+    make_env: MakeEnv, others: int
+) -> None:
+    """Roots are planned as their job is admitted; one the planner refuses fails its own node
+    only, and not before the job is submitted (an admission undone leaves no node failed)."""
+    env = await make_env(MemoryQuotaStore())
+    quota = TenantQuota(max_tokens_ceiling=2048, max_prompt_tokens=64)
+    sampling = SamplingSpec(max_tokens=3)
+    long = make_node("long", "say " * 64, sampling=sampling)
+    spec = JobSpec(
+        nodes=(long, *(make_node(f"n{i}", "say", sampling=sampling) for i in range(others)))
+    )
+    run = JobRun("refused", "acme", spec, time.time())
+    admitted = await env.dispatcher.admit(run, quota)
+    assert admitted.ticket is None  # a one-call job's call that is refused is not held
+    assert all(node.state is NodeState.PENDING for node in run.nodes.values())
+    env.dispatcher.submit(run, quota, admitted)
+    async for _ in run.watch():
+        pass
+    assert run.nodes["long"].state is NodeState.FAILED
+    assert "exceeds the limit of 64" in run.nodes["long"].reason
+    assert all(run.nodes[f"n{i}"].state is NodeState.SUCCEEDED for i in range(others))
 
 
 async def admit(
