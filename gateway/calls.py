@@ -8,7 +8,10 @@ yields to others), and its node ends CAPPED, with the guard's reasons, if it hit
 a refiner (a prompt model trained with the prompts' hidden states), an unflagged call asks the
 engine for its hidden state, and `refine` predicts it again once it is prefilled, corrected by
 what the refined calls of its tenant's kind ran against the refiner (`predictor.correction`, as
-the prompt model's answers are in `HistoryPredictor`). Pure: no I/O, no clock.
+the prompt model's answers are in `HistoryPredictor`). When the error tracker turns a kind of
+call conservative (as it counts a call: `overran`, `observe`), the calls of that kind planned
+before and still waiting are planned again as they would be now (`widen`). Pure: no I/O, no
+clock.
 """
 
 from __future__ import annotations
@@ -52,11 +55,18 @@ class CallPlan:
     conservative: bool = False  # ordered by the p90: this tenant's kind of call mispredicts
     # the refiner's own answer, before its online correction: what the correction learns from
     refined_from: LengthDistribution | None = None
+    # the guard's priority penalty on policy_output, when it flagged the call (its reserve is
+    # then the guard's cap)
+    penalty: float | None = None
 
     @property
     def refinable(self) -> bool:
         """Asks the engine for its prompt's hidden state, to refine the prediction."""
         return self.params.return_hidden
+
+    def past_p90(self, produced: int) -> bool:
+        """Whether a call that has produced `produced` tokens is past its predicted p90."""
+        return self.prediction is not None and produced > self.prediction.p90
 
 
 class CallRefused(Exception):
@@ -110,13 +120,14 @@ class CallPlanner:
         conservative = widened is not None
         if widened is not None:  # its mean keeps being wrong: order by what it reserves
             policy_output = reserve = widened
-        refine = self.refiner is not None
+        refine, penalty = self.refiner is not None, None
         if self.guard is not None:
             profile = self.predictor.profile(tenant_id)
             verdict = self.guard.assess(features, predicted, profile, limit or None)
             if verdict.flagged:
                 refine = False  # the guard's penalty and cap stand
-                policy_output *= verdict.priority_penalty
+                penalty = verdict.priority_penalty
+                policy_output *= penalty
                 reserve = verdict.cap_tokens
                 if verdict.cap_tokens < max_tokens:
                     max_tokens = verdict.cap_tokens
@@ -144,6 +155,7 @@ class CallPlanner:
             cap_reason,
             predicted,
             conservative,
+            penalty=penalty,
         )
 
     def expected_output(self, features: CallFeatures) -> float:
@@ -155,26 +167,44 @@ class CallPlanner:
         widened = self._conservative_length(features, predicted)
         return predicted.mean if widened is None else widened
 
-    def observe(self, plan: CallPlan, produced: int, overran: bool = False) -> None:
+    def observe(self, plan: CallPlan, produced: int, overran: bool = False) -> bool:
         """A call finished with `produced` tokens: history and the error tracker learn it.
-        `overran`: `overran` said so for it while it ran."""
+        `overran`: `overran` counted it while it ran. True when its kind turned conservative
+        with it: its tenant's calls still waiting are to be planned so (`widen`)."""
         self.predictor.observe(plan.features, produced)
         if plan.refined_from is not None:
             self.refined_correction.learn(own_key(plan.features), plan.refined_from, produced)
-        if self.tracker is not None and plan.prediction is not None:
-            max_tokens = plan.params.max_tokens
-            cap = max_tokens if overran else None
-            key = self.tracker_key(plan.features)
-            self.tracker.record(key, plan.prediction, produced, cap, max_tokens)
+        if self.tracker is None or plan.prediction is None:
+            return False
+        max_tokens = plan.params.max_tokens
+        cap = max_tokens if overran else None
+        key = self.tracker_key(plan.features)
+        return self.tracker.record(key, plan.prediction, produced, cap, max_tokens)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
-        """Whether a running call that has produced `produced` tokens is past its predicted
-        p90; if so the error tracker counts it now. Its caller asks until the answer is True
-        and passes `overran=True` to `observe`."""
-        if self.tracker is None or plan.prediction is None or produced <= plan.prediction.p90:
+        """A running call has produced `produced` tokens: once that is past its predicted p90
+        (`CallPlan.past_p90`) the error tracker counts it. Its caller asks once it is, and
+        passes `overran=True` to `observe`. True when its kind turned conservative with it, as
+        for `observe`."""
+        if self.tracker is None or not plan.past_p90(produced):
             return False
-        self.tracker.overrun(self.tracker_key(plan.features), plan.params.max_tokens)
-        return True
+        return self.tracker.overrun(self.tracker_key(plan.features), plan.params.max_tokens)
+
+    def widen(self, plan: CallPlan) -> CallPlan | None:
+        """A waiting call's plan once its kind has turned conservative: ordered and reserved as
+        `CallPlanner.plan` would plan it now (at its widened length; a guard's penalty and cap
+        kept); None when its kind is not conservative or it was planned so already."""
+        if plan.conservative or plan.prediction is None:
+            return None
+        widened = self._conservative_length(plan.features, plan.prediction)
+        if widened is None:
+            return None
+        output, reserve = widened, math.ceil(widened)
+        if plan.penalty is not None:
+            output, reserve = widened * plan.penalty, plan.reserve_output
+        return dataclasses.replace(
+            plan, policy_output=output, reserve_output=reserve, conservative=True
+        )
 
     def refine(self, plan: CallPlan, hidden: Sequence[float]) -> CallPlan:
         """The plan once the call is prefilled: its output predicted again from the prompt and

@@ -30,7 +30,8 @@ owner's), going the same way; one so aborted goes so even if a renewal lands bef
 seen (it runs again here at once: the renewal unheld the job).
 Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
 for refinement is predicted again from its prompt's hidden state once prefilled (its engine
-reservation and its job's key follow). A
+reservation and its job's key follow), and a tenant's ready calls of a kind the error tracker
+turns conservative are planned again as they would be now (their jobs' keys follow). A
 one-call job that the engine would take at once reserves its call in the same script as its
 admission, and a job's last call finishes the job in the same script as its settle.
 
@@ -47,7 +48,6 @@ from admission but never dispatched is released when its job ends.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import time
@@ -96,7 +96,7 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import JobInfo
+from tenants.policies import JobInfo, ReadyCall
 
 log = logging.getLogger(__name__)
 Args = TypeVarTuple("Args")
@@ -859,20 +859,31 @@ class Dispatcher(OwnsTasks):
         ticket = entry.payload
         if delta.hidden is not None and ticket.plan.refinable and not ticket.run.ended:
             self._refine(entry, delta.hidden)
-        if not ticket.overran:
-            ticket.overran = self.planner.overran(ticket.plan, produced)
+        if not ticket.overran and ticket.plan.past_p90(produced):
+            ticket.overran = True
+            if self.planner.overran(ticket.plan, produced):
+                self._widen_ready(ticket)
         core = self._lane(ticket).core
         self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
+
+    def _widen_ready(self, ticket: Ticket) -> None:
+        """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
+        (in its pool), planned before, are planned as they would be now (`CallPlanner.widen`)
+        and the policy re-keys their jobs. Running calls keep their reservations."""
+
+        def widened(entry: Entry) -> tuple[ReadyCall, int] | None:
+            plan = self.planner.widen(entry.payload.plan)
+            return None if plan is None else (entry.payload.replan(plan), plan.reserve_output)
+
+        core = self._lane(ticket).core
+        self._reprioritize(core.replan(ticket.call.tenant_id, widened, self.clock()))
 
     def _refine(self, entry: Entry, hidden: list[float]) -> None:
         """The call is prefilled: predict its output again from its hidden state; the backend
         moves its KV reservation and the policy re-keys its job (an event on the call's span)."""
         ticket = entry.payload
         before = ticket.plan
-        ticket.plan = self.planner.refine(before, hidden)
-        call = ticket.call = dataclasses.replace(
-            ticket.call, predicted_output=ticket.plan.policy_output
-        )
+        call = ticket.replan(self.planner.refine(before, hidden))
         trace.get_current_span().add_event(
             "fairgate.prediction.refined",
             {
@@ -956,9 +967,11 @@ class Dispatcher(OwnsTasks):
         self._wake.set()
 
     def _observe(self, entry: Entry, produced: int) -> None:
-        """A call finished: the predictor learns its length, the router its backend's speed."""
+        """A call finished: the predictor learns its length (its kind may turn conservative),
+        the router its backend's speed."""
         ticket = entry.payload
-        self.planner.observe(ticket.plan, produced, ticket.overran)
+        if self.planner.observe(ticket.plan, produced, ticket.overran):
+            self._widen_ready(ticket)
         node = ticket.run.nodes[ticket.call.node_id]
         ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
         if ttft is not None and tpot is not None:

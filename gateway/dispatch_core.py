@@ -35,7 +35,9 @@ it a tenant whose calls took every slot while others had none keeps them for as 
 calls run: the order decides who waits, not who holds the engine.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
-costs, and the calls of that job a backend holds get their new priority (`Reprioritize`). A call
+costs, and the calls of that job a backend holds get their new priority (`Reprioritize`); so
+do the jobs of a tenant whose ready calls are planned again (`replan`: a kind of its calls was
+found to mispredict, and those planned before are ordered and reserved as planned now). A call
 lost with its backend goes back to the ready calls once (`lost`), to run on another backend of
 the pool (the same one only in a pool of one); lost again, it fails.
 
@@ -226,6 +228,28 @@ class DispatchCore(Generic[T]):
             if self._quota_held.get(tenant, -math.inf) <= now:
                 self._quota_held.pop(tenant, None)
         return self._forget_waiting(job_id)
+
+    def replan(
+        self,
+        tenant_id: str,
+        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        now: float,
+    ) -> list[Reprioritize[T]]:
+        """The tenant's ready calls planned again (a kind of its calls was found to mispredict):
+        each that `plan` answers takes its new call and output reserve, and the policy re-keys
+        its job."""
+        changed = []
+        for job_id in list(self.ready.jobs(tenant_id)):
+            replanned = False
+            for entry in self.ready.of_job(job_id):
+                again = plan(entry)
+                if again is not None:
+                    entry.call, entry.reserve_output = again
+                    self.policy.on_refined(entry.call.call_id, entry.call.predicted_output, now)
+                    replanned = True
+            if replanned:
+                changed += self.refresh(job_id)
+        return changed
 
     def withdraw_unsent(self, job_id: str, now: float) -> list[CoreCall[T]]:
         """A cancelled job that has a call still ending: its ready calls and those being taken

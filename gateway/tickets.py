@@ -50,6 +50,12 @@ class Ticket:
     overran: bool = False  # ran past its predicted p90; the error tracker has counted it
     fenced_off: bool = False  # this attempt was aborted as its job's lease may have lapsed
 
+    def replan(self, plan: CallPlan) -> ReadyCall:
+        """Its plan becomes `plan` (refined, or widened): the call the policy orders follows."""
+        self.plan = plan
+        self.call = dataclasses.replace(self.call, predicted_output=plan.policy_output)
+        return self.call
+
     @property
     def quota_id(self) -> str:
         """Its reservation's id in the quota store: each attempt reserves and settles its own,

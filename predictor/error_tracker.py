@@ -17,7 +17,9 @@ a tenant whose calls are predicted short and run long is caught after `streak` s
 started, not after `min_samples` have finished. A conservative tenant is planned at the larger
 of the predicted p90 and the p90 of what its calls in the window produced, a call still running
 past its p90 counting at its max_tokens (what it may yet use): predictions that keep missing are
-widened to what the tenant is seen to run, so a lie loses its head start. Tenants are kept in
+widened to what the tenant is seen to run, so a lie loses its head start; `record` and
+`overrun` say when they turn a tenant conservative, so that its calls planned before and still
+waiting are planned again (`CallPlanner.widen`). Tenants are kept in
 LRU order and dropped past `max_tenants`. Invariant: each running sum equals the sum over its
 window.
 """
@@ -127,12 +129,14 @@ class ErrorTracker:
         true_len: int,
         overran_max_tokens: int | None = None,
         max_tokens: int | None = None,
-    ) -> None:
+    ) -> bool:
         """A call finished with `true_len` tokens; `overran_max_tokens`: its max_tokens, when
         `overrun` counted it while it ran (it is not counted twice); `max_tokens`: its cap, when
-        known (a call capped at its p90 or under cannot run past it)."""
+        known (a call capped at its p90 or under cannot run past it). True when this turned the
+        tenant conservative."""
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
+        was = self.conservative(tenant_id)
         win = self._window(tenant_id)
         if overran_max_tokens is not None:
             win.close(overran_max_tokens)
@@ -140,10 +144,14 @@ class ErrorTracker:
         excess = max(true_len - prediction.p90, 0.0)
         could_overrun = max_tokens is None or max_tokens > prediction.p90
         win.add(error, excess, true_len, overran_max_tokens is not None, could_overrun)
+        return not was and self.conservative(tenant_id)
 
-    def overrun(self, tenant_id: str, max_tokens: int) -> None:
-        """A call still running has just produced more than its predicted p90."""
+    def overrun(self, tenant_id: str, max_tokens: int) -> bool:
+        """A call still running has just produced more than its predicted p90. True when this
+        turned the tenant conservative."""
+        was = self.conservative(tenant_id)
         self._window(tenant_id).overrun(max_tokens)
+        return not was and self.conservative(tenant_id)
 
     def _window(self, tenant_id: str) -> _Window:
         win = self._tenants.get(tenant_id)

@@ -1,9 +1,10 @@
 """Predictions through the gateway's own `CallPlanner`, for simulations that test what it learns.
 
 `PlannerPredictor` is the simulation's `CallPredictor` over a `CallPlanner` (`gateway/calls.py`):
-a ready call is planned, a running one checked against its p90 and a finished one observed, as
-the dispatcher does, so the planner's history, residual correction and `ErrorTracker`
-(conservative mode, widening) act in the simulation as in the gateway. `table_planner` builds
+a ready call is planned, a running one checked against its p90 and a finished one observed, and
+ready calls are planned again once their kind turns conservative, as the dispatcher does, so the
+planner's history, residual correction and `ErrorTracker` (conservative mode, widening) act in
+the simulation as in the gateway. `table_planner` builds
 the gateway's stack around a fixed table of predictions: the table stands in for the prompt
 model (`TableModel`, a point prediction per call, found by the call's id passed as its prompt
 text), corrected online per tenant and node by the history predictor and judged by the tracker.
@@ -41,8 +42,8 @@ class PlanLog:
 class PlannerPredictor:
     """A node's arrival estimate is the planner's `expected_output` (as in
     `gateway.tickets.node_costs`: the predicted mean, or its conservative length);
-    a ready call is planned, a running one checked against its p90 and a finished one
-    observed, as the dispatcher does."""
+    a ready call is planned (again when its kind turns conservative), a running one checked
+    against its p90 and a finished one observed, as the dispatcher does."""
 
     def __init__(self, planner: CallPlanner, context: int) -> None:
         self.planner = planner
@@ -61,6 +62,29 @@ class PlannerPredictor:
         text = call_text(job, node)
         plan = self.planner.plan(job.tenant, spec, text, node.prompt_tokens, self.quota)
         assert plan.params.max_tokens == node.max_tokens, "the quota and context cap nothing"
+        return self._planned(job, node, plan, now)
+
+    def replan(self, job: Job, node: Node, now: float) -> CallEstimate | None:
+        """A ready call's plan widened, once its kind has turned conservative."""
+        plan = self.planner.widen(self.plans[job.job_id, node.node_id])
+        return None if plan is None else self._planned(job, node, plan, now)
+
+    def progressed(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        key = job.job_id, node.node_id
+        plan = self.plans[key]
+        if key in self.overran or not plan.past_p90(produced):
+            return False
+        self.overran.add(key)
+        return self.planner.overran(plan, produced)
+
+    def observe(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        key = job.job_id, node.node_id
+        turned = self.planner.observe(self.plans.pop(key), produced, key in self.overran)
+        self.overran.discard(key)
+        self.log.finished[job.kind] += 1
+        return turned
+
+    def _planned(self, job: Job, node: Node, plan: CallPlan, now: float) -> CallEstimate:
         self.plans[job.job_id, node.node_id] = plan
         if plan.conservative:
             self.log.conservative[job.kind] += 1
@@ -68,17 +92,6 @@ class PlannerPredictor:
                 self.log.first_conservative[job.kind] = now
                 self.log.finished_before[job.kind] = self.log.finished[job.kind]
         return CallEstimate(plan.policy_output, plan.reserve_output)
-
-    def progressed(self, job: Job, node: Node, produced: int, now: float) -> None:
-        key = job.job_id, node.node_id
-        if key not in self.overran and self.planner.overran(self.plans[key], produced):
-            self.overran.add(key)
-
-    def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
-        key = job.job_id, node.node_id
-        self.planner.observe(self.plans.pop(key), produced, key in self.overran)
-        self.overran.discard(key)
-        self.log.finished[job.kind] += 1
 
 
 def call_text(job: Job, node: Node) -> str:

@@ -4,7 +4,8 @@
 call from a generator seeded by `seed` (jobs in id order, nodes in file order), so every policy
 sees the same errors. `lying`: the tenant's calls claim `claimed[(job, node)]` (short), the
 others are told the truth. The simulation asks a `CallPredictor`: a job's nodes when it arrives,
-each call again when it becomes ready, and it hears each true length; `FixedPredictions` serves
+each call again when it becomes ready (and a ready call again when the predictor says so), and
+it hears each true length; `FixedPredictions` serves
 one of these mappings, the same at both times, learning nothing (a predictor that learns, with
 the gateway's conservative mode: `bench.sim.conservative`). Invariant: every (job, node) of the
 workload has a prediction > 0.
@@ -43,12 +44,17 @@ class CallPredictor(Protocol):
         """The call's prediction when it becomes ready."""
         ...
 
-    def progressed(self, job: Job, node: Node, produced: int, now: float) -> None:
-        """The running call has produced `produced` output tokens so far."""
+    def progressed(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        """The running call has produced `produced` output tokens so far. True when its tenant's
+        ready calls are to be planned again (`replan`)."""
         ...
 
-    def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
-        """The call finished with `produced` output tokens."""
+    def observe(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        """The call finished with `produced` output tokens. True as for `progressed`."""
+        ...
+
+    def replan(self, job: Job, node: Node, now: float) -> CallEstimate | None:
+        """The ready call's prediction planned again, or None when it stands."""
         ...
 
 
@@ -66,11 +72,14 @@ class FixedPredictions:
         predicted = self.predictions[job.job_id, node.node_id]
         return CallEstimate(predicted, math.ceil(min(predicted, node.max_tokens)))
 
-    def progressed(self, job: Job, node: Node, produced: int, now: float) -> None:
-        pass
+    def progressed(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        return False
 
-    def observe(self, job: Job, node: Node, produced: int, now: float) -> None:
-        pass
+    def observe(self, job: Job, node: Node, produced: int, now: float) -> bool:
+        return False
+
+    def replan(self, job: Job, node: Node, now: float) -> CallEstimate | None:
+        return None
 
 
 def oracle(jobs: Sequence[Job]) -> Predictions:

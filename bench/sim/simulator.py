@@ -11,7 +11,9 @@ engine jumps the clock to the next event. There is no quota store, so every call
 at once. The real scheduler and block manager decide batching, KV and preemption. A
 `CallPredictor` (`predictions.py`; a fixed mapping for the study) predicts each node when its job
 arrives and each call again when it becomes ready (what the policy orders it by, what the engine
-reserves), and hears each call's progress and its true length when it finishes. A closed loop
+reserves), hears each call's progress and its true length when it finishes, and when it says so
+(a kind of a tenant's calls turned conservative) plans that tenant's ready calls again
+(`DispatchCore.replan`, as the gateway). A closed loop
 (`followers`): a job named there is followed by its follower, which arrives the moment it
 finishes (a client that sends its next job when the last one ends). Invariant:
 every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
@@ -24,7 +26,7 @@ import heapq
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.sim.errors import SimulationStuck
 from bench.sim.predictions import CallPredictor, FixedPredictions
@@ -32,7 +34,7 @@ from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
 from gateway.backends import BackendCapacity, engine_capacity
-from gateway.dispatch_core import DispatchCore, Reprioritize
+from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
 from tenants.policies import JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
 
 Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens
@@ -228,17 +230,33 @@ class Simulation:
                 del self.produced[call_id]
                 self.result.work += kv_token_time(prompt, produced)
                 self._reprioritize(self.core.finished(call_id, prompt, produced, now))
-                self.predictor.observe(state.job, state.nodes[node_id], produced, now)
+                if self.predictor.observe(state.job, state.nodes[node_id], produced, now):
+                    self._replan(state.job.tenant, now)
                 self._node_done(state, node_id, now)
             else:
                 self.produced[call_id] = produced
-                self.predictor.progressed(state.job, state.nodes[node_id], produced, now)
+                if self.predictor.progressed(state.job, state.nodes[node_id], produced, now):
+                    self._replan(state.job.tenant, now)
                 self._reprioritize(self.core.progress(call_id, produced, now))
         if self.core.blocked:
             self.result.saturated_work += step_work
             self.result.saturated_s += now - start
             self.result.saturated_steps += 1
         self._snapshot()
+
+    def _replan(self, tenant: str, now: float) -> None:
+        """The predictor plans the tenant's ready calls again (a kind of its calls turned
+        conservative), through the core as the gateway does."""
+
+        def again(entry: CoreCall[None]) -> tuple[ReadyCall, int] | None:
+            call = entry.call
+            state = self.states[call.job_id]
+            estimate = self.predictor.replan(state.job, state.nodes[call.node_id], now)
+            if estimate is None:
+                return None
+            return replace(call, predicted_output=estimate.policy_output), estimate.reserve_output
+
+        self._reprioritize(self.core.replan(tenant, again, now))
 
     def _reprioritize(self, changes: list[Reprioritize[None]]) -> None:
         """The job was re-keyed: its calls in the engine get their new priority."""

@@ -2,8 +2,9 @@
 
 A policy orders ready LLM calls of tenants' jobs (DAGs of calls). The dispatch loop tells it what
 happens: a job arrives with predicted per-node costs, a call becomes ready, the loop dispatches the
-call the policy shows first, the engine reports tokens (and, once the call is prefilled, maybe a
-refined prediction of its output) and the finish, the job leaves. The policy
+call the policy shows first, the engine reports tokens and the finish, the job leaves; a call's
+output may be predicted again (`on_refined`: while it is ready, when its kind of call is found to
+mispredict, or once it is prefilled). The policy
 only answers "what next?" (`peek`) and "how important is this call?" (`priority`, which the engine
 uses to pick preemption victims). Policies do no I/O and never read a clock: every method takes
 `now` (seconds, any monotonic origin).

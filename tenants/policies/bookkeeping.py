@@ -214,12 +214,19 @@ class BookPolicy:
             self._call_progressed(job, run, previous, now)
 
     def on_refined(self, call_id: str, predicted_output: float, now: float) -> None:
-        """A running call's output prediction, refined once it was prefilled."""
-        job, run = self._running(call_id)
+        """A call's output predicted again: a running call's once it was prefilled, a ready
+        call's when its kind of call was found to mispredict."""
+        job = self._owner(call_id)
         if not (math.isfinite(predicted_output) and predicted_output >= 0):
             raise InvalidProgress(f"call {call_id}: refined prediction {predicted_output}")
-        run.call = dataclasses.replace(run.call, predicted_output=predicted_output)
-        self._call_refined(job, run, now)
+        run = job.running.get(call_id)
+        if run is None:
+            call = job.ready[call_id]
+            call = job.ready[call_id] = dataclasses.replace(call, predicted_output=predicted_output)
+            self._call_refined(job, call, 0, now)
+        else:
+            run.call = dataclasses.replace(run.call, predicted_output=predicted_output)
+            self._call_refined(job, run.call, run.output_tokens, now)
 
     def on_finished(self, call_id: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
         if prompt_tokens < 0:
@@ -296,8 +303,9 @@ class BookPolicy:
     def _call_requeued(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         """Called after a lost call moved back to `job.ready`."""
 
-    def _call_refined(self, job: ActiveJob, run: RunningCall, now: float) -> None:
-        """Called after `run.call.predicted_output` took the refined prediction."""
+    def _call_refined(self, job: ActiveJob, call: ReadyCall, produced: int, now: float) -> None:
+        """Called after the ready or running call took its new prediction; `produced`: the
+        output tokens it has reported so far (0 while ready)."""
 
     def _call_finished(self, job: ActiveJob, run: RunningCall, prompt: int, now: float) -> None:
         """Called while the call is still running, its final tokens already reported."""

@@ -4,8 +4,9 @@ Each active job has a tag, its finish in virtual time under an idealised fair sh
 (tenants by weight, a tenant's jobs equally; see `fairshare.py`), keyed by its predicted remaining
 KV token-time. A node's estimate is `kv_token_time(prompt, output)` with the output prediction
 capped at max_tokens; the rendered prompt (and the prediction made for it) replaces the guess when
-the call becomes ready, a prediction refined once it is prefilled replaces that (never below what
-it has produced), and the truth replaces all when it finishes. A call that runs past its
+the call becomes ready, a prediction made again (while it waits, or once it is prefilled)
+replaces that (never below what it has produced), and the truth replaces all when it finishes.
+A call that runs past its
 estimate is charged the excess at once, token by token, so its job's tag moves later while it runs
 and a job predicted short is not favoured twice. The job with the earliest tag goes first with all
 its ready calls, then the next (work-conserving). Shares: the jobs of a tenant ahead of its
@@ -224,11 +225,10 @@ class JustitiaPolicy(BookPolicy):
     def _call_requeued(self, job: ActiveJob, call: ReadyCall, now: float) -> None:
         self._unsent[call.job_id] += kv_token_time(*self._estimates[call.job_id][call.node_id])
 
-    def _call_refined(self, job: ActiveJob, run: RunningCall, now: float) -> None:
-        call = run.call
+    def _call_refined(self, job: ActiveJob, call: ReadyCall, produced: int, now: float) -> None:
         prompt, _ = self._estimates[call.job_id][call.node_id]
         output = _capped(call.predicted_output, call.max_tokens)
-        self._re_estimate(call.job_id, call.node_id, prompt, max(output, run.output_tokens))
+        self._re_estimate(call.job_id, call.node_id, prompt, max(output, produced))
 
     def _call_progressed(self, job: ActiveJob, run: RunningCall, previous: int, now: float) -> None:
         call = run.call

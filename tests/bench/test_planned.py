@@ -32,3 +32,20 @@ def test_truthful_predictions_through_the_planner_stay_as_told() -> None:
     for job in jobs:
         estimate = predictor.plan(job, job.nodes[0], 0.0)
         assert estimate.policy_output == 30 and estimate.reserve_output == 30
+
+
+def test_a_liars_backlog_ready_before_it_was_found_out_loses_its_head_start() -> None:
+    """Calls planned before their kind turned conservative kept their short plans while they
+    waited: a liar whose whole backlog was ready at once kept going first once found out (one
+    of its 40 calls finished after the honest tenant's last job). Its calls still waiting at the
+    switch are now widened, and go after the honest tenant's."""
+    liar = calls("liar", "attack", 40, 400, 0.0)  # all ready at once, claiming 10 tokens each
+    honest = calls("honest", "chat", 16, 60, 0.0)
+    jobs = sorted(honest + liar, key=lambda j: (j.arrival, j.job_id))
+    predictor = table_planner(lying(jobs, {(j.job_id, "n"): 10.0 for j in liar}), 1024)
+    result = Simulation(jobs, make_policy("justitia"), make_setup(num_blocks=100), predictor).run()
+    last_honest = max(result.finish[j.job_id] for j in honest)
+    behind = sum(result.finish[j.job_id] > last_honest for j in liar)
+    assert behind >= 20  # 1 while they kept their short plans
+    assert set(predictor.log.conservative) == {"attack"}
+    assert predictor.log.conservative["attack"] <= behind  # each planned before the switch

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import pytest
 
-from engine import AsyncEngine, LLMEngine, SimulatedRunner
+from engine import AsyncEngine, LLMEngine, RequestStream, SamplingParams, SimulatedRunner
 from gateway.backends import LocalBackend
 from gateway.calls import CallDefaults, CallPlan, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
 from gateway.job_run import JobRun, JobState, NodeChanged, NodeState, TokensAdded
-from gateway.jobs.model import JobSpec, SamplingSpec
+from gateway.jobs.model import JobSpec, NodeSpec, SamplingSpec
 from gateway.lanes import make_lane
 from gateway.server import LENGTH_PRIOR
 from gateway.share import RedisShare
@@ -97,16 +97,24 @@ class CountingStore(MemoryQuotaStore):
 
 
 class RecordingEngine(AsyncEngine):
-    """The real async engine, noting the refined predictions and the aborts it is told."""
+    """The real async engine, noting the output each call reserves as it is sent, the refined
+    predictions and the aborts it is told."""
 
     def __init__(self, core: LLMEngine) -> None:
         super().__init__(core, run_in_thread=False)
+        self.reserved: dict[str, int | None] = {}
         self.predictions: list[tuple[str, int]] = []
         self.aborted: list[str] = []
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
         super().abort(request_id)
+
+    def add_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, **kwargs: Any
+    ) -> RequestStream:
+        self.reserved[kwargs["request_id"]] = kwargs.get("predicted_output_len")
+        return super().add_request(prompt_token_ids, params, **kwargs)
 
     def set_prediction(self, request_id: str, predicted_output_len: int) -> None:
         self.predictions.append((request_id, predicted_output_len))
@@ -139,6 +147,18 @@ class Tally:
         self.first.set()
 
 
+class RecordingFcfs(FcfsPolicy):
+    """First come, first served, noting each prediction it is told again of a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refined: list[tuple[str, float]] = []
+
+    def on_refined(self, call_id: str, predicted_output: float, now: float) -> None:
+        super().on_refined(call_id, predicted_output, now)
+        self.refined.append((call_id, predicted_output))
+
+
 class RecordingPlanner(CallPlanner):
     """The real planner, noting when each call is counted past its p90 while it runs, and
     counting the nodes it predicts as their jobs arrive and the calls it plans."""
@@ -158,10 +178,8 @@ class RecordingPlanner(CallPlanner):
         return super().plan(*args, **kwargs)
 
     def overran(self, plan: CallPlan, produced: int) -> bool:
-        counted = super().overran(plan, produced)
-        if counted:
-            self.overruns.append((self.tracker_key(plan.features), produced))
-        return counted
+        self.overruns.append((self.tracker_key(plan.features), produced))
+        return super().overran(plan, produced)
 
 
 @dataclass
@@ -319,6 +337,41 @@ async def test_a_call_past_its_p90_is_counted_once_while_it_runs(make_env: MakeE
     stats = tracker.stats(key)
     assert (stats.count, stats.p90_coverage, stats.overrunning) == (2, 0.0, 0)
     assert not stats.conservative
+
+
+async def test_a_kind_turned_conservative_widens_its_tenants_ready_calls(make_env: MakeEnv) -> None:
+    """Calls planned before their kind turned conservative kept their optimistic plan while
+    they waited: a tenant found to lie kept the head start of its backlog. Room for one call at
+    a time: three of the liar's calls run past the prior's p90 (320) to their max_tokens, and
+    its calls of that kind still waiting are ordered and reserved at what its kind produces;
+    its calls of another kind, and another tenant's, keep their plans."""
+    store = MemoryQuotaStore()
+    env = await make_env(store, num_blocks=32, tracker=ErrorTracker(), policy=RecordingFcfs())
+    await store.create_tenant("honest", "Honest", QUOTA)
+    other_kind = NodeSpec(
+        id="t", prompt_template="say t", sampling=SamplingSpec(max_tokens=400), name="translate"
+    )
+    liar = job("liar", *((f"n{i}", 400) for i in range(6)))
+    liar = JobRun("liar", "acme", JobSpec(nodes=(*liar.spec.nodes, other_kind)), time.time())
+    honest = job("honest", ("a", 20), ("b", 20))
+    honest = JobRun("honest", "honest", honest.spec, time.time())
+    for run in (liar, honest):
+        await admit(env.dispatcher, run)
+    for run in (liar, honest):
+        async for _ in run.watch():
+            pass
+    assert liar.state is JobState.SUCCEEDED and honest.state is JobState.SUCCEEDED
+    policy = env.dispatcher.core.policy
+    assert isinstance(policy, RecordingFcfs)
+    assert policy.refined == [("liar/n3", 400.0), ("liar/n4", 400.0), ("liar/n5", 400.0)]
+    prior = math.ceil(LENGTH_PRIOR.p90)
+    assert env.engine.reserved == {
+        **{f"liar/n{i}": prior for i in range(3)},  # the three that ran first, planned so
+        **{f"liar/n{i}": 400 for i in range(3, 6)},
+        "liar/t": prior,
+        "honest/a": 20,
+        "honest/b": 20,
+    }
 
 
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gateway.backends import BackendCapacity
-from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore, Knee
+from gateway.dispatch_core import MAX_ATTEMPTS, CoreCall, DispatchCore, Knee
 from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
 
 
@@ -154,6 +154,35 @@ def test_progress_past_the_prediction_reprioritizes_the_jobs_running_calls() -> 
     changes = core.progress("a/n0", 200, 3.0)  # far past it: the excess is charged now
     assert [c.entry.call.call_id for c in changes] == ["a/n0", "a/n1"]
     assert core.running["a/n1"].priority == changes[1].priority != before
+
+
+def test_a_tenant_s_ready_calls_planned_again_re_key_their_jobs() -> None:
+    core = make_core("justitia")
+    add_job(core, "a", nodes=3, predicted=4.0)
+    add_job(core, "h", now=0.5, tenant="h", predicted=40.0)
+    snapshot = {"x": room()}
+    dispatch = core.next(1.0, snapshot)
+    assert dispatch is not None and dispatch.entry.call.call_id == "a/n0"
+    core.launched("a/n0", 1.0)
+    before = core.running["a/n0"].priority
+    shown = core.policy.peek(1.0, core.load(snapshot))
+    assert shown is not None and shown.call_id == "a/n1"
+    asked = []
+
+    def widened(entry: CoreCall[str]) -> tuple[ReadyCall, int]:
+        asked.append(entry.call.call_id)
+        return replace(entry.call, predicted_output=48.0), 48
+
+    changes = core.replan("t", widened, 2.0)
+    assert asked == ["a/n1", "a/n2"]  # its ready calls: neither its running one nor h's
+    entry = core.ready["a/n1"]
+    assert (entry.call.predicted_output, entry.reserve_output) == (48.0, 48)
+    assert [(c.entry.call.call_id, c.priority) for c in changes] == [
+        ("a/n0", core.running["a/n0"].priority)
+    ]
+    assert core.running["a/n0"].priority != before
+    dispatch = core.next(2.0, snapshot)
+    assert dispatch is not None and dispatch.entry.call.call_id == "h/n0"
 
 
 def test_a_lost_call_runs_again_once_on_another_backend_then_fails() -> None:

@@ -47,7 +47,7 @@ def test_a_kind_of_call_in_conservative_mode_is_costed_so_on_its_jobs_arrival() 
         return node.predicted_output
 
     liar = planner.plan("liar", spec.nodes[0], "x", 3, quota)
-    for _ in range(3):  # three calls of its kind past their p90 as they run
-        assert planner.overran(liar, 1000)
+    # three calls of its kind past their p90 as they run: the third turns it conservative
+    assert [planner.overran(liar, 1000) for _ in range(3)] == [False, False, True]
     assert costed("liar") == 1024  # its calls still running long count at their max_tokens
     assert costed("honest") == pytest.approx(LENGTH_PRIOR.mean)

@@ -79,6 +79,16 @@ def test_calls_past_their_p90_in_a_row_switch_at_once() -> None:
     assert not tracker.conservative("liar")
 
 
+def test_the_call_that_turns_a_tenant_conservative_says_so_once() -> None:
+    """So that the calls planned before it, still waiting, are planned again at that moment."""
+    tracker = ErrorTracker(min_samples=20, streak=3)
+    assert [tracker.overrun("liar", 4096) for _ in range(3)] == [False, False, True]
+    assert not tracker.overrun("liar", 4096)  # conservative already
+    assert not tracker.record("liar", PRED, 4096, overran_max_tokens=4096)
+    assert not tracker.record("liar", PRED, 150)  # back to normal: no turn to report
+    assert [tracker.record("liar", PRED, 900) for _ in range(3)] == [False, False, True]
+
+
 def test_calls_still_running_past_their_p90_switch_before_any_finishes() -> None:
     tracker = ErrorTracker(min_samples=20, streak=3)
     for _ in range(3):

@@ -98,8 +98,10 @@ def test_call_lifecycle_is_enforced(policy: Policy) -> None:
     call = make_ready(job)
     with pytest.raises(CallNotRunning):
         policy.on_progress(call.call_id, 1, 0.0)
-    with pytest.raises(CallNotRunning):
-        policy.on_refined(call.call_id, 10.0, 0.0)
+    policy.on_refined(call.call_id, 10.0, 0.0)  # a ready call may be predicted again
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(InvalidProgress):
+            policy.on_refined(call.call_id, bad, 0.0)
     policy.mark_dispatched(call.call_id, 0.0)
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(InvalidProgress):
@@ -112,6 +114,8 @@ def test_call_lifecycle_is_enforced(policy: Policy) -> None:
     policy.on_finished(call.call_id, call.prompt_tokens, 6, 0.0)
     with pytest.raises(CallNotFound):
         policy.priority(call.call_id)
+    with pytest.raises(CallNotFound):
+        policy.on_refined(call.call_id, 10.0, 0.0)
     with pytest.raises(CallNotRunning):
         policy.on_finished(call.call_id, call.prompt_tokens, 6, 0.0)
 

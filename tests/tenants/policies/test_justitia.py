@@ -153,6 +153,20 @@ def test_a_refined_prediction_re_keys_the_running_job() -> None:
     policy.check_invariants()
 
 
+def test_a_ready_call_predicted_again_re_keys_its_job_before_it_runs() -> None:
+    """Its kind of call found to mispredict, the liar's call still waiting is predicted again:
+    its job loses the head start its first prediction gave it, the honest job keeps its tag."""
+    policy = overrun_setup()
+    honest = policy.tag("honest")
+    assert policy.tag("liar") < honest
+    policy.on_refined("liar/a2", 40.0, 0.5)
+    assert policy.tag("liar") == pytest.approx(kv_token_time(100, 10) + kv_token_time(100, 40))
+    assert policy.tag("honest") == honest
+    peeked = policy.peek(0.5, NO_KNEE)
+    assert peeked is not None and peeked.call_id == "honest/b"
+    policy.check_invariants()
+
+
 def test_a_refined_prediction_never_goes_below_what_the_call_produced() -> None:
     policy = overrun_setup()
     policy.mark_dispatched("honest/b", 0.0)
