@@ -43,6 +43,7 @@ from engine.llm import LLMEngine, RequestOutput
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Capacity, check_prediction
+from engine.sim_runner import StepShape
 from engine.step_fit import StepFit
 
 logger = logging.getLogger(__name__)
@@ -338,7 +339,8 @@ class AsyncEngine:
     def _step_core(self) -> list[RequestOutput]:
         outputs = self.core.step()
         if self.core.last_step is not None:
-            self.step_fit.observe(*self.core.last_step)
+            plan, seconds = self.core.last_step
+            self.step_fit.observe(StepShape.of(plan), seconds)
         return outputs
 
     def _record_step(self, failed: bool) -> None:

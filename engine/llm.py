@@ -26,7 +26,6 @@ from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sim_runner import StepShape
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +72,9 @@ class LLMEngine:
         self._ids = itertools.count()
         self.last_step_s = 0.0
         self.last_step_failed = False  # the runner raised in the last step
-        # what the last step that ran computed, and its time (modelled, for a simulated
-        # runner): None after a step with nothing to run or a failed one
-        self.last_step: tuple[StepShape, float] | None = None
+        # the last step that ran, and its time (modelled, for a simulated runner): None after
+        # a step with nothing to run or a failed one
+        self.last_step: tuple[StepPlan, float] | None = None
 
     def now(self) -> float:
         return self._clock() if self._clock is not None else self.virtual_time
@@ -159,7 +158,7 @@ class LLMEngine:
         self.last_step_s = time.perf_counter() - start
         elapsed = output.elapsed_s or self.last_step_s
         self.virtual_time += elapsed
-        self.last_step = (StepShape.of(plan), elapsed)
+        self.last_step = (plan, elapsed)
         result = self.scheduler.update(plan, output, self.now())
         finished = {r.request_id: r for r in result.finished}
         outputs = []
