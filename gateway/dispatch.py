@@ -846,6 +846,7 @@ class Dispatcher(OwnsTasks):
             return False
         self.streams.pop(call.call_id, None)
         self._next_attempt(ticket)
+        self._widen_ready(ticket, alone=True)
         run.finishing.discard(call.node_id)
         run.retry_node(call.node_id, now, f"{why}: running again")
         if why == YIELDED and self.metrics is not None:  # counted once it runs again: a call
@@ -866,12 +867,15 @@ class Dispatcher(OwnsTasks):
         core = self._lane(ticket).core
         self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
 
-    def _widen_ready(self, ticket: Ticket) -> None:
+    def _widen_ready(self, ticket: Ticket, alone: bool = False) -> None:
         """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
         (in its pool), planned before, are planned as they would be now (`CallPlanner.widen`)
-        and the policy re-keys their jobs. Running calls keep their reservations."""
+        and the policy re-keys their jobs; `alone`: only the ticket, ready again (its kind may
+        have turned while it ran). Running calls keep their reservations."""
 
         def widened(entry: Entry) -> tuple[ReadyCall, int] | None:
+            if alone and entry.payload is not ticket:
+                return None
             plan = self.planner.widen(entry.payload.plan)
             return None if plan is None else (entry.payload.replan(plan), plan.reserve_output)
 

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -372,6 +373,36 @@ async def test_a_kind_turned_conservative_widens_its_tenants_ready_calls(make_en
         "honest/a": 20,
         "honest/b": 20,
     }
+
+
+async def test_a_call_run_again_after_its_kind_turned_conservative_is_planned_so(
+    make_env: MakeEnv,
+) -> None:
+    """A call planned before its kind turned conservative and sent back to wait (here its job
+    fenced: the same way as a yield or a lost backend) ran again on its optimistic plan. Four of
+    the liar's calls run together past the prior's p90 (320) towards their max_tokens, turning
+    their kind conservative; then the job is fenced and renewed at once: each runs again,
+    reserving what its kind produces."""
+    store = MemoryQuotaStore()
+    env = await make_env(store, tracker=ErrorTracker())
+    fenced: set[str] = set()
+    env.dispatcher.fenced = lambda run: run.job_id in fenced
+    liar = job("liar", *((f"n{i}", 400) for i in range(4)))
+    await admit(env.dispatcher, liar)
+    produced: Counter[str] = Counter()
+    with anyio.fail_after(10):
+        async for event in liar.watch():
+            body = event.body
+            if isinstance(body, TokensAdded):
+                produced[body.node_id] += len(body.token_ids)
+                if len(produced) == 4 and min(produced.values()) > 330 and not env.engine.aborted:
+                    fenced.add("liar")
+                    env.dispatcher.job_fenced(liar)
+                    fenced.clear()
+                    env.dispatcher.lease_renewed()
+    assert liar.state is JobState.SUCCEEDED
+    assert sorted(env.engine.aborted) == [f"liar/n{i}" for i in range(4)]
+    assert env.engine.reserved == {f"liar/n{i}": 400 for i in range(4)}  # the second attempts'
 
 
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:
