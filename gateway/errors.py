@@ -9,8 +9,9 @@ ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota 
 `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`; RESOURCE_EXHAUSTED),
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
 `OVERLOADED` (the gateway holds as much work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the
-quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE) and
-`SHUTTING_DOWN` (UNAVAILABLE). Each carries RetryInfo when waiting can help.
+quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE),
+`SHUTTING_DOWN` (UNAVAILABLE) and `JOB_UNREADABLE` (the job's record in the journal cannot be
+decoded; DATA_LOSS). Each carries RetryInfo when waiting can help.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ class JournalUnavailable(Exception):
     """The job journal (Redis) cannot be reached: no job is accepted or dispatched meanwhile."""
 
 
+class JobUnreadable(Exception):
+    """A job's record in the journal cannot be decoded (a field corrupted or gone, a record of
+    an incompatible version, a spec this version refuses): unlike an unreachable journal it
+    never passes, so nothing waits or retries for it (a replica claiming the job ends it)."""
+
+
 class ShareUnavailable(Exception):
     """The pool's fair share (Redis) cannot be reached: no call is granted, so none is sent."""
 
@@ -135,6 +142,9 @@ def to_status(exc: BaseException) -> status_pb2.Status:
     if isinstance(exc, JournalUnavailable):
         message = "the job journal is unavailable: new work is refused until it returns"
         return _refusal(code_pb2.UNAVAILABLE, "JOURNAL_UNAVAILABLE", message, STORE_RETRY_S)
+    if isinstance(exc, JobUnreadable):
+        info = error_details_pb2.ErrorInfo(reason="JOB_UNREADABLE", domain=DOMAIN)
+        return _status(code_pb2.DATA_LOSS, str(exc), info)
     if isinstance(exc, Overloaded):
         return _refusal(code_pb2.UNAVAILABLE, exc.reason, str(exc), exc.retry_after_s)
     if isinstance(exc, EngineClosed):

@@ -9,7 +9,9 @@ snapshot and replays only the events after it, not the whole log. A job is owned
 replica under a lease (`lease_until`, judged by Redis' clock) with a fencing token: only the
 token's holder may append, a lease that runs out (its replica died) or is handed back (it shut
 down) lets another replica claim the job with a new token, and the old owner's late writes are
-refused. Every change is one Lua script from gateway/lua/, atomic.
+refused. Every change is one Lua script from gateway/lua/, atomic. A job whose record cannot be
+decoded (corrupted, or of an incompatible version) is read as JobUnreadable, and the replica that
+claims it ends it FAILED instead of taking it over: it would fail the same way at every claim.
 
 Keys: the deployment's jobs share the `{jobs}` hash tag (`<prefix>:{jobs}:<tenant>/<job>` and its
 `:log`, the open-jobs index `<prefix>:{jobs}:open` scored by lease end, idempotency records
@@ -27,7 +29,10 @@ many watch, the replica's writes and renewals never wait behind them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -35,8 +40,8 @@ from typing import Any
 import anyio
 from cachetools import LRUCache
 
-from gateway.errors import JournalUnavailable
-from gateway.job_run import JobEvent, JobRun
+from gateway.errors import JobUnreadable, JournalUnavailable
+from gateway.job_run import JobEnded, JobEvent, JobRun, JobState
 from gateway.jobs.model import JobSpec
 from gateway.journal_codec import (
     SUBMISSION_WITHOUT_SPEC,
@@ -48,6 +53,7 @@ from gateway.journal_codec import (
 from gateway.registry import MAX_ENDED_BYTES_PER_TENANT, MAX_ENDED_PER_TENANT
 from tenants.redis_client import RedisClient, bounded_client, fails_closed
 
+log = logging.getLogger(__name__)
 _SCRIPTS = ("create", "append", "renew", "hand_back", "claim", "cancel", "abandon")
 POOL_SIZE = 32  # connections for every call but the blocking reads
 # Blocking reads (a watch of a job another replica runs) at once, each on a connection of its
@@ -100,6 +106,16 @@ class Renewed:
 def _member(tenant_id: str, job_id: str) -> str:
     """A job's name in the open-jobs index and in its keys (tenant ids never hold a '/')."""
     return f"{tenant_id}/{job_id}"
+
+
+@contextmanager
+def _decoding(job_id: str, what: str) -> Iterator[None]:
+    """Decoding (no I/O inside) a part of the job's record: whatever it raises means the record
+    cannot be read, for good (unlike a Redis error)."""
+    try:
+        yield
+    except Exception as exc:
+        raise JobUnreadable(f"job {job_id!r} cannot be read from the journal: its {what}") from exc
 
 
 def _script_source(name: str) -> str:
@@ -287,18 +303,39 @@ class RedisJournal(RedisClient):
     async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:
         """Take over an orphan: its ownership, the job as its journal has it and whether a
         cancel was asked; None when another replica claimed it first, its lease still runs,
-        or it has ended."""
+        or it has ended (an unreadable one ends here: `_end_unreadable`)."""
         token = await self._scripts["claim"](
             keys=self._lease_keys(tenant_id, job_id),
             args=[self.replica_id, self._ttl_ms, _member(tenant_id, job_id)],
         )
         if token is None:
             return None
-        loaded = await self._load(tenant_id, job_id, view=False)
+        owned = Owned(tenant_id, job_id, int(token))
+        try:
+            loaded = await self._load(tenant_id, job_id, view=False)
+        except JobUnreadable as exc:
+            await self._end_unreadable(owned, exc)
+            return None
         if loaded is None:
             return None
         run, fields = loaded
-        return Owned(tenant_id, job_id, int(token)), run, "cancel" in fields
+        return owned, run, "cancel" in fields
+
+    async def _end_unreadable(self, owned: Owned, exc: JobUnreadable) -> None:
+        """A claimed job that cannot be read would fail every claim, each lease, for ever, and
+        its watchers wait for its end as long: it ends FAILED (appended as its owner would, so
+        its watchers see it end and it is kept for the retention of ended jobs). When even its
+        last sequence is unreadable nothing can be appended: it only leaves the open jobs, so
+        that no replica claims it again."""
+        seq: Any = await self._redis.hget(self._job(owned.tenant_id, owned.job_id), "seq")
+        if str(seq).isdecimal():
+            ended = JobEvent(int(seq) + 1, time.time(), JobEnded(JobState.FAILED))
+            await self.append([Batch(owned, [ended], ended=True)])
+            outcome = "ended FAILED"
+        else:
+            await self._redis.zrem(self._index, _member(owned.tenant_id, owned.job_id))
+            outcome = "its sequence unreadable too: left open, out of the open-jobs index"
+        log.error("%s (tenant %r): %s", exc, owned.tenant_id, outcome, exc_info=exc)
 
     @_fails_closed
     async def load(self, tenant_id: str, job_id: str) -> JobRun | None:
@@ -324,18 +361,20 @@ class RedisJournal(RedisClient):
         if not fields:
             self._specs.pop(key, None)
             return None
-        submission = Submission.from_fields(fields)
-        if cached is None:
-            spec = submission.decoded_spec()
-            cached = spec, spec.held_bytes()
-            if cached[1] <= SPEC_CACHE_BYTES:
-                self._specs[key] = cached
-        run = submission.run(cached[0])
+        with _decoding(job_id, "submission"):
+            submission = Submission.from_fields(fields)
+            spec = submission.decoded_spec() if cached is None else cached[0]
+            run = submission.run(spec)
+        if cached is None and (held := spec.held_bytes()) <= SPEC_CACHE_BYTES:
+            self._specs[key] = spec, held
         run.detached = view
         if "snapshot" in fields:
-            restore_snapshot(run, fields["snapshot"])
-        for event in await self.read(tenant_id, job_id, run.last_sequence):
-            run.replay(event)
+            with _decoding(job_id, "snapshot"):
+                restore_snapshot(run, fields["snapshot"])
+        events = await self.read(tenant_id, job_id, run.last_sequence)
+        with _decoding(job_id, "events"):
+            for event in events:
+                run.replay(event)
         return run, fields
 
     @_fails_closed
@@ -361,7 +400,8 @@ class RedisJournal(RedisClient):
                     {stream: f"0-{after}"}, count=limit, block=int(block_s * 1000)
                 )
             entries = reply[0][1] if reply else []
-        return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
+        with _decoding(job_id, "events"):
+            return [decode_event(int(eid.split("-")[1]), f["e"]) for eid, f in entries]
 
     @_fails_closed
     async def exists(self, tenant_id: str, job_id: str) -> bool:

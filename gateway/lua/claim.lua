@@ -8,7 +8,9 @@ if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HGET', KEYS[1], 'ended') th
   return false
 end
 local now = now_ms()
-if tonumber(redis.call('HGET', KEYS[1], 'lease_until')) > now then return false end
+-- an unreadable lease counts as lapsed (the new token fences off whoever held it): an error here
+-- would come before the index moves the job, so every scan would stop at it again
+if (tonumber(redis.call('HGET', KEYS[1], 'lease_until')) or 0) > now then return false end
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])

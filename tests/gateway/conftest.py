@@ -1,6 +1,7 @@
 """A real gateway on port 0 over the simulated engine, a small real tokenizer and a real store.
 
 The gateway, SDK (tests/fairgate) and CLI tests share it: the SDK tests import these fixtures.
+The journal tests share two replicas' journals on the local Redis (`journals`).
 Tenants: `alpha` (weight 2), `beta` (one queued job at most). The simulated engine's tokens are
 a hash of the call and position, never end-of-sequence: every call makes exactly max_tokens.
 """
@@ -18,10 +19,12 @@ from transformers import PreTrainedTokenizerFast
 
 from engine import LLMEngine
 from fairgate.v1 import gateway_pb2_grpc
+from gateway.journal import RedisJournal
 from gateway.server import RunningGateway, running_gateway
 from gateway.settings import Settings
 from gateway.telemetry import setup_tracing
 from tenants import MemoryQuotaStore, TenantQuota
+from tests.conftest import REDIS_URL
 from tests.engine.byte_tokenizer import byte_tokenizer as engine_tokenizer
 from tests.engine.simulated import sim_core as simulated_core
 
@@ -41,6 +44,16 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def sim_core(step_s: float = 0.0, num_blocks: int = 4096, hidden_size: int = 0) -> LLMEngine:
     return simulated_core(step_s, num_blocks, hidden_size, tokenizer=byte_tokenizer())
+
+
+@pytest.fixture
+async def journals(redis_prefix: str) -> AsyncIterator[tuple[RedisJournal, RedisJournal]]:
+    """Two replicas' journals on the local Redis, under the test's own key prefix."""
+    one = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    two = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
+    yield one, two
+    await one.aclose()
+    await two.aclose()
 
 
 @dataclass

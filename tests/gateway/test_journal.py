@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -25,15 +24,6 @@ def two_calls(key: str = "") -> JobSpec:
     first = NodeSpec(id="a", prompt_template="hi")
     second = NodeSpec(id="b", prompt_template="{{a.output}}!", depends_on=("a",))
     return JobSpec(nodes=(first, second), inputs={}, idempotency_key=key)
-
-
-@pytest.fixture
-async def journals(redis_prefix: str) -> AsyncIterator[tuple[RedisJournal, RedisJournal]]:
-    one = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
-    two = RedisJournal(REDIS_URL, "two", lease_ttl_s=60.0, prefix=redis_prefix)
-    yield one, two
-    await one.aclose()
-    await two.aclose()
 
 
 async def test_a_journaled_job_replays_as_it_ran(journals: tuple[RedisJournal, ...]) -> None:
