@@ -509,11 +509,16 @@ class Dispatcher(OwnsTasks):
             return exc
 
     def _add_planned(self, run: JobRun, node_id: str, planned: Planned) -> None:
-        """A ready node's call joins the policy; a refused one fails its node."""
+        """A ready node's call joins the policy; a refused one fails its node. A root planned
+        as its job was admitted is planned as it would be now if its kind turned conservative
+        while the admission awaited the store (`_widen_ready` found it in no ready calls)."""
         if isinstance(planned, CallRefused):
             self._finish_node(run, node_id, NodeState.FAILED, str(planned))
-        else:
-            self._add_ready(planned, self.clock())
+            return
+        widened = self.planner.widen(planned.plan)
+        if widened is not None:
+            planned.replan(widened)
+        self._add_ready(planned, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
         core = self._lane(ticket).core

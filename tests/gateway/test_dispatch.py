@@ -405,6 +405,32 @@ async def test_a_call_run_again_after_its_kind_turned_conservative_is_planned_so
     assert env.engine.reserved == {f"liar/n{i}": 400 for i in range(4)}  # the second attempts'
 
 
+async def test_a_root_planned_before_its_kind_turned_conservative_is_planned_so_as_it_is_added(
+    make_env: MakeEnv,
+) -> None:
+    """A job's roots are planned before its admission, and its admission awaits the store (and
+    the journal): a kind that turns conservative meanwhile found them outside the ready calls,
+    so they joined them on their optimistic plan. Here the liar's three calls run past the
+    prior's p90 (320) to their max_tokens while the next job's admission is on its way."""
+    store = MemoryQuotaStore()
+    env = await make_env(store, tracker=ErrorTracker())
+    later = job("later", ("a", 400), ("b", 400))
+    admitted = await env.dispatcher.admit(later, QUOTA)  # its roots planned: store, journal
+    liar = job("liar", *((f"n{i}", 400) for i in range(3)))
+    await admit(env.dispatcher, liar)
+    async for _ in liar.watch():
+        pass
+    env.dispatcher.submit(later, QUOTA, admitted)
+    async for _ in later.watch():
+        pass
+    assert later.state is JobState.SUCCEEDED
+    assert env.engine.reserved == {
+        **{f"liar/n{i}": math.ceil(LENGTH_PRIOR.p90) for i in range(3)},
+        "later/a": 400,
+        "later/b": 400,
+    }
+
+
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:
     store = CountingStore()
     env = await make_env(store)
