@@ -647,6 +647,7 @@ class Dispatcher(OwnsTasks):
             lane.core.granted(call.call_id, ask.tenant_id, ask.charge, grant.key)
             return True
         lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
+        self._widen_ready(ticket, alone=True)
         self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
         if self.metrics is not None:
             self.metrics.share_waited(call.tenant_id)
@@ -697,6 +698,7 @@ class Dispatcher(OwnsTasks):
             return
         delay = max(exc.retry_after_s, 0.01)
         core.retry_later(call.call_id, self.clock() + delay)
+        self._widen_ready(entry.payload, alone=True)
         self.tasks.start_soon(self._wake_after, delay)
 
     async def _wake_after(self, delay: float) -> None:
@@ -765,6 +767,7 @@ class Dispatcher(OwnsTasks):
             self.tasks.start_soon(self._close_unstarted, entry, FENCED)  # its job left the core
             return
         self._next_attempt(ticket)
+        self._widen_ready(ticket, alone=True)
         self._hold_fenced(ticket.run)
 
     def _next_attempt(self, ticket: Ticket) -> None:
@@ -876,7 +879,8 @@ class Dispatcher(OwnsTasks):
         """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
         (in its pool), planned before, are planned as they would be now (`CallPlanner.widen`)
         and the policy re-keys their jobs; `alone`: only the ticket, ready again (its kind may
-        have turned while it ran). Running calls keep their reservations."""
+        have turned while it ran, or while it was being taken: refused by a quota or the share,
+        or set aside unsent). Running calls keep their reservations."""
 
         def widened(entry: Entry) -> tuple[ReadyCall, int] | None:
             if alone and entry.payload is not ticket:

@@ -29,7 +29,7 @@ from predictor.base import CallFeatures
 from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
-from tenants import MemoryQuotaStore, QuotaExceeded, Reservation, TenantQuota
+from tenants import MemoryQuotaStore, QuotaExceeded, QuotaLimit, Reservation, TenantQuota
 from tenants.policies import FcfsPolicy, JobInfo, JustitiaPolicy, Policy
 from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
@@ -405,6 +405,22 @@ async def test_a_call_run_again_after_its_kind_turned_conservative_is_planned_so
     assert env.engine.reserved == {f"liar/n{i}": 400 for i in range(4)}  # the second attempts'
 
 
+# the liar's calls reserve the prior's p90; the next job's, planned before, reserve their kind's
+LIAR_THEN_LATER_WIDENED = {
+    **{f"liar/n{i}": math.ceil(LENGTH_PRIOR.p90) for i in range(3)},
+    "later/a": 400,
+    "later/b": 400,
+}
+
+
+async def a_liar_turns_its_kind_conservative(dispatcher: Dispatcher) -> None:
+    """The liar's three calls run past the prior's p90 (320) to their max_tokens (400)."""
+    liar = job("liar", *((f"n{i}", 400) for i in range(3)))
+    await admit(dispatcher, liar)
+    async for _ in liar.watch():
+        pass
+
+
 async def test_a_root_planned_before_its_kind_turned_conservative_is_planned_so_as_it_is_added(
     make_env: MakeEnv,
 ) -> None:
@@ -416,19 +432,58 @@ async def test_a_root_planned_before_its_kind_turned_conservative_is_planned_so_
     env = await make_env(store, tracker=ErrorTracker())
     later = job("later", ("a", 400), ("b", 400))
     admitted = await env.dispatcher.admit(later, QUOTA)  # its roots planned: store, journal
-    liar = job("liar", *((f"n{i}", 400) for i in range(3)))
-    await admit(env.dispatcher, liar)
-    async for _ in liar.watch():
-        pass
+    await a_liar_turns_its_kind_conservative(env.dispatcher)
     env.dispatcher.submit(later, QUOTA, admitted)
     async for _ in later.watch():
         pass
     assert later.state is JobState.SUCCEEDED
-    assert env.engine.reserved == {
-        **{f"liar/n{i}": math.ceil(LENGTH_PRIOR.p90) for i in range(3)},
-        "later/a": 400,
-        "later/b": 400,
-    }
+    assert env.engine.reserved == LIAR_THEN_LATER_WIDENED
+
+
+class RateLimitedOnce(MemoryQuotaStore):
+    """Holds the first reserve of each of the `held` job's calls until `answer` is set, then
+    refuses it on the tenant's token rate (a call taken, sent back to wait)."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.answer = anyio.Event()
+        self.asked: set[str] = set()
+
+    async def reserve(self, tenant_id: str, call_id: str, tokens: int, ttl_s: float) -> Reservation:
+        if call_id.startswith(f"{self.held}/") and call_id not in self.asked:
+            self.asked.add(call_id)
+            await self.answer.wait()
+            raise QuotaExceeded(
+                tenant_id=tenant_id,
+                limit=QuotaLimit.TOKEN_RATE,
+                allowed=0,
+                requested=tokens,
+                description="token rate",
+                retry_after_s=0.0,
+            )
+        return await super().reserve(tenant_id, call_id, tokens, ttl_s)
+
+
+async def test_a_call_refused_by_its_quota_after_its_kind_turned_conservative_is_planned_so(
+    make_env: MakeEnv,
+) -> None:
+    """A call being taken (its reserve on its way) is in no ready calls as its kind turns
+    conservative; refused by its tenant's token rate it waits again, and ran on its optimistic
+    plan. Here the liar's three calls run past the prior's p90 (320) to their max_tokens while
+    the next job's reserves are on their way."""
+    store = RateLimitedOnce("later")
+    env = await make_env(store, tracker=ErrorTracker())
+    later = job("later", ("a", 400), ("b", 400))
+    await admit(env.dispatcher, later)
+    await anyio.wait_all_tasks_blocked()
+    assert store.asked == {"later/a", "later/b"}
+    await a_liar_turns_its_kind_conservative(env.dispatcher)
+    store.answer.set()
+    async for _ in later.watch():
+        pass
+    assert later.state is JobState.SUCCEEDED
+    assert env.engine.reserved == LIAR_THEN_LATER_WIDENED
 
 
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:
