@@ -883,13 +883,14 @@ class Dispatcher(OwnsTasks):
         or set aside unsent). Running calls keep their reservations."""
 
         def widened(entry: Entry) -> tuple[ReadyCall, int] | None:
-            if alone and entry.payload is not ticket:
-                return None
             plan = self.planner.widen(entry.payload.plan)
             return None if plan is None else (entry.payload.replan(plan), plan.reserve_output)
 
-        core = self._lane(ticket).core
-        self._reprioritize(core.replan(ticket.call.tenant_id, widened, self.clock()))
+        core, now = self._lane(ticket).core, self.clock()
+        if alone:  # not a scan of its tenant's backlog for each call sent back
+            self._reprioritize(core.replan_call(ticket.call.call_id, widened, now))
+        else:
+            self._reprioritize(core.replan(ticket.call.tenant_id, widened, now))
 
     def _refine(self, entry: Entry, hidden: list[float]) -> None:
         """The call is prefilled: predict its output again from its hidden state; the backend

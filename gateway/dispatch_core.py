@@ -240,16 +240,38 @@ class DispatchCore(Generic[T]):
         its job."""
         changed = []
         for job_id in list(self.ready.jobs(tenant_id)):
-            replanned = False
-            for entry in self.ready.of_job(job_id):
-                again = plan(entry)
-                if again is not None:
-                    entry.call, entry.reserve_output = again
-                    self.policy.on_refined(entry.call.call_id, entry.call.predicted_output, now)
-                    replanned = True
-            if replanned:
+            if self._replan(self.ready.of_job(job_id), plan, now):
                 changed += self.refresh(job_id)
         return changed
+
+    def replan_call(
+        self,
+        call_id: str,
+        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        now: float,
+    ) -> list[Reprioritize[T]]:
+        """One ready call planned again as `replan` does (one just sent back to wait), without
+        a look at its tenant's other ready calls."""
+        entry = self.ready.get(call_id)
+        if entry is None or not self._replan([entry], plan, now):
+            return []
+        return self.refresh(entry.call.job_id)
+
+    def _replan(
+        self,
+        entries: list[CoreCall[T]],
+        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        now: float,
+    ) -> bool:
+        """Whether `plan` planned any of the ready `entries` again (the policy told of each)."""
+        replanned = False
+        for entry in entries:
+            again = plan(entry)
+            if again is not None:
+                entry.call, entry.reserve_output = again
+                self.policy.on_refined(entry.call.call_id, entry.call.predicted_output, now)
+                replanned = True
+        return replanned
 
     def withdraw_unsent(self, job_id: str, now: float) -> list[CoreCall[T]]:
         """A cancelled job that has a call still ending: its ready calls and those being taken

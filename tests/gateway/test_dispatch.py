@@ -486,6 +486,34 @@ async def test_a_call_refused_by_its_quota_after_its_kind_turned_conservative_is
     assert env.engine.reserved == LIAR_THEN_LATER_WIDENED
 
 
+async def test_a_call_sent_back_to_wait_is_planned_again_without_a_scan_of_its_tenants_backlog(
+    make_env: MakeEnv,
+) -> None:
+    """A call sent back to wait is planned again alone (its kind may have turned meanwhile):
+    that looked at each ready call of its tenant, ~14 ms at 65,000 of them, for each call a
+    quota refused, yielded, lost or fenced. Room for one call: the tenant's first call is
+    taken and refused by its token rate while its 100 other jobs wait."""
+    store = RateLimitedOnce("late")
+    env = await make_env(store, num_blocks=32, steps=False, tracker=ErrorTracker())
+    await admit(env.dispatcher, job("late", ("a", 400), ("b", 400)))
+    for i in range(100):
+        await admit(env.dispatcher, job(f"j{i}", ("a", 400)))
+    await anyio.wait_all_tasks_blocked()
+    assert store.asked == {"late/a"} and len(env.dispatcher.core.ready) == 101
+    ready = env.dispatcher.core.ready
+    looked_at: list[str] = []
+    of_job = ready.of_job
+
+    def counted(job_id: str) -> list[Any]:
+        looked_at.append(job_id)
+        return of_job(job_id)
+
+    ready.of_job = counted  # type: ignore[method-assign]
+    store.answer.set()
+    await anyio.wait_all_tasks_blocked()
+    assert "late/a" in ready and looked_at == []
+
+
 async def test_store_round_trips_of_a_one_call_job_and_a_two_call_job(make_env: MakeEnv) -> None:
     store = CountingStore()
     env = await make_env(store)
