@@ -32,11 +32,13 @@ def knee_calls(model: StepTimeModel, mean_context: float, max_batch: int | None 
     """The decode batch at which throughput reaches `KNEE_EFFICIENCY` of its asymptote, or, for
     an engine of `max_batch` slots, of the full batch's: `B / (o + B k) >= e S / (o + S k)`, i.e.
     `B = ceil(e S o / (o + (1 - e) S k))` (the asymptote's as S grows), with `k` a decoding
-    call's cost in a step (its token and the context it reads)."""
+    call's cost in a step (its token and the context it reads). With no fixed cost every batch
+    is as efficient (1); with no cost a call adds, throughput grows with the batch to the last
+    slot (`e S`)."""
     per_call = model.per_token_s + model.per_context_token_s * mean_context
-    if per_call <= 0:
-        return 1
     e, o = KNEE_EFFICIENCY, model.overhead_s
+    if o <= 0 or (max_batch is None and per_call <= 0):
+        return 1
     if max_batch is None:
         return max(1, math.ceil(o / per_call * e / (1.0 - e)))
     return max(1, math.ceil(e * max_batch * o / (o + (1.0 - e) * max_batch * per_call)))

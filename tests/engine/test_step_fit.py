@@ -110,3 +110,17 @@ def test_no_knee_without_decode_steps_or_with_next_to_no_fixed_cost_a_step() -> 
         linear.observe(decode(batch), no_overhead.shape_time(decode(batch)))
     assert prefills.model is not None and prefills.knee(64) is None
     assert linear.model is not None and linear.knee(64) is None
+
+
+def test_an_engine_whose_steps_cost_the_same_at_any_batch_has_its_knee_near_its_slots() -> None:
+    """A fit that finds no cost a decoding call adds (memory-bound steps, the weights' read
+    alone: a batch of 64 as fast as one) gives a throughput linear in the batch, so 80 % of the
+    full batch's is reached at 80 % of its slots; the knee was 1, so past one call only the most
+    urgent job added any."""
+    fit = StepFit(refit_every=8)
+    flat = StepTimeModel(0.03, 0.0)
+    for batch in range(1, 9):
+        fit.observe(decode(batch * 8), flat.shape_time(decode(batch * 8)))
+    assert fit.model is not None and fit.model.per_token_s == fit.model.per_context_token_s == 0
+    assert fit.knee(64) == knee_calls(flat, CONTEXT, 64) == 52
+    assert throughput(flat, 51) < KNEE_EFFICIENCY * throughput(flat, 64) <= throughput(flat, 52)
