@@ -10,7 +10,10 @@ finish under this sharing if nothing more arrived: `F_j = V + S_j / w_T` with
 invariant while V advances; they change only when the tenant's own jobs change (arrival, re-keyed
 cost, weight). Invariants: a tenant's GPS-remaining costs g are >= 0 and refer to its `v_ref`; its
 `total` is their sum; a job that left the real system (a ghost) keeps its share until its g
-drains, as under GPS; every live job with g > 0 has the tag its tenant's state implies. Each
+drains, as under GPS; every live job with g > 0 has the tag its tenant's state implies, once the
+tenants whose state changed since their tags were last read are re-tagged (`tag` does so first:
+a burst of re-keyed costs, a backlog re-planned or an overrunning call charged token by token,
+sorts each tenant's jobs once, not once a change). Each
 tenant's `lead` is the real system's service to its jobs less GPS's up to its `v_ref` (reset with
 the tenant's share when GPS holds nothing more of it).
 """
@@ -78,8 +81,11 @@ class FairShareClock:
         self._tenant_of: dict[str, str] = {}  # live or ghost job id -> tenant id
         self._tags: dict[str, float] = {}  # live job id -> tag
         self._costs: dict[str, float] = {}  # live job id -> its whole cost, as charged
+        self._dirty: set[str] = set()  # tenants whose jobs' tags wait for `_retag`
 
     def tag(self, job_id: str) -> float:
+        if self._dirty:
+            self._retag_dirty()
         return self._tags[job_id]
 
     def cost(self, job_id: str) -> float:
@@ -96,21 +102,24 @@ class FairShareClock:
         share = self._shares.setdefault(tenant_id, _TenantShare(tenant_id, weight, self.v))
         share.weight = weight
         share.remaining[job_id] = max(0.0, cost)
+        share.total += share.remaining[job_id]
         self._tenant_of[job_id] = tenant_id
         self._tags[job_id] = self.v
         self._costs[job_id] = cost
-        self._retag(share)
+        self._dirty.add(tenant_id)
 
     def charge(self, job_id: str, delta: float) -> None:
         """Re-key: the job's cost changed by `delta` (the truth, or an overrun charged at once)."""
         self._apply_work()
         share = self._shares[self._tenant_of[job_id]]
         self._sync(share)
-        share.remaining[job_id] = max(0.0, share.remaining[job_id] + delta)
+        before = share.remaining[job_id]
+        share.remaining[job_id] = max(0.0, before + delta)
+        share.total += share.remaining[job_id] - before
         self._costs[job_id] += delta
-        if share.remaining[job_id] == 0.0:
+        if share.remaining[job_id] == 0.0:  # GPS is done with it: its tag is V at the latest
             self._tags[job_id] = min(self._tags[job_id], self.v)
-        self._retag(share)
+        self._dirty.add(share.tenant_id)
 
     def serve(self, job_id: str, work: float) -> None:
         """The real system did `work` KV token-time for the job: GPS serves the same amount."""
@@ -166,6 +175,8 @@ class FairShareClock:
                     self._sync(share)
 
     def _sync(self, share: _TenantShare) -> None:
+        if share.v_ref == self.v:
+            return  # nothing served since: its state is exact
         _drain(share.remaining, share.weight * (self.v - share.v_ref))
         share.v_ref = self.v
         left = sum(share.remaining.values())
@@ -184,14 +195,22 @@ class FairShareClock:
         if not share.remaining:
             del self._shares[share.tenant_id]
 
+    def _retag_dirty(self) -> None:
+        for tenant_id in self._dirty:
+            share = self._shares.get(tenant_id)  # gone once GPS holds nothing of it
+            if share is not None:
+                self._retag(share)
+        self._dirty.clear()
+
     def _retag(self, share: _TenantShare) -> None:
-        share.total = sum(share.remaining.values())
+        share.total = sum(share.remaining.values())  # what the changes added, without drift
         for job_id, tag in _finish_tags(share).items():
             if job_id not in share.ghosts:
                 self._tags[job_id] = tag
 
     def check_invariants(self) -> None:
         """Assert the clock's invariants (for tests and debugging)."""
+        self._retag_dirty()
         for tenant, share in self._shares.items():
             assert share.tenant_id == tenant and share.remaining and share.weight > 0
             assert share.ghosts <= set(share.remaining)

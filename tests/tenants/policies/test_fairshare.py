@@ -74,3 +74,37 @@ def test_a_tenant_that_left_is_forgotten_however_large_virtual_time_has_grown() 
     clock.virtual_time(0.0)
     clock.check_invariants()
     assert {share.tenant_id for share in clock._shares.values()} == {"fresh"}
+
+
+def test_a_burst_of_re_keyed_costs_sorts_each_tenants_jobs_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each charge re-sorted all of its tenant's jobs: a backlog of a few thousand calls
+    re-planned at once (a kind turned conservative) held the event loop for seconds. The tags
+    are those of a clock read after every charge, computed once they are read."""
+    from tenants.policies import fairshare
+
+    sorts: list[int] = []
+    finish_tags = fairshare._finish_tags
+
+    def counting(share: fairshare._TenantShare) -> dict[str, float]:
+        sorts.append(len(share.remaining))
+        return finish_tags(share)
+
+    each, burst = FairShareClock(), FairShareClock()
+    for clock in (each, burst):
+        for j in range(200):
+            clock.add_job(f"j{j}", f"t{j % 2}", 1.0 + j % 2, 100.0 + j)
+        clock.tag("j0")
+    charges = [(f"j{j}", random.Random(j).uniform(-150.0, 150.0)) for j in range(0, 200, 3)]
+    for job_id, delta in charges:
+        each.charge(job_id, delta)
+        each.tag(job_id)
+    monkeypatch.setattr(fairshare, "_finish_tags", counting)
+    for job_id, delta in charges:
+        burst.charge(job_id, delta)
+    assert sorts == []  # nothing sorted until a tag is read
+    tags = {f"j{j}": burst.tag(f"j{j}") for j in range(200)}
+    assert sorted(sorts) == [100, 100]  # then each tenant once
+    burst.check_invariants()
+    assert tags == pytest.approx({f"j{j}": each.tag(f"j{j}") for j in range(200)})
