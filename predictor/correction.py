@@ -8,7 +8,12 @@ it keeps the count `n` of observed calls and a running mean `r` of their log res
 so it follows a drifting workload). The shift applied to the model's answer is `r * n / (n +
 prior_calls)`: shrunk toward zero while few calls are seen, since one call's length is mostly noise
 (4 samples of one prompt differ by a factor 2 typically). Every quantile moves by the shift in log
-space, so the prompt's own ranking and spread stand and only its level is corrected. Each tenant's
+space, so the prompt's own ranking and spread stand and only its level is corrected. A key whose
+corrected answers have done worse than the model's own is not corrected: each key also keeps the
+running mean absolute error, in tokens, of the model's p50 and of the p50 its shift would have
+given (weighted as `r` is), and `apply` shifts only while the second is no larger. On some kinds
+of call the level moves with the prompts (a few long answers among many short ones), so a mean
+residual drags every answer toward the wrong ones. Each tenant's
 keys are kept in their own LRU order and dropped past `max_keys_per_tenant` (`OwnedLru`: one
 tenant's new names never evict another's). Invariant: a key without observations leaves a
 prediction as it was, and a corrected prediction never exceeds the cap.
@@ -32,16 +37,20 @@ class ResidualCorrection:
         if prior_calls < 0 or not 0 < alpha <= 1 or max_keys_per_tenant < 1:
             raise InvalidCall("need prior_calls >= 0, 0 < alpha <= 1 and max_keys_per_tenant >= 1")
         self.prior_calls, self.alpha = prior_calls, alpha
-        self._keys: OwnedLru[tuple[int, float]] = OwnedLru(max_keys_per_tenant)  # (n, mean)
+        # (n, mean residual, model's error, corrected error): see the module docstring
+        self._keys: OwnedLru[tuple[int, float, float, float]] = OwnedLru(max_keys_per_tenant)
 
     def shift(self, key: Key) -> float:
-        """The log-space correction for `key`'s next call; 0 before any observation."""
-        count, residual = self._keys.get(key) or (0, 0.0)
+        """The log-space correction learnt for `key`; 0 before any observation."""
+        count, residual, _, _ = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
         return residual * count / (count + self.prior_calls) if count else 0.0
 
     def apply(self, key: Key, predicted: LengthDistribution, cap: int) -> LengthDistribution:
+        """`predicted` shifted by the key's correction, unless its corrected answers have erred
+        more than the model's own."""
+        _, _, plain, corrected = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
         shift = self.shift(key)
-        if shift == 0.0:
+        if shift == 0.0 or corrected > plain:
             return predicted
         p50, p90, p99 = (
             math.expm1(max(math.log1p(q) + shift, 0.0))
@@ -55,6 +64,18 @@ class ResidualCorrection:
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
         residual = math.log1p(true_len) - math.log1p(predicted.p50)
-        count, mean = self._keys.get(key) or (0, 0.0)
+        shift = self.shift(key)
+        shifted = (
+            math.expm1(max(math.log1p(predicted.p50) + shift, 0.0)) if shift else predicted.p50
+        )
+        count, mean, plain, corrected = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
         weight = max(1.0 / (count + 1), self.alpha)
-        self._keys.put(key, (count + 1, mean + weight * (residual - mean)))
+        self._keys.put(
+            key,
+            (
+                count + 1,
+                mean + weight * (residual - mean),
+                plain + weight * (abs(true_len - predicted.p50) - plain),
+                corrected + weight * (abs(true_len - shifted) - corrected),
+            ),
+        )

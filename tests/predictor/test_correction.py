@@ -65,3 +65,14 @@ def test_invalid_settings_and_lengths_are_refused() -> None:
         ResidualCorrection(alpha=0)
     with pytest.raises(InvalidCall):
         ResidualCorrection().learn("k", MODEL, -1)
+
+
+def test_a_key_whose_corrected_answers_err_more_than_the_models_is_left_uncorrected() -> None:
+    """Nine calls in ten run exactly the model's p50, the tenth ten times longer: the mean log
+    residual is up, and shifting by it would miss the nine by more than it gains on the tenth
+    (MAE about 108 tokens against the model's 90)."""
+    correction = ResidualCorrection()
+    for i in range(100):
+        correction.learn(("t", "k"), MODEL, 1000 if i % 10 == 9 else 100)
+    assert correction.shift(("t", "k")) > 0.1  # what it learnt
+    assert correction.apply(("t", "k"), MODEL, 10_000) is MODEL  # and does not use
