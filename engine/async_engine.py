@@ -130,7 +130,7 @@ class AsyncEngine:
         self._capacity = core.scheduler.capacity()
         # the engine's speed, fitted from its own steps (in the steps' thread): the knee a
         # gateway may keep its batch below
-        self.step_fit = StepFit(eager=True)
+        self.step_fit = StepFit(eager=True, max_batch=core.config.max_num_seqs)
 
     async def __aenter__(self) -> AsyncEngine:
         self._tg = await self._stack.enter_async_context(anyio.create_task_group())

@@ -7,7 +7,9 @@ the steps seen have doubled before that (after 3, 6, 12, ...), so an engine that
 started has a model after a few steps. The last `prefill_window` steps with
 prefill pairs are kept apart and join the fit once they have left the window, so a stretch of
 decodes alone never leaves the prefill cost unmeasured. Decode steps (one token per sequence)
-also give the mean context a decoding call reads, which the knee depends on.
+also give the mean context a decoding call reads, which the knee depends on; for an engine of
+`max_batch` slots each fit also sets its `knee` (read on every capacity snapshot, so kept rather
+than derived at each read).
 
 `knee_calls` is the decode batch past which adding a call buys little throughput: where it
 reaches `KNEE_EFFICIENCY` of the asymptote's, or, for an engine of `max_batch` slots, of the full
@@ -53,6 +55,7 @@ class StepFit:
         prefill_window: int = 64,
         refit_every: int = 64,
         eager: bool = False,
+        max_batch: int | None = None,
     ) -> None:
         if window < 3 or refit_every < 1 or prefill_window < 0:
             raise ValueError("need window >= 3, refit_every >= 1 and prefill_window >= 0")
@@ -60,6 +63,10 @@ class StepFit:
         # the mean context a decoding call read over the window's decode steps (a token per
         # sequence, no prefill chunk), as of the last fit; None when there were none
         self.decode_context: float | None = None
+        self.max_batch = max_batch
+        # the full batch's knee as of the last fit: None before one, without `max_batch` or
+        # decode steps, or when the fit finds next to no fixed cost a step (`KNEE_MIN_OVERHEAD`)
+        self.knee: int | None = None
         self.refit_every = refit_every
         self.eager = eager
         self._samples: deque[tuple[StepShape, float]] = deque(maxlen=window)
@@ -85,16 +92,14 @@ class StepFit:
         decodes = [s for s, _ in self._samples if not s.prefill_pairs and s.num_batched_tokens]
         calls = sum(s.num_batched_tokens for s in decodes)
         self.decode_context = sum(s.context_tokens for s in decodes) / calls if calls else None
+        self.knee = self._knee(self.model, self.decode_context)
         self._since_fit = 0
         return True
 
-    def knee(self, max_batch: int) -> int | None:
-        """The full batch's knee as of the last fit; None before one, without decode steps, or
-        when the fit finds next to no fixed cost a step (`KNEE_MIN_OVERHEAD`)."""
-        model, context = self.model, self.decode_context
-        if model is None or context is None:
+    def _knee(self, model: StepTimeModel, context: float | None) -> int | None:
+        if self.max_batch is None or context is None:
             return None
-        full = model.step_time(max_batch, round(max_batch * context))
+        full = model.step_time(self.max_batch, round(self.max_batch * context))
         if model.overhead_s < KNEE_MIN_OVERHEAD * full:
             return None
-        return knee_calls(model, context, max_batch)
+        return knee_calls(model, context, self.max_batch)

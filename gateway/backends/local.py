@@ -45,9 +45,11 @@ class LocalBackend:
         self._blocks = engine.core.block_manager
 
     def capacity(self) -> BackendCapacity:
-        knee = self.engine.step_fit.knee(self.engine.core.config.max_num_seqs)
         return engine_capacity(
-            self.engine.capacity, self._blocks.block_size, self._blocks.num_blocks, knee
+            self.engine.capacity,
+            self._blocks.block_size,
+            self._blocks.num_blocks,
+            self.engine.step_fit.knee,
         )
 
     def submit(self, call: BackendCall) -> CallStream:

@@ -350,7 +350,7 @@ async def test_steps_go_on_while_every_default_worker_thread_is_busy() -> None:
 async def test_the_engine_fits_its_step_model_and_its_knee_from_its_own_steps() -> None:
     core = make_sim_engine(num_blocks=4096, max_num_seqs=32, max_num_batched_tokens=4096)
     async with AsyncEngine(core) as engine:
-        assert engine.step_fit.knee(32) is None  # no step yet
+        assert engine.step_fit.knee is None  # no step yet
         streams = [
             engine.add_request([1 + i] * (4 + i), SamplingParams(max_tokens=2 + i, ignore_eos=True))
             for i in range(24)
@@ -361,4 +361,4 @@ async def test_the_engine_fits_its_step_model_and_its_knee_from_its_own_steps() 
     fitted = engine.step_fit.model
     assert fitted is not None and fitted.overhead_s == pytest.approx(STEP_MODEL.overhead_s)
     assert fitted.per_token_s == pytest.approx(STEP_MODEL.per_token_s)
-    assert engine.step_fit.knee(32) == knee_calls(STEP_MODEL, 0.0, 32)
+    assert engine.step_fit.knee == knee_calls(STEP_MODEL, 0.0, 32)

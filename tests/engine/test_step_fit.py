@@ -44,16 +44,16 @@ def prefill(rng: random.Random) -> StepShape:
 
 
 def test_a_fit_of_an_engines_steps_gives_its_model_and_its_knee() -> None:
-    fit = StepFit(refit_every=32)
+    fit = StepFit(refit_every=32, max_batch=64)
     rng = random.Random(0)
-    assert fit.knee(64) is None  # nothing measured
+    assert fit.knee is None  # nothing measured
     for i in range(64):
         shape = prefill(rng) if i % 4 == 0 else decode(rng.randint(1, 64))
         fit.observe(shape, TRUE.shape_time(shape))
     assert fit.model is not None
     assert fit.model.overhead_s == pytest.approx(TRUE.overhead_s)
     assert fit.decode_context == pytest.approx(CONTEXT, rel=1e-3)
-    assert fit.knee(64) == knee_calls(TRUE, CONTEXT, 64)
+    assert fit.knee == knee_calls(TRUE, CONTEXT, 64)
 
 
 @pytest.fixture
@@ -101,15 +101,15 @@ def test_prefill_steps_that_left_the_window_still_fit_the_prefill_cost(
 
 def test_no_knee_without_decode_steps_or_with_next_to_no_fixed_cost_a_step() -> None:
     rng = random.Random(1)
-    prefills = StepFit(refit_every=8)
-    linear = StepFit(refit_every=8)
+    prefills = StepFit(refit_every=8, max_batch=64)
+    linear = StepFit(refit_every=8, max_batch=64)
     no_overhead = StepTimeModel(0.0, 0.001)
     for batch in range(1, 9):
         shape = prefill(rng)
         prefills.observe(shape, TRUE.shape_time(shape))
         linear.observe(decode(batch), no_overhead.shape_time(decode(batch)))
-    assert prefills.model is not None and prefills.knee(64) is None
-    assert linear.model is not None and linear.knee(64) is None
+    assert prefills.model is not None and prefills.knee is None
+    assert linear.model is not None and linear.knee is None
 
 
 def test_an_engine_whose_steps_cost_the_same_at_any_batch_has_its_knee_near_its_slots() -> None:
@@ -117,10 +117,10 @@ def test_an_engine_whose_steps_cost_the_same_at_any_batch_has_its_knee_near_its_
     alone: a batch of 64 as fast as one) gives a throughput linear in the batch, so 80 % of the
     full batch's is reached at 80 % of its slots; the knee was 1, so past one call only the most
     urgent job added any."""
-    fit = StepFit(refit_every=8)
+    fit = StepFit(refit_every=8, max_batch=64)
     flat = StepTimeModel(0.03, 0.0)
     for batch in range(1, 9):
         fit.observe(decode(batch * 8), flat.shape_time(decode(batch * 8)))
     assert fit.model is not None and fit.model.per_token_s == fit.model.per_context_token_s == 0
-    assert fit.knee(64) == knee_calls(flat, CONTEXT, 64) == 52
+    assert fit.knee == knee_calls(flat, CONTEXT, 64) == 52
     assert throughput(flat, 51) < KNEE_EFFICIENCY * throughput(flat, 64) <= throughput(flat, 52)
