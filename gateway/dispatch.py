@@ -510,14 +510,13 @@ class Dispatcher(OwnsTasks):
 
     def _add_planned(self, run: JobRun, node_id: str, planned: Planned) -> None:
         """A ready node's call joins the policy; a refused one fails its node. A root planned
-        as its job was admitted is planned as it would be now if its kind turned conservative
-        while the admission awaited the store (`_widen_ready` found it in no ready calls)."""
+        as its job was admitted is planned as it would be now (`_widen`) if its kind turned
+        conservative while the admission awaited the store (`_widen_ready` found it in no ready
+        calls)."""
         if isinstance(planned, CallRefused):
             self._finish_node(run, node_id, NodeState.FAILED, str(planned))
             return
-        widened = self.planner.widen(planned.plan)
-        if widened is not None:
-            planned.replan(widened)
+        self._widen(planned)
         self._add_ready(planned, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
@@ -647,7 +646,7 @@ class Dispatcher(OwnsTasks):
             lane.core.granted(call.call_id, ask.tenant_id, ask.charge, grant.key)
             return True
         lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
-        self._widen_ready(ticket, alone=True)
+        self._widen_call(ticket)
         self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
         if self.metrics is not None:
             self.metrics.share_waited(call.tenant_id)
@@ -698,7 +697,7 @@ class Dispatcher(OwnsTasks):
             return
         delay = max(exc.retry_after_s, 0.01)
         core.retry_later(call.call_id, self.clock() + delay)
-        self._widen_ready(entry.payload, alone=True)
+        self._widen_call(entry.payload)
         self.tasks.start_soon(self._wake_after, delay)
 
     async def _wake_after(self, delay: float) -> None:
@@ -767,7 +766,7 @@ class Dispatcher(OwnsTasks):
             self.tasks.start_soon(self._close_unstarted, entry, FENCED)  # its job left the core
             return
         self._next_attempt(ticket)
-        self._widen_ready(ticket, alone=True)
+        self._widen_call(ticket)
         self._hold_fenced(ticket.run)
 
     def _next_attempt(self, ticket: Ticket) -> None:
@@ -854,7 +853,7 @@ class Dispatcher(OwnsTasks):
             return False
         self.streams.pop(call.call_id, None)
         self._next_attempt(ticket)
-        self._widen_ready(ticket, alone=True)
+        self._widen_call(ticket)
         run.finishing.discard(call.node_id)
         run.retry_node(call.node_id, now, f"{why}: running again")
         if why == YIELDED and self.metrics is not None:  # counted once it runs again: a call
@@ -875,22 +874,32 @@ class Dispatcher(OwnsTasks):
         core = self._lane(ticket).core
         self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
 
-    def _widen_ready(self, ticket: Ticket, alone: bool = False) -> None:
+    def _widen_ready(self, ticket: Ticket) -> None:
         """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
-        (in its pool), planned before, are planned as they would be now (`CallPlanner.widen`)
-        and the policy re-keys their jobs; `alone`: only the ticket, ready again (its kind may
-        have turned while it ran, or while it was being taken: refused by a quota or the share,
-        or set aside unsent). Running calls keep their reservations."""
+        (in its pool), planned before, are planned as they would be now and the policy re-keys
+        their jobs. Running calls keep their reservations."""
+        core = self._lane(ticket).core
+        self._reprioritize(core.replan(ticket.call.tenant_id, self._widened, self.clock()))
 
-        def widened(entry: Entry) -> tuple[ReadyCall, int] | None:
-            plan = self.planner.widen(entry.payload.plan)
-            return None if plan is None else (entry.payload.replan(plan), plan.reserve_output)
+    def _widen_call(self, ticket: Ticket) -> None:
+        """The ticket is ready again (its kind may have turned conservative while it ran, or
+        while it was being taken: refused by a quota or the share, or set aside unsent): it
+        alone is planned as `_widen_ready` would, not with a scan of its tenant's backlog."""
+        core = self._lane(ticket).core
+        self._reprioritize(core.replan_call(ticket.call.call_id, self._widened, self.clock()))
 
-        core, now = self._lane(ticket).core, self.clock()
-        if alone:  # not a scan of its tenant's backlog for each call sent back
-            self._reprioritize(core.replan_call(ticket.call.call_id, widened, now))
-        else:
-            self._reprioritize(core.replan(ticket.call.tenant_id, widened, now))
+    def _widened(self, entry: Entry) -> tuple[ReadyCall, int] | None:
+        """A ready call's new call and output reserve, if its plan was widened (`_widen`)."""
+        ticket = entry.payload
+        return (ticket.call, ticket.plan.reserve_output) if self._widen(ticket) else None
+
+    def _widen(self, ticket: Ticket) -> bool:
+        """A waiting ticket planned before its kind turned conservative takes the plan it would
+        get now (`CallPlanner.widen`); whether it did."""
+        plan = self.planner.widen(ticket.plan)
+        if plan is not None:
+            ticket.replan(plan)
+        return plan is not None
 
     def _refine(self, entry: Entry, hidden: list[float]) -> None:
         """The call is prefilled: predict its output again from its hidden state; the backend

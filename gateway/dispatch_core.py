@@ -78,6 +78,8 @@ MAX_ATTEMPTS = 2  # a lost call runs again once
 # the batch past which the policy lets only its most urgent jobs add calls: a number per
 # backend, "auto" for each backend's own measure of it (`BackendCapacity.knee_calls`), or none
 Knee = int | Literal["auto"] | None
+# a ready call planned again: its new call and output reserve, or None where nothing changed
+Replanner = Callable[["CoreCall[T]"], tuple[ReadyCall, int] | None]
 
 
 @dataclass(slots=True)
@@ -232,7 +234,7 @@ class DispatchCore(Generic[T]):
     def replan(
         self,
         tenant_id: str,
-        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        plan: Replanner[T],
         now: float,
     ) -> list[Reprioritize[T]]:
         """The tenant's ready calls planned again (a kind of its calls was found to mispredict):
@@ -247,7 +249,7 @@ class DispatchCore(Generic[T]):
     def replan_call(
         self,
         call_id: str,
-        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        plan: Replanner[T],
         now: float,
     ) -> list[Reprioritize[T]]:
         """One ready call planned again as `replan` does (one just sent back to wait), without
@@ -260,7 +262,7 @@ class DispatchCore(Generic[T]):
     def _replan(
         self,
         entries: list[CoreCall[T]],
-        plan: Callable[[CoreCall[T]], tuple[ReadyCall, int] | None],
+        plan: Replanner[T],
         now: float,
     ) -> bool:
         """Whether `plan` planned any of the ready `entries` again (the policy told of each)."""
