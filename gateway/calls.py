@@ -69,6 +69,15 @@ class CallPlan:
         return self.prediction is not None and produced > self.prediction.p90
 
 
+def _ordered(output: float, reserve: float, penalty: float | None, cap: int) -> tuple[float, int]:
+    """What the policy orders a call by and the KV it reserves, from its predicted `output` and
+    `reserve`: for a call the anomaly guard flagged (`penalty`), the output penalised and the
+    guard's `cap` reserved."""
+    if penalty is None:
+        return output, math.ceil(reserve)
+    return output * penalty, cap
+
+
 class CallRefused(Exception):
     """The call breaks a tenant limit; its node fails with this reason."""
 
@@ -120,15 +129,13 @@ class CallPlanner:
         conservative = widened is not None
         if widened is not None:  # its mean keeps being wrong: order by what it reserves
             policy_output = reserve = widened
-        refine, penalty = self.refiner is not None, None
+        refine, penalty, cap = self.refiner is not None, None, 0
         if self.guard is not None:
             profile = self.predictor.profile(tenant_id)
             verdict = self.guard.assess(features, predicted, profile, limit or None)
             if verdict.flagged:
                 refine = False  # the guard's penalty and cap stand
-                penalty = verdict.priority_penalty
-                policy_output *= penalty
-                reserve = verdict.cap_tokens
+                penalty, cap = verdict.priority_penalty, verdict.cap_tokens
                 if verdict.cap_tokens < max_tokens:
                     max_tokens = verdict.cap_tokens
                     cap_reason = f"capped at {max_tokens} tokens: " + ", ".join(verdict.reasons)
@@ -147,11 +154,12 @@ class CallPlanner:
             return_hidden=refine,
             ignore_eos=self.defaults.ignore_eos,
         )
+        policy_output, reserve_output = _ordered(policy_output, reserve, penalty, cap)
         return CallPlan(
             params,
             features,
             policy_output,
-            math.ceil(reserve),
+            reserve_output,
             cap_reason,
             predicted,
             conservative,
@@ -199,9 +207,8 @@ class CallPlanner:
         widened = self._conservative_length(plan.features, plan.prediction)
         if widened is None:
             return None
-        output, reserve = widened, math.ceil(widened)
-        if plan.penalty is not None:
-            output, reserve = widened * plan.penalty, plan.reserve_output
+        # a flagged plan's reserve is the guard's cap
+        output, reserve = _ordered(widened, widened, plan.penalty, plan.reserve_output)
         return dataclasses.replace(
             plan, policy_output=output, reserve_output=reserve, conservative=True
         )
