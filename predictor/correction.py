@@ -22,12 +22,30 @@ prediction as it was, and a corrected prediction never exceeds the cap.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from predictor.distribution import LengthDistribution
 from predictor.errors import InvalidCall
 from predictor.owned_lru import OwnedLru
 
 Key = tuple[str, str]  # (tenant, name)
+
+
+class _Learnt(NamedTuple):
+    """What a key has learnt: see the module docstring."""
+
+    calls: int  # calls observed
+    residual: float  # their mean log residual
+    plain: float  # the model's p50's mean absolute error
+    corrected: float  # the shifted p50's
+
+
+_NOTHING = _Learnt(0, 0.0, 0.0, 0.0)
+
+
+def _shifted(length: float, shift: float) -> float:
+    """A length moved by `shift` in log space (never below 0)."""
+    return math.expm1(max(math.log1p(length) + shift, 0.0))
 
 
 class ResidualCorrection:
@@ -37,25 +55,24 @@ class ResidualCorrection:
         if prior_calls < 0 or not 0 < alpha <= 1 or max_keys_per_tenant < 1:
             raise InvalidCall("need prior_calls >= 0, 0 < alpha <= 1 and max_keys_per_tenant >= 1")
         self.prior_calls, self.alpha = prior_calls, alpha
-        # (n, mean residual, model's error, corrected error): see the module docstring
-        self._keys: OwnedLru[tuple[int, float, float, float]] = OwnedLru(max_keys_per_tenant)
+        self._keys: OwnedLru[_Learnt] = OwnedLru(max_keys_per_tenant)
 
     def shift(self, key: Key) -> float:
         """The log-space correction learnt for `key`; 0 before any observation."""
-        count, residual, _, _ = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
-        return residual * count / (count + self.prior_calls) if count else 0.0
+        return self._shift(self._keys.get(key) or _NOTHING)
+
+    def _shift(self, learnt: _Learnt) -> float:
+        calls = learnt.calls
+        return learnt.residual * calls / (calls + self.prior_calls) if calls else 0.0
 
     def apply(self, key: Key, predicted: LengthDistribution, cap: int) -> LengthDistribution:
         """`predicted` shifted by the key's correction, unless its corrected answers have erred
         more than the model's own."""
-        _, _, plain, corrected = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
-        shift = self.shift(key)
-        if shift == 0.0 or corrected > plain:
+        learnt = self._keys.get(key) or _NOTHING
+        shift = self._shift(learnt)
+        if shift == 0.0 or learnt.corrected > learnt.plain:
             return predicted
-        p50, p90, p99 = (
-            math.expm1(max(math.log1p(q) + shift, 0.0))
-            for q in (predicted.p50, predicted.p90, predicted.p99)
-        )
+        p50, p90, p99 = (_shifted(q, shift) for q in (predicted.p50, predicted.p90, predicted.p99))
         return LengthDistribution.from_quantiles(p50, p90, p99).capped(cap)
 
     def learn(self, key: Key, predicted: LengthDistribution, true_len: int) -> None:
@@ -63,19 +80,17 @@ class ResidualCorrection:
         `true_len` tokens."""
         if true_len < 0:
             raise InvalidCall(f"true_len must be >= 0, got {true_len}")
+        learnt = self._keys.get(key) or _NOTHING
+        shift = self._shift(learnt)
+        shifted = _shifted(predicted.p50, shift) if shift else predicted.p50
         residual = math.log1p(true_len) - math.log1p(predicted.p50)
-        shift = self.shift(key)
-        shifted = (
-            math.expm1(max(math.log1p(predicted.p50) + shift, 0.0)) if shift else predicted.p50
-        )
-        count, mean, plain, corrected = self._keys.get(key) or (0, 0.0, 0.0, 0.0)
-        weight = max(1.0 / (count + 1), self.alpha)
+        weight = max(1.0 / (learnt.calls + 1), self.alpha)
         self._keys.put(
             key,
-            (
-                count + 1,
-                mean + weight * (residual - mean),
-                plain + weight * (abs(true_len - predicted.p50) - plain),
-                corrected + weight * (abs(true_len - shifted) - corrected),
+            _Learnt(
+                learnt.calls + 1,
+                learnt.residual + weight * (residual - learnt.residual),
+                learnt.plain + weight * (abs(true_len - predicted.p50) - learnt.plain),
+                learnt.corrected + weight * (abs(true_len - shifted) - learnt.corrected),
             ),
         )
