@@ -84,7 +84,13 @@ class StepFit:
         due = self.refit_every
         if self.eager:  # the steps seen at the last fit, or 3 before the first
             due = min(due, max(3, self._num_steps - self._since_fit))
-        if self._since_fit < due or len(self._samples) < 3:
+        if self._since_fit < due:
+            return False
+        return self.refit()
+
+    def refit(self) -> bool:
+        """Fit the model (and the knee) to the steps kept now; False with fewer than 3."""
+        if len(self._samples) < 3:
             return False
         first_in_window = self._num_steps - len(self._samples)
         older = [(sh, s) for i, sh, s in self._prefills if i < first_in_window]

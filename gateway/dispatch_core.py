@@ -32,7 +32,14 @@ has been dispatched (or has gone), so the room goes to the call it was given up 
 hold its tenant's own quota put on its tenant's other calls (the slot the yield frees would lift
 it, and they would take the room back first). Without
 it a tenant whose calls took every slot while others had none keeps them for as long as its
-calls run: the order decides who waits, not who holds the engine.
+calls run: the order decides who waits, not who holds the engine. With `share_slots` and a knee,
+the batch is held near the knee while it binds (`knee_cap`: some backlogged tenant is light,
+with fewer calls than its weighted share of the knee's, while another runs more): past the knee
+a call adds little throughput but slows every running call's step, so the light tenant's calls
+run at the knee's pace, not the full batch's. Only light tenants' calls are sent past the knee;
+when one finds no slot at all, the over-share tenants' newest calls past the knee yield at once
+(the fewest tokens lost), so later light calls find the slots past the knee free and need no
+abort; once the knee no longer binds, the batch fills again.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`); so
@@ -127,6 +134,22 @@ class Reprioritize(Generic[T]):
 
     entry: CoreCall[T]
     priority: float
+
+
+@dataclass(frozen=True, slots=True)
+class _KneeBinding:
+    """The knee while it binds: each tenant's calls running or being sent (not yielding), and
+    each backlogged tenant's share of the knee's calls."""
+
+    knee: int
+    running: Counter[str]
+    share: dict[str, float]
+    ready_count: Callable[[str], int]
+
+    def light(self, tenant_id: str) -> bool:
+        """Fewer calls, running or ready, than its share of the knee's."""
+        calls = self.running[tenant_id] + self.ready_count(tenant_id)
+        return 0 < calls < self.share.get(tenant_id, 0.0)
 
 
 class DispatchCore(Generic[T]):
@@ -346,7 +369,7 @@ class DispatchCore(Generic[T]):
     def _route(self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity]) -> str | None:
         """A backend with room for the call now (another than the one it was lost on, where
         another serves), or None."""
-        rooms = self.rooms(capacities)
+        rooms = self._rooms_for(entry.call.tenant_id, capacities)
         if entry.lost_on and any(r.healthy for b, r in rooms.items() if b != entry.lost_on):
             rooms.pop(entry.lost_on, None)
         return self.router.route(entry.call, entry.kv_tokens, rooms)
@@ -380,7 +403,11 @@ class DispatchCore(Generic[T]):
         if load.knee_calls is not None and load.running_calls + ready >= load.knee_calls:
             return False  # busy as the pass counts it: calls being taken count as running
         # a slot for each ready call first: their needs are summed only when they are few
-        rooms = [r for r in self.rooms(capacities).values() if r.healthy and r.free_slots > ready]
+        rooms = [
+            r
+            for r in self._rooms_for(call.tenant_id, capacities).values()
+            if r.healthy and r.free_slots > ready
+        ]
         if not rooms:
             return False
         needs = [call.prompt_tokens + reserve_output, *(e.kv_tokens for e in self.ready.values())]
@@ -394,14 +421,15 @@ class DispatchCore(Generic[T]):
         show after it, in its order, that has none yet: a burst of protected calls gets its
         room from one abort each at once, not one per step. A call keeps the yield it was given
         until it is dispatched (a backend may show the room an abort frees only a while later).
-        Else, with `share_slots`, the newest call of a tenant over its share, one at a time."""
+        Else, with `share_slots`, the newest call of a tenant over its share, one at a time.
+        Before any of these, while the knee binds, the calls past it (`_knee_victims`)."""
+        victims = self._knee_victims(capacities)
         waiting = self.waiting
         if waiting is None:
-            return []
+            return victims
         if waiting.sheddable:
             victim = self._over_share_victim(waiting, capacities)
-            return [] if victim is None else [victim]
-        victims: list[CoreCall[T]] = []
+            return victims if victim is None else [*victims, victim]
         held: list[str] = []
         load = self.load(capacities)
         entry: CoreCall[T] | None = waiting
@@ -447,10 +475,44 @@ class DispatchCore(Generic[T]):
             self._mark_yielding(victim, call_id)
         return victim
 
-    def _mark_yielding(self, victim: CoreCall[T], beneficiary: str) -> None:
+    def _knee_victims(self, capacities: Mapping[str, BackendCapacity]) -> list[CoreCall[T]]:
+        """While the knee binds and a light tenant's call waits for a slot (none is free): the
+        newest calls of the tenants furthest over their shares of the knee, enough to bring the
+        batch back to the knee with room for the waiting call, all at once (they then wait
+        until it is sent, as `_over_share_victim`'s does); none that would take a tenant below
+        its share. Once the batch is back, the light calls after it take the free slots past
+        the knee, with no abort to wait for."""
+        waiting, binding = self.waiting, self._knee_binding(capacities)
+        if binding is None or waiting is None or waiting.call.call_id in self._yielded_to:
+            return []
+        if not binding.light(waiting.call.tenant_id):
+            return []
+        knee, running, share = binding.knee, binding.running, binding.share
+        victims: list[CoreCall[T]] = []
+        for _ in range(sum(running.values()) + 1 - knee):
+            over = max(running, key=lambda t: running[t] - share[t])
+            if running[over] - 1 < share[over]:
+                break
+            victim = self._newest_of(over, capacities)
+            if victim is None:
+                break
+            victim.yields_to = waiting.call.call_id
+            self._mark_yielding(victim, waiting.call.call_id)
+            running[over] -= 1
+            victims.append(victim)
+        return victims
+
+    def _newest_of(
+        self, tenant_id: str, capacities: Mapping[str, BackendCapacity]
+    ) -> CoreCall[T] | None:
+        """The tenant's newest running call on a serving backend, not yielding already."""
+        return self._newest(capacities, lambda e: e.call.tenant_id == tenant_id and not e.yielding)
+
+    def _mark_yielding(self, victim: CoreCall[T], beneficiary: str = "") -> None:
         victim.yielding = True
         self._yielding.add(victim.call.call_id)
-        self._yielded_to.add(beneficiary)
+        if beneficiary:
+            self._yielded_to.add(beneficiary)
 
     def _newest(
         self, capacities: Mapping[str, BackendCapacity], which: Callable[[CoreCall[T]], bool]
@@ -464,21 +526,66 @@ class DispatchCore(Generic[T]):
 
     def _over_share(self, tenant: str, capacities: Mapping[str, BackendCapacity]) -> str | None:
         """The tenant that should give a slot to `tenant`: `tenant` runs fewer calls than its
-        weighted share of the serving slots, and the one furthest over its own share would
-        still hold at least that share after giving one up; None when there is none."""
-        serving = {name: room for name, room in capacities.items() if room.healthy}
-        slots = _serving_slots(capacities)
-        running = Counter(e.call.tenant_id for e in self.running.values() if e.backend in serving)
-        backlogged = {*running, *self.ready.tenants()}
-        weights = {t: self._weights.get(t, 1.0) for t in backlogged}
-        total = sum(weights.values())
-        if not running or total <= 0:
-            return None
-        share = {t: slots * w / total for t, w in weights.items()}
-        if running[tenant] + 1 > share.get(tenant, 0.0):
+        weighted share of the serving slots (of the knee's, while it binds), and the one
+        furthest over its own share would still hold at least that share after giving one up;
+        None when there is none."""
+        slots = self.knee_cap(capacities) or _serving_slots(capacities)
+        running, share = self._tenant_shares(capacities, slots)
+        if not running or running[tenant] + 1 > share.get(tenant, 0.0):
             return None
         over = max(running, key=lambda t: running[t] - share[t])
         return over if running[over] - 1 >= share[over] else None
+
+    def knee_cap(self, capacities: Mapping[str, BackendCapacity]) -> int | None:
+        """With `share_slots`, the pool's knee while it binds (`_knee_binding`), else None."""
+        binding = self._knee_binding(capacities)
+        return None if binding is None else binding.knee
+
+    def _knee_binding(self, capacities: Mapping[str, BackendCapacity]) -> _KneeBinding | None:
+        """With `share_slots` and a knee below the serving slots, the knee binds while some
+        backlogged tenant is light (its calls, running or ready, are fewer than its weighted
+        share of the knee's: it gains from a faster step, not from more slots) and another
+        runs more than its own share plus one. Tenants that each have their share's worth of
+        calls keep the full batch: the knee would only slow them all."""
+        if not self.share_slots:
+            return None
+        knee = self.load(capacities).knee_calls
+        if knee is None or knee >= _serving_slots(capacities):
+            return None
+        running, share = self._tenant_shares(capacities, knee)
+        binding = _KneeBinding(knee, running, share, self.ready.count)
+        if any(running[t] - 1 >= share[t] for t in running) and any(map(binding.light, share)):
+            return binding
+        return None
+
+    def _rooms_for(
+        self, tenant_id: str, capacities: Mapping[str, BackendCapacity]
+    ) -> dict[str, BackendCapacity]:
+        """The rooms a call of the tenant may take: while the knee binds, only those below it
+        unless the tenant is light."""
+        binding = self._knee_binding(capacities)
+        if binding is None or binding.light(tenant_id):
+            return self.rooms(capacities)
+        return self.rooms(capacities, binding.knee / _serving_slots(capacities))
+
+    def _tenant_shares(
+        self, capacities: Mapping[str, BackendCapacity], slots: int
+    ) -> tuple[Counter[str], dict[str, float]]:
+        """Each tenant's calls running or being sent on a serving backend (not those yielding
+        already), and each backlogged tenant's (such calls or ready ones) share of `slots` by
+        weight."""
+        serving = {name for name, room in capacities.items() if room.healthy}
+        running = Counter(
+            e.call.tenant_id
+            for calls in (self.running, self.taking)
+            for e in calls.values()
+            if e.backend in serving and not e.yielding
+        )
+        weights = {t: self._weights.get(t, 1.0) for t in {*running, *self.ready.tenants()}}
+        total = sum(weights.values())
+        if total <= 0:
+            return running, {}
+        return running, {t: slots * w / total for t, w in weights.items()}
 
     def rooms(
         self, capacities: Mapping[str, BackendCapacity], fraction: float = 1.0
@@ -783,7 +890,8 @@ def _serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
 
 def shrunk_slots(room: BackendCapacity, fraction: float) -> int:
     """The backend's slots that may be busy within `fraction` of them (one at least)."""
-    return max(1, math.floor((room.running + room.waiting + room.free_slots) * fraction))
+    # (a fraction computed as slots over slots must not lose one to rounding)
+    return max(1, math.floor((room.running + room.waiting + room.free_slots) * fraction + 1e-9))
 
 
 def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:

@@ -7,7 +7,8 @@ encodes a call's prompt once for whichever backend of its pool runs it. At most 
 engine (it serves the engine settings' model under its served name) and any number of `openai`
 servers, each checked at start-up (its model and its tokenizer); the servers of one model name
 one tokenizer folder. The first pool is the default: calls that name no model run there. A
-call's length limit is its pool's smallest `max_model_len`.
+call's length limit is its pool's smallest `max_model_len`. With `knee_calls = "auto"` the local
+engine runs its calibration steps (`engine.calibration`) before the gateway serves.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 
 from engine import AsyncEngine, LLMEngine
+from engine.calibration import calibrate
 from gateway.backends import Backend, LocalBackend, OpenAIBackend
 from gateway.backends.settings import BackendSettings
 from gateway.engine_setup import build_engine_core
@@ -88,6 +90,8 @@ async def open_pools(
             if core is None:
                 core = await anyio.to_thread.run_sync(build_engine_core, settings)
             engine = await stack.enter_async_context(AsyncEngine(core, run_in_thread=not instant))
+            if settings.knee_calls == "auto":  # its knee known before the first call, and right
+                await calibrate(engine)
             model = served_model_name(settings.model)
             pool = pools.setdefault(model, Pool(model, core.tokenizer, settings.max_model_len))
             pool.tokenizer = core.tokenizer  # the engine's own, whatever else serves the model

@@ -34,6 +34,7 @@ class ReadyCalls(MutableMapping[str, E]):
         self._by_job: dict[str, dict[str, E]] = {}
         self._jobs_of: dict[str, set[str]] = {}  # tenant -> its jobs with a ready call
         self._protected: Counter[str] = Counter()  # tenant -> its calls that are not sheddable
+        self._count: Counter[str] = Counter()  # tenant -> its calls
         self.sheddable = 0  # calls that are
 
     def __getitem__(self, call_id: str) -> E:
@@ -47,12 +48,14 @@ class ReadyCalls(MutableMapping[str, E]):
         self._by_job.setdefault(call.job_id, {})[call_id] = entry
         self._jobs_of.setdefault(call.tenant_id, set()).add(call.job_id)
         self._protected[call.tenant_id] += not entry.sheddable
+        self._count[call.tenant_id] += 1
         self.sheddable += entry.sheddable
 
     def __delitem__(self, call_id: str) -> None:
         entry = self._calls.pop(call_id)
         call = entry.call
         self._protected[call.tenant_id] -= not entry.sheddable
+        self._count[call.tenant_id] -= 1
         self.sheddable -= entry.sheddable
         calls = self._by_job[call.job_id]
         del calls[call_id]
@@ -62,6 +65,7 @@ class ReadyCalls(MutableMapping[str, E]):
             jobs.discard(call.job_id)
             if not jobs:
                 del self._jobs_of[call.tenant_id], self._protected[call.tenant_id]
+                del self._count[call.tenant_id]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._calls)
@@ -86,6 +90,10 @@ class ReadyCalls(MutableMapping[str, E]):
     def protected(self, tenant_id: str) -> int:
         """How many of the tenant's ready calls are protected (their jobs do not give way)."""
         return self._protected[tenant_id]
+
+    def count(self, tenant_id: str) -> int:
+        """How many ready calls the tenant has."""
+        return self._count[tenant_id]
 
     def tenants(self) -> Collection[str]:
         """The tenants with a ready call."""

@@ -10,13 +10,16 @@ weighted share of the slots yields its newest call to a waiting call of a tenant
 that with the knee (`knee_calls`: past it only justitia's most urgent jobs add calls) where the
 engine's throughput reaches 80 % of its full batch's, by the step model fitted on the fcfs arm's
 steps and the workload's mean decoding context (`engine.step_fit.knee_calls`), and that with
-`knee_calls = "auto"`: the same knee as the engine measures it from its own steps as it runs.
+`knee_calls = "auto"`: the same knee as the engine measures it from its own steps as it runs
+(with `share_slots`, the knee also holds the batch while a light tenant runs: docs/ARCHITECTURE.md,
+"The knee holds the batch while a light tenant runs"). `--arms` picks some of them (`fcfs`,
+`justitia`, `share`, `knee-fcfs`, `knee-auto`); fcfs always runs, first.
 Reported per arm: the light tenants' average JCT, the heavy tenant's, the makespan, and each
 as a ratio to fcfs's; and how many light jobs ended past `gps_finish + Δ` of the run's own GPS
 reference (`bench.sim.reference`: the calls' live token counts, the engine's KV pool as the
 capacity, the run's mean step, Δ from the step model fitted on the run's steps).
 
-    python -m bench.live.slots --json bench/out/slots.json
+    python -m bench.live.slots --json bench/out/slots.json [--arms share,knee-auto]
 """
 
 from __future__ import annotations
@@ -42,15 +45,15 @@ from gateway.engine_setup import engine_config
 from gateway.settings import Settings
 
 HEAVY, LIGHT = "heavy", ("light-a", "light-b")
-# (policy, share_slots, knee: none, "fcfs" fitted from the fcfs arm's steps, or "auto"): the
-# first arm must be fcfs, whose steps give the knee
-ARMS: tuple[tuple[str, bool, str], ...] = (
-    ("fcfs", False, ""),
-    ("justitia", False, ""),
-    ("justitia", True, ""),
-    ("justitia", True, "fcfs"),
-    ("justitia", True, "auto"),
-)
+# arm -> (policy, share_slots, knee: none, "fcfs" fitted from the fcfs arm's steps, or "auto");
+# fcfs runs first in every study: its steps give the knee, its figures the ratios
+ARMS: dict[str, tuple[str, bool, str]] = {
+    "fcfs": ("fcfs", False, ""),
+    "justitia": ("justitia", False, ""),
+    "share": ("justitia", True, ""),
+    "knee-fcfs": ("justitia", True, "fcfs"),
+    "knee-auto": ("justitia", True, "auto"),
+}
 MAPS, PROMPT_TOKENS, REDUCE_TOKENS = 8, 32, 16
 RATIOS = ("light_avg_jct_s", "heavy_avg_jct_s", "makespan_s")  # each arm's, over fcfs's
 
@@ -127,7 +130,8 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
     ceiling = output_ceiling(jobs, 1.0)
     arms: dict[str, dict[str, float]] = {}
     knee: int | None = None  # from the fcfs arm's steps, for the last arm
-    for policy, share, kneed in ARMS:
+    chosen = ["fcfs", *(a for a in args.arms if a != "fcfs")]
+    for policy, share, kneed in (ARMS[a] for a in chosen):
         settings = Settings(
             port=0,
             policy=policy,
@@ -150,6 +154,14 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
     return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model, "knee": knee}
 
 
+def arm_names(value: str) -> list[str]:
+    names = value.split(",")
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no arm {', '.join(unknown)}; arms: {', '.join(ARMS)}")
+    return names
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.live.slots", description=__doc__)
     p.add_argument("--json", type=Path)
@@ -160,6 +172,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--light-tokens", type=int, default=24)
     p.add_argument("--light-every-s", type=float, default=0.7)
     p.add_argument("--light-start-s", type=float, default=1.0)
+    p.add_argument(
+        "--arms",
+        type=arm_names,
+        default=list(ARMS),
+        help=f"comma-separated, of {', '.join(ARMS)} (fcfs always runs, first)",
+    )
     args = p.parse_args(argv)
     result = anyio.run(study, args)
     print(json.dumps(result["to_fcfs"], indent=1))

@@ -537,6 +537,59 @@ def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() 
     assert even.next(1.0, full) is None and even.to_yield(1.0, full) == []
 
 
+def test_with_share_slots_the_batch_is_held_at_the_knee_while_a_tenant_is_under_its_share() -> None:
+    # justitia puts the light tenant's calls first (fcfs would show h's held ones, and the
+    # light call behind them would wait for the knee with them)
+    core = make_core("justitia", knee_calls=6)
+    core.share_slots = True
+    add_job(core, "heavy", nodes=12, tenant="h")
+    # one tenant alone: the knee does not bind, it fills every slot
+    assert run_all(core, 0.0, slots=12) == [f"heavy/n{i}" for i in range(12)]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=12)}
+    assert core.knee_cap(full) == 6  # l has none of its 3, h runs 12
+    assert core.next(1.0, full) is None and core.waiting is not None
+    # the batch back to the knee with a slot for the light call: h's seven newest, at once
+    victims = core.to_yield(1.0, full)
+    assert [v.call.call_id for v in victims] == [f"heavy/n{i}" for i in range(11, 4, -1)]
+    assert core.to_yield(1.0, full) == []  # chosen once
+    for victim in victims:
+        assert core.yielded(victim.call.call_id, 1.5) is victim
+    # seven slots free, but h may fill only the knee's six: the light call, not h's
+    assert run_all(core, 2.0, slots=7, running=5) == ["light/n0"]
+    past_knee = {"x": room(free_slots=6, running=6)}
+    assert core.next(2.0, past_knee) is None
+    assert core.to_yield(2.0, past_knee) == []  # h waits its turn
+    # the light tenant's next call takes a slot past the knee at once: no abort for it
+    add_job(core, "light2", now=2.5, tenant="l")
+    assert run_all(core, 2.5, slots=6, running=6) == ["light2/n0"]
+    assert core.to_yield(2.5, {"x": room(free_slots=5, running=7)}) == []
+    core.finished("light/n0", 16, 16, 3.0)
+    core.finished("light2/n0", 16, 16, 3.0)  # l has nothing left: the batch fills again
+    assert sorted(run_all(core, 3.0, slots=7, running=5)) == sorted(v.call.call_id for v in victims)
+
+
+def test_the_knee_binds_only_for_a_tenant_under_its_share_and_takes_none_below_it() -> None:
+    core = make_core("fcfs", knee_calls=4)
+    core.share_slots = True
+    add_job(core, "a", nodes=4, tenant="a")
+    add_job(core, "b", nodes=4, tenant="b")
+    assert len(run_all(core, 0.0, slots=8)) == 8
+    full = {"x": room(free_slots=0, running=8)}
+    # both over their shares of the knee, neither under: the full batch serves them
+    assert core.knee_cap(full) is None and core.to_yield(0.0, full) == []
+    add_job(core, "light", now=1.0, tenant="l")
+    assert core.next(1.0, full) is None
+    # 4/3 of the knee each: a and b keep 2 each, not below their shares (5 > 4 left)
+    victims = core.to_yield(1.0, full)
+    assert sorted(v.call.call_id for v in victims) == ["a/n2", "a/n3", "b/n2", "b/n3"]
+    without = make_core("fcfs", knee_calls=4)  # no share_slots: the knee holds no slot
+    add_job(without, "a", nodes=8, tenant="a")
+    assert len(run_all(without, 0.0, slots=8)) == 8
+    add_job(without, "light", now=1.0, tenant="l")
+    assert without.knee_cap(full) is None and without.to_yield(1.0, full) == []
+
+
 def test_weights_size_the_shares() -> None:
     core = make_core("fcfs")
     core.share_slots = True

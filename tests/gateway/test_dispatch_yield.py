@@ -93,13 +93,18 @@ class HandRemote:
 
 
 def dispatcher(
-    backend: HandRemote, store: MemoryQuotaStore, clock: Callable[[], float] = time.time
+    backend: HandRemote,
+    store: MemoryQuotaStore,
+    clock: Callable[[], float] = time.time,
+    knee_calls: int | None = None,
 ) -> Dispatcher:
     planner = CallPlanner(
         HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), CallDefaults(), None, None
     )
     policy = make_policy("fcfs")
-    lane = make_lane("sim", [backend], byte_tokenizer(), policy, planner, share_slots=True)
+    lane = make_lane(
+        "sim", [backend], byte_tokenizer(), policy, planner, knee_calls, share_slots=True
+    )
     return Dispatcher([lane], store, planner, DispatchConfig(), clock=clock)
 
 
@@ -204,3 +209,29 @@ async def test_a_call_that_kept_its_answer_is_not_counted_as_yielded() -> None:
         d.cancel(heavy)
         d.cancel(light)
     assert not yielded, f"fairgate_calls_yielded_total{{tenant=h}} = {yielded}, no call ran again"
+
+
+async def test_past_the_knee_the_heavy_tenant_s_newest_calls_yield_while_a_light_one_runs() -> None:
+    store = MemoryQuotaStore()
+    for tenant in ("h", "l"):
+        await store.create_tenant(tenant, tenant, QUOTA)
+    backend = HandRemote(slots=8)
+    async with dispatcher(backend, store, knee_calls=4) as d:
+        heavy = job("H", "h", *"abcdefgh")
+        await submit(d, store, heavy)
+        await anyio.wait_all_tasks_blocked()
+        assert len(backend.live) == 8  # alone, it has the whole batch
+        light = job("L", "l", "x")
+        await submit(d, store, light)
+        await anyio.wait_all_tasks_blocked()
+        # back to the knee (4) with the light call in it: the heavy job's 5 newest yield
+        assert backend.aborted == [f"H/{n}" for n in "hgfed"]
+        assert sorted(backend.live) == ["H/a", "H/b", "H/c", "L/x"]
+        assert all(restarts(heavy, n) for n in "defgh")
+        backend.send("L/x", "done", finished=True)
+        backend.end("L/x")
+        await anyio.wait_all_tasks_blocked()
+        # the light tenant has nothing left: the heavy calls fill the batch again
+        assert light.nodes["x"].state is NodeState.SUCCEEDED
+        assert sorted(backend.live) == [f"H/{n}" for n in "abcdefgh"]
+        d.cancel(heavy)

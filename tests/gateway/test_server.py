@@ -564,3 +564,14 @@ async def test_a_second_gateway_on_a_port_one_serves_is_refused() -> None:
         with pytest.raises(RuntimeError, match="Failed to bind"):
             async with running_gateway(taken, core=sim_core()):
                 pass
+
+
+async def test_with_an_auto_knee_the_local_engine_knows_its_knee_before_its_first_call() -> None:
+    # its calibration steps, at four batch sizes, tell the fixed cost of a step from a call's:
+    # here a step costs the same whatever the batch, so the knee is 80 % of the slots
+    settings = Settings(port=0, admin_key=ADMIN_KEY, knee_calls="auto")
+    core = sim_core(0.001)
+    async with running_gateway(settings, core=core, store=MemoryQuotaStore()) as gateway:
+        [lane] = gateway.dispatcher.lanes.values()
+        assert lane.core.load(lane.capacities()).knee_calls == 103  # ceil(0.8 * 128 slots)
+        assert core.config.max_num_seqs == 128 and not core.has_unfinished
