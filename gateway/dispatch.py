@@ -31,7 +31,8 @@ seen (it runs again here at once: the renewal unheld the job).
 Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
 for refinement is predicted again from its prompt's hidden state once prefilled (its engine
 reservation and its job's key follow), and a tenant's ready calls of a kind the error tracker
-turns conservative are planned again as they would be now (their jobs' keys follow). A
+turns conservative are planned again as they would be now (their jobs' keys follow), a job at a
+time in a task of their own, so a large backlog does not hold the loop. A
 one-call job that the engine would take at once reserves its call in the same script as its
 admission, and a job's last call finishes the job in the same script as its settle.
 
@@ -877,9 +878,21 @@ class Dispatcher(OwnsTasks):
     def _widen_ready(self, ticket: Ticket) -> None:
         """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
         (in its pool), planned before, are planned as they would be now and the policy re-keys
-        their jobs. Running calls keep their reservations."""
-        core = self._lane(ticket).core
-        self._reprioritize(core.replan(ticket.call.tenant_id, self._widened, self.clock()))
+        their jobs (`_widen_backlog`). Running calls keep their reservations."""
+        self.tasks.start_soon(self._widen_backlog, self._lane(ticket), ticket.call.tenant_id)
+
+    async def _widen_backlog(self, lane: Lane, tenant_id: str) -> None:
+        """The tenant's ready calls in the lane planned again a job at a time, with a checkpoint
+        after each: a backlog may hold 65,536 calls (about a second of planning), and planned in
+        one go it would hold every other tenant's streams, dispatches and RPCs that long. A job
+        whose calls are sent or gone meanwhile has nothing left to plan; one that a failure
+        stops planning keeps its plans (logged), not the loop's other work."""
+        try:
+            for job_id in list(lane.core.ready.jobs(tenant_id)):
+                self._reprioritize(lane.core.replan_job(job_id, self._widened, self.clock()))
+                await anyio.lowlevel.checkpoint()
+        except Exception:
+            log.exception("planning %s's ready calls again", tenant_id)
 
     def _widen_call(self, ticket: Ticket) -> None:
         """The ticket is ready again (its kind may have turned conservative while it ran, or

@@ -265,9 +265,20 @@ class DispatchCore(Generic[T]):
         its job."""
         changed = []
         for job_id in list(self.ready.jobs(tenant_id)):
-            if self._replan(self.ready.of_job(job_id), plan, now):
-                changed += self.refresh(job_id)
+            changed += self.replan_job(job_id, plan, now)
         return changed
+
+    def replan_job(
+        self,
+        job_id: str,
+        plan: Replanner[T],
+        now: float,
+    ) -> list[Reprioritize[T]]:
+        """One job's ready calls planned again as `replan` does: a caller that must not hold
+        its loop for a whole backlog goes through the tenant's jobs one at a time."""
+        if self._replan(self.ready.of_job(job_id), plan, now):
+            return self.refresh(job_id)
+        return []
 
     def replan_call(
         self,

@@ -375,6 +375,47 @@ async def test_a_kind_turned_conservative_widens_its_tenants_ready_calls(make_en
     }
 
 
+async def test_a_backlog_planned_again_leaves_the_loop_to_others_between_its_jobs(
+    make_env: MakeEnv,
+) -> None:
+    """A tenant's backlog was planned again in one go on the loop as its kind turned
+    conservative: about a second at 65,536 ready calls, every other tenant's streams,
+    dispatches and RPCs held that long. Now a job at a time: a task woken by the first job's
+    re-plan runs before the next job's. Room for one call at a time, as above."""
+    store = MemoryQuotaStore()
+    env = await make_env(store, num_blocks=32, tracker=ErrorTracker(), policy=RecordingFcfs())
+    core = env.dispatcher.core
+    order: list[str] = []
+    first_planned = anyio.Event()
+    replan_job = core.replan_job
+
+    def recorded(job_id: str, *args: Any) -> Any:
+        order.append(job_id)
+        first_planned.set()
+        return replan_job(job_id, *args)
+
+    core.replan_job = recorded  # type: ignore[method-assign,assignment]
+
+    async def another_tenant_s_work() -> None:
+        await first_planned.wait()
+        order.append("another tenant's work")
+
+    liar = job("liar", *((f"n{i}", 400) for i in range(4)))
+    backlog = [job(f"more{i}", ("n0", 400)) for i in range(3)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(another_tenant_s_work)
+        for run in (liar, *backlog):
+            await admit(env.dispatcher, run)
+        for run in (liar, *backlog):
+            async for _ in run.watch():
+                pass
+    assert order[1] == "another tenant's work"  # after the first job's re-plan, not the last's
+    assert sorted(order[:1] + order[2:]) == ["liar", "more0", "more1", "more2"]
+    policy = core.policy
+    assert isinstance(policy, RecordingFcfs)  # each waiting call was planned again
+    assert sorted(c for c, _ in policy.refined) == ["liar/n3", "more0/n0", "more1/n0", "more2/n0"]
+
+
 async def test_a_call_run_again_after_its_kind_turned_conservative_is_planned_so(
     make_env: MakeEnv,
 ) -> None:
