@@ -39,7 +39,8 @@ a call adds little throughput but slows every running call's step, so the light 
 run at the knee's pace, not the full batch's. Only light tenants' calls are sent past the knee;
 when one finds no slot at all, the over-share tenants' newest calls past the knee yield at once
 (the fewest tokens lost), so later light calls find the slots past the knee free and need no
-abort; once the knee no longer binds, the batch fills again.
+abort; once the knee no longer binds, the batch fills again. A protected call neither yields to
+a sheddable light call nor is held below the knee for light tenants with only sheddable calls.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`); so
@@ -145,11 +146,18 @@ class _KneeBinding:
     running: Counter[str]
     share: dict[str, float]
     ready_count: Callable[[str], int]
+    # some light tenant has a protected call (running or ready): only then are protected calls
+    # held below the knee (a protected call never gives way to a sheddable one)
+    holds_protected: bool = True
 
     def light(self, tenant_id: str) -> bool:
         """Fewer calls, running or ready, than its share of the knee's."""
         calls = self.running[tenant_id] + self.ready_count(tenant_id)
         return 0 < calls < self.share.get(tenant_id, 0.0)
+
+    def caps(self, tenant_id: str, sheddable: bool) -> bool:
+        """Whether a call of the tenant may take only the slots below the knee."""
+        return not self.light(tenant_id) and (sheddable or self.holds_protected)
 
 
 class DispatchCore(Generic[T]):
@@ -380,7 +388,7 @@ class DispatchCore(Generic[T]):
     def _route(self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity]) -> str | None:
         """A backend with room for the call now (another than the one it was lost on, where
         another serves), or None."""
-        rooms = self._rooms_for(entry.call.tenant_id, capacities)
+        rooms = self._rooms_for(entry.call.tenant_id, entry.sheddable, capacities)
         if entry.lost_on and any(r.healthy for b, r in rooms.items() if b != entry.lost_on):
             rooms.pop(entry.lost_on, None)
         return self.router.route(entry.call, entry.kv_tokens, rooms)
@@ -416,7 +424,7 @@ class DispatchCore(Generic[T]):
         # a slot for each ready call first: their needs are summed only when they are few
         rooms = [
             r
-            for r in self._rooms_for(call.tenant_id, capacities).values()
+            for r in self._rooms_for(call.tenant_id, sheddable, capacities).values()
             if r.healthy and r.free_slots > ready
         ]
         if not rooms:
@@ -491,8 +499,8 @@ class DispatchCore(Generic[T]):
         newest calls of the tenants furthest over their shares of the knee, enough to bring the
         batch back to the knee with room for the waiting call, all at once (they then wait
         until it is sent, as `_over_share_victim`'s does); none that would take a tenant below
-        its share. Once the batch is back, the light calls after it take the free slots past
-        the knee, with no abort to wait for."""
+        its share, and no protected call for a sheddable one. Once the batch is back, the light
+        calls after it take the free slots past the knee, with no abort to wait for."""
         waiting, binding = self.waiting, self._knee_binding(capacities)
         if binding is None or waiting is None or waiting.call.call_id in self._yielded_to:
             return []
@@ -504,7 +512,7 @@ class DispatchCore(Generic[T]):
             over = max(running, key=lambda t: running[t] - share[t])
             if running[over] - 1 < share[over]:
                 break
-            victim = self._newest_of(over, capacities)
+            victim = self._newest_of(over, capacities, waiting.sheddable)
             if victim is None:
                 break
             victim.yields_to = waiting.call.call_id
@@ -514,10 +522,16 @@ class DispatchCore(Generic[T]):
         return victims
 
     def _newest_of(
-        self, tenant_id: str, capacities: Mapping[str, BackendCapacity]
+        self, tenant_id: str, capacities: Mapping[str, BackendCapacity], sheddable: bool = False
     ) -> CoreCall[T] | None:
-        """The tenant's newest running call on a serving backend, not yielding already."""
-        return self._newest(capacities, lambda e: e.call.tenant_id == tenant_id and not e.yielding)
+        """The tenant's newest running call on a serving backend, not yielding already (a
+        sheddable one when `sheddable`)."""
+        return self._newest(
+            capacities,
+            lambda e: (
+                e.call.tenant_id == tenant_id and not e.yielding and (e.sheddable or not sheddable)
+            ),
+        )
 
     def _mark_yielding(self, victim: CoreCall[T], beneficiary: str = "") -> None:
         victim.yielding = True
@@ -565,17 +579,27 @@ class DispatchCore(Generic[T]):
             return None
         running, share = self._tenant_shares(capacities, knee)
         binding = _KneeBinding(knee, running, share, self.ready.count)
-        if any(running[t] - 1 >= share[t] for t in running) and any(map(binding.light, share)):
+        light = [t for t in share if binding.light(t)]
+        if not light or not any(running[t] - 1 >= share[t] for t in running):
+            return None
+        if any(self.ready.protected(t) for t in light):
             return binding
-        return None
+        protected = {
+            e.call.tenant_id
+            for calls in (self.running, self.taking)
+            for e in calls.values()
+            if not e.sheddable and not e.yielding
+        }
+        return dataclasses.replace(binding, holds_protected=not protected.isdisjoint(light))
 
     def _rooms_for(
-        self, tenant_id: str, capacities: Mapping[str, BackendCapacity]
+        self, tenant_id: str, sheddable: bool, capacities: Mapping[str, BackendCapacity]
     ) -> dict[str, BackendCapacity]:
         """The rooms a call of the tenant may take: while the knee binds, only those below it
-        unless the tenant is light."""
+        unless the tenant is light (or the call is protected and the light tenants have only
+        sheddable calls)."""
         binding = self._knee_binding(capacities)
-        if binding is None or binding.light(tenant_id):
+        if binding is None or not binding.caps(tenant_id, sheddable):
             return self.rooms(capacities)
         return self.rooms(capacities, binding.knee / _serving_slots(capacities))
 

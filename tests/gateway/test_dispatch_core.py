@@ -590,6 +590,25 @@ def test_the_knee_binds_only_for_a_tenant_under_its_share_and_takes_none_below_i
     assert without.knee_cap(full) is None and without.to_yield(1.0, full) == []
 
 
+def test_a_sheddable_light_call_takes_no_protected_call_s_room_at_the_knee() -> None:
+    # a protected call never yields to a sheddable one (it would take the room back at once,
+    # and the sheddable call would yield in its turn), nor is it held below the knee for one
+    core = make_core("justitia", knee_calls=6)
+    core.share_slots = True
+    add_job(core, "heavy", nodes=12, tenant="h")
+    assert len(run_all(core, 0.0, slots=12)) == 12
+    add_job(core, "light", now=1.0, tenant="l", priority=-1)
+    full = {"x": room(free_slots=0, running=12)}
+    assert core.next(1.0, full) is None and core.waiting is not None
+    assert core.waiting.call.call_id == "light/n0"
+    assert core.to_yield(1.0, full) == []
+    # h's next call may still go past the knee: the light tenant has only a sheddable call
+    add_job(core, "heavy2", now=2.0, tenant="h")
+    core.finished("heavy/n0", 16, 16, 2.0)
+    core.finished("heavy/n1", 16, 16, 2.0)
+    assert sorted(run_all(core, 2.0, slots=2, running=10)) == ["heavy2/n0", "light/n0"]
+
+
 def test_weights_size_the_shares() -> None:
     core = make_core("fcfs")
     core.share_slots = True
