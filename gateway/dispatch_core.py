@@ -478,11 +478,17 @@ class DispatchCore(Generic[T]):
     ) -> CoreCall[T] | None:
         """With `share_slots`: the newest call of the tenant furthest over its share of the
         slots, to yield to `waiting` and wait until it is sent; one at a time. A protected call
-        never yields to a sheddable one (which would give its room back to it at once)."""
-        call_id = waiting.call.call_id
+        never yields to a sheddable one (which would give its room back to it at once), nor does
+        a call past the knee yield to one the knee holds below it (it could not take the room)."""
+        call_id, tenant = waiting.call.call_id, waiting.call.tenant_id
         if not self.share_slots or self._yielding or call_id in self._yielded_to:
             return None
-        over = self._over_share(waiting.call.tenant_id, capacities)
+        # while the knee holds `waiting` below it, a slot freed past the knee is none it may take
+        binding = self._knee_binding(capacities)
+        past_knee = binding is not None and sum(binding.running.values()) > binding.knee
+        if past_knee and binding is not None and binding.caps(tenant, waiting.sheddable):
+            return None
+        over = self._over_share(tenant, capacities)
         if over is None:
             return None
         victim = self._newest(

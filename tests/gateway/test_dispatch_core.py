@@ -609,6 +609,31 @@ def test_a_sheddable_light_call_takes_no_protected_call_s_room_at_the_knee() -> 
     assert sorted(run_all(core, 2.0, slots=2, running=10)) == ["heavy2/n0", "light/n0"]
 
 
+def test_no_call_yields_past_the_knee_to_a_call_that_may_not_go_past_it() -> None:
+    core = make_core("fcfs", knee_calls=6)
+    core.share_slots = True
+    add_job(core, "heavy", nodes=11, tenant="h")
+    assert len(run_all(core, 0.0, slots=12)) == 11
+    add_job(core, "light", now=0.5, tenant="l")
+    assert run_all(core, 0.5, slots=1, running=11) == ["light/n0"]
+    add_job(core, "med", nodes=5, now=1.0, tenant="m")  # under its share, but not light
+    full = {"x": room(free_slots=0, running=12)}
+    assert core.knee_cap(full) == 6
+    assert core.next(1.0, full) is None and core.waiting is not None
+    assert core.waiting.call.call_id == "med/n0"
+    # the slot h's newest call would leave is past the knee, where m's calls may not go
+    assert core.to_yield(1.0, full) == []
+    # with the batch back at the knee, h gives m a slot below it
+    for i in range(5, 11):
+        core.finished(f"heavy/n{i}", 16, 16, 2.0)
+    at_knee = {"x": room(free_slots=6, running=6)}
+    assert core.next(2.0, at_knee) is None
+    [victim] = core.to_yield(2.0, at_knee)
+    assert victim.call.call_id == "heavy/n4"
+    assert core.yielded("heavy/n4", 2.5) is victim
+    assert run_all(core, 3.0, slots=7, running=5) == ["med/n0"]
+
+
 def test_weights_size_the_shares() -> None:
     core = make_core("fcfs")
     core.share_slots = True
