@@ -146,12 +146,15 @@ class _KneeBinding:
     running: Counter[str]
     share: dict[str, float]
     ready_count: Callable[[str], int]
+    idle: frozenset[str]  # tenants with no call running whose own quota holds their calls back
     # some light tenant has a protected call (running or ready): only then are protected calls
     # held below the knee (a protected call never gives way to a sheddable one)
     holds_protected: bool = True
 
     def light(self, tenant_id: str) -> bool:
-        """Fewer calls, running or ready, than its share of the knee's."""
+        """Fewer calls, running or ready, than its share of the knee's (and one may run)."""
+        if tenant_id in self.idle:
+            return False
         calls = self.running[tenant_id] + self.ready_count(tenant_id)
         return 0 < calls < self.share.get(tenant_id, 0.0)
 
@@ -364,14 +367,14 @@ class DispatchCore(Generic[T]):
         if call is None:
             return None
         entry = self.ready[call.call_id]
-        backend = self._route(entry, capacities)
+        backend = self._route(entry, capacities, now)
         if backend is None and entry.sheddable:
             # a protected call behind it is the one to wait for room (and be yielded to)
             self.policy.set_shedding(True)
             shown = self.policy.peek(now, load)
             if shown is not None:
                 entry = self.ready[shown.call_id]
-                backend = self._route(entry, capacities)
+                backend = self._route(entry, capacities, now)
         if backend is None:
             self.waiting = entry
             self._starved = not entry.sheddable
@@ -385,10 +388,12 @@ class DispatchCore(Generic[T]):
         self.taking[entry.call.call_id] = entry
         return Dispatch(entry, needs_reserve=not entry.reserved, needs_grant=self.gated)
 
-    def _route(self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity]) -> str | None:
+    def _route(
+        self, entry: CoreCall[T], capacities: Mapping[str, BackendCapacity], now: float
+    ) -> str | None:
         """A backend with room for the call now (another than the one it was lost on, where
         another serves), or None."""
-        rooms = self._rooms_for(entry.call.tenant_id, entry.sheddable, capacities)
+        rooms = self._rooms_for(entry.call.tenant_id, entry.sheddable, capacities, now)
         if entry.lost_on and any(r.healthy for b, r in rooms.items() if b != entry.lost_on):
             rooms.pop(entry.lost_on, None)
         return self.router.route(entry.call, entry.kv_tokens, rooms)
@@ -442,12 +447,12 @@ class DispatchCore(Generic[T]):
         until it is dispatched (a backend may show the room an abort frees only a while later).
         Else, with `share_slots`, the newest call of a tenant over its share, one at a time.
         Before any of these, while the knee binds, the calls past it (`_knee_victims`)."""
-        victims = self._knee_victims(capacities)
+        victims = self._knee_victims(capacities, now)
         waiting = self.waiting
         if waiting is None:
             return victims
         if waiting.sheddable:
-            victim = self._over_share_victim(waiting, capacities)
+            victim = self._over_share_victim(waiting, capacities, now)
             return victims if victim is None else [*victims, victim]
         held: list[str] = []
         load = self.load(capacities)
@@ -469,12 +474,12 @@ class DispatchCore(Generic[T]):
             for call_id in held:
                 self.policy.unhold(call_id)
         if not victims and not self._yielding:
-            victim = self._over_share_victim(waiting, capacities)
+            victim = self._over_share_victim(waiting, capacities, now)
             victims = [] if victim is None else [victim]
         return victims
 
     def _over_share_victim(
-        self, waiting: CoreCall[T], capacities: Mapping[str, BackendCapacity]
+        self, waiting: CoreCall[T], capacities: Mapping[str, BackendCapacity], now: float
     ) -> CoreCall[T] | None:
         """With `share_slots`: the newest call of the tenant furthest over its share of the
         slots, to yield to `waiting` and wait until it is sent; one at a time. A protected call
@@ -484,7 +489,7 @@ class DispatchCore(Generic[T]):
         if not self.share_slots or self._yielding or call_id in self._yielded_to:
             return None
         # while the knee holds `waiting` below it, a slot freed past the knee is none it may take
-        binding = self._knee_binding(capacities)
+        binding = self._knee_binding(capacities, now)
         past_knee = binding is not None and sum(binding.running.values()) > binding.knee
         if past_knee and binding is not None and binding.caps(tenant, waiting.sheddable):
             return None
@@ -500,14 +505,16 @@ class DispatchCore(Generic[T]):
             self._mark_yielding(victim, call_id)
         return victim
 
-    def _knee_victims(self, capacities: Mapping[str, BackendCapacity]) -> list[CoreCall[T]]:
+    def _knee_victims(
+        self, capacities: Mapping[str, BackendCapacity], now: float
+    ) -> list[CoreCall[T]]:
         """While the knee binds and a light tenant's call waits for a slot (none is free): the
         newest calls of the tenants furthest over their shares of the knee, enough to bring the
         batch back to the knee with room for the waiting call, all at once (they then wait
         until it is sent, as `_over_share_victim`'s does); none that would take a tenant below
         its share, and no protected call for a sheddable one. Once the batch is back, the light
         calls after it take the free slots past the knee, with no abort to wait for."""
-        waiting, binding = self.waiting, self._knee_binding(capacities)
+        waiting, binding = self.waiting, self._knee_binding(capacities, now)
         if binding is None or waiting is None or waiting.call.call_id in self._yielded_to:
             return []
         if not binding.light(waiting.call.tenant_id):
@@ -567,24 +574,33 @@ class DispatchCore(Generic[T]):
         over = max(running, key=lambda t: running[t] - share[t])
         return over if running[over] - 1 >= share[over] else None
 
-    def knee_cap(self, capacities: Mapping[str, BackendCapacity]) -> int | None:
+    def knee_cap(
+        self, capacities: Mapping[str, BackendCapacity], now: float | None = None
+    ) -> int | None:
         """With `share_slots`, the pool's knee while it binds (`_knee_binding`), else None."""
-        binding = self._knee_binding(capacities)
+        binding = self._knee_binding(capacities, now)
         return None if binding is None else binding.knee
 
-    def _knee_binding(self, capacities: Mapping[str, BackendCapacity]) -> _KneeBinding | None:
+    def _knee_binding(
+        self, capacities: Mapping[str, BackendCapacity], now: float | None = None
+    ) -> _KneeBinding | None:
         """With `share_slots` and a knee below the serving slots, the knee binds while some
         backlogged tenant is light (its calls, running or ready, are fewer than its weighted
         share of the knee's: it gains from a faster step, not from more slots) and another
         runs more than its own share plus one. Tenants that each have their share's worth of
-        calls keep the full batch: the knee would only slow them all."""
+        calls keep the full batch: the knee would only slow them all. At `now`, a tenant whose
+        own quota holds back its ready calls, with none running, is not light: it can send
+        nothing, and its quota makes only itself wait."""
         if not self.share_slots:
             return None
         knee = self.load(capacities).knee_calls
         if knee is None or knee >= _serving_slots(capacities):
             return None
         running, share = self._tenant_shares(capacities, knee)
-        binding = _KneeBinding(knee, running, share, self.ready.count)
+        held = frozenset(
+            t for t, until in self._quota_held.items() if now is not None and until > now
+        )
+        binding = _KneeBinding(knee, running, share, self.ready.count, held - running.keys())
         light = [t for t in share if binding.light(t)]
         if not light or not any(running[t] - 1 >= share[t] for t in running):
             return None
@@ -599,12 +615,16 @@ class DispatchCore(Generic[T]):
         return dataclasses.replace(binding, holds_protected=not protected.isdisjoint(light))
 
     def _rooms_for(
-        self, tenant_id: str, sheddable: bool, capacities: Mapping[str, BackendCapacity]
+        self,
+        tenant_id: str,
+        sheddable: bool,
+        capacities: Mapping[str, BackendCapacity],
+        now: float | None = None,
     ) -> dict[str, BackendCapacity]:
         """The rooms a call of the tenant may take: while the knee binds, only those below it
         unless the tenant is light (or the call is protected and the light tenants have only
         sheddable calls)."""
-        binding = self._knee_binding(capacities)
+        binding = self._knee_binding(capacities, now)
         if binding is None or not binding.caps(tenant_id, sheddable):
             return self.rooms(capacities)
         return self.rooms(capacities, binding.knee / _serving_slots(capacities))

@@ -634,6 +634,22 @@ def test_no_call_yields_past_the_knee_to_a_call_that_may_not_go_past_it() -> Non
     assert run_all(core, 3.0, slots=7, running=5) == ["med/n0"]
 
 
+def test_the_knee_does_not_bind_for_a_tenant_its_own_quota_holds_back() -> None:
+    # a tenant past its quota makes only itself wait: its held call gains nothing from the knee
+    core = make_core("justitia", knee_calls=6)
+    core.share_slots = True
+    add_job(core, "light", tenant="l")
+    taken = core.next(0.0, {"x": room(free_slots=12)})
+    assert taken is not None and taken.entry.call.call_id == "light/n0"
+    core.retry_later("light/n0", until=100.0)
+    add_job(core, "heavy", nodes=20, tenant="h")
+    assert len(run_all(core, 1.0, slots=12)) == 12
+    # once its hold lapses, its call is light again: h's next calls stay below the knee
+    core.finished("heavy/n0", 16, 16, 100.0)
+    core.finished("heavy/n1", 16, 16, 100.0)
+    assert run_all(core, 100.0, slots=2, running=10) == ["light/n0"]
+
+
 def test_weights_size_the_shares() -> None:
     core = make_core("fcfs")
     core.share_slots = True
