@@ -627,7 +627,20 @@ class DispatchCore(Generic[T]):
         binding = self._knee_binding(capacities, now)
         if binding is None or not binding.caps(tenant_id, sheddable):
             return self.rooms(capacities)
-        return self.rooms(capacities, binding.knee / _serving_slots(capacities))
+        # each backend at its own knee (a pool-wide fraction would put a larger backend's calls
+        # past its knee and hold a smaller one's below it)
+        knees = {name: self._backend_knee(room) for name, room in capacities.items()}
+        return self.rooms(
+            capacities,
+            {
+                name: 1.0 if k is None else k / max(_slots(capacities[name]), 1)
+                for name, k in knees.items()
+            },
+        )
+
+    def _backend_knee(self, room: BackendCapacity) -> int | None:
+        """The backend's own knee: the number per backend, or its own measure with "auto"."""
+        return room.knee_calls if self.knee_calls == "auto" else self.knee_calls
 
     def _tenant_shares(
         self, capacities: Mapping[str, BackendCapacity], slots: int
@@ -649,14 +662,19 @@ class DispatchCore(Generic[T]):
         return running, {t: slots * w / total for t, w in weights.items()}
 
     def rooms(
-        self, capacities: Mapping[str, BackendCapacity], fraction: float = 1.0
+        self,
+        capacities: Mapping[str, BackendCapacity],
+        fraction: float | Mapping[str, float] = 1.0,
     ) -> dict[str, BackendCapacity]:
         """Each backend's room less what the calls being taken there were promised, and its
-        slots cut to `batch_fraction` of them (or to `fraction`, when that is less)."""
+        slots cut to `batch_fraction` of them (or to `fraction`, or its own in a mapping, when
+        that is less)."""
         rooms = dict(capacities)
-        fraction = min(fraction, self.batch_fraction)
-        if fraction < 1.0:
-            rooms = {name: _shrunk(room, fraction) for name, room in rooms.items()}
+        for name, capacity in capacities.items():
+            cut = min(fraction.get(name, 1.0) if isinstance(fraction, Mapping) else fraction, 1.0)
+            cut = min(cut, self.batch_fraction)
+            if cut < 1.0:
+                rooms[name] = _shrunk(capacity, cut)
         for entry in self.taking.values():
             room = rooms.get(entry.backend)
             if room is not None:
@@ -946,7 +964,12 @@ def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
 
 def _serving_slots(capacities: Mapping[str, BackendCapacity]) -> int:
     """The batch slots of the backends that serve: busy or free."""
-    return sum(r.running + r.waiting + r.free_slots for r in capacities.values() if r.healthy)
+    return sum(_slots(r) for r in capacities.values() if r.healthy)
+
+
+def _slots(room: BackendCapacity) -> int:
+    """The backend's batch slots: busy or free."""
+    return room.running + room.waiting + room.free_slots
 
 
 def shrunk_slots(room: BackendCapacity, fraction: float) -> int:

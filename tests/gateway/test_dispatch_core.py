@@ -650,6 +650,27 @@ def test_the_knee_does_not_bind_for_a_tenant_its_own_quota_holds_back() -> None:
     assert run_all(core, 100.0, slots=2, running=10) == ["light/n0"]
 
 
+def test_while_the_knee_binds_each_backend_is_held_at_its_own_knee() -> None:
+    core = make_core("fcfs", knee_calls=6)  # 6 a backend, whatever its slots
+    core.share_slots = True
+    add_job(core, "heavy", nodes=12, tenant="h")
+    for k in range(6):  # 6 on the small backend, then 6 on the large one
+        assert core.next(0.0, {"a": room(8 - k, k), "b": room(0)}) is not None
+        assert core.launched(f"heavy/n{k}", 0.0) is not None
+    for k in range(6):
+        assert core.next(0.0, {"a": room(2, 6), "b": room(16 - k, k)}) is not None
+        assert core.launched(f"heavy/n{k + 6}", 0.0) is not None
+    add_job(core, "light", now=1.0, tenant="l")
+    light = core.next(1.0, {"a": room(0, 8), "b": room(10, 6)})
+    assert light is not None and light.entry.backend == "b"
+    assert core.launched("light/n0", 1.0) is not None
+    add_job(core, "heavy2", now=2.0, tenant="h")
+    both = {"a": room(2, 6), "b": room(9, 7)}
+    assert core.knee_cap(both) == 12
+    # h is at the knee on each: none past b's 6 (the pool's 12 / 24 slots would allow 8)
+    assert core.next(2.0, both) is None
+
+
 def test_weights_size_the_shares() -> None:
     core = make_core("fcfs")
     core.share_slots = True
