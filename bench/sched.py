@@ -5,6 +5,8 @@ the same jobs in each engine regime (`cpu`, `gpu`) and load, through the real en
 the simulated runner (`bench.sim`), plus the noisy-prediction, attack and knee runs. Writes the
 issue's JSON (`--json`), and into `--out` a Markdown report, the details of every run, the base
 workload and PNG plots. `--quick` runs a smaller grid (fewer jobs, load 0.9 only).
+`--share-slots` runs every policy with the gateway's `share_slots` (yields to under-share
+tenants, and the knee holding the batch while a light tenant runs).
 
     python -m bench.sched --quick --json sched.json
     fairgate bench sched --workload my.jsonl --regimes gpu --loads 0.9
@@ -63,6 +65,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-step-model", type=Path, help="JSON: overhead_s, per_token_s, ...")
     p.add_argument("--noise-sigma", type=float, default=0.4)
     p.add_argument("--workers", type=int, default=1, help="simulations run in parallel")
+    p.add_argument(
+        "--share-slots",
+        action="store_true",
+        help="the gateway's share_slots: yields to under-share tenants, the knee held for light",
+    )
     return p.parse_args(argv)
 
 
@@ -122,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         noise_sigma=args.noise_sigma,
         seed=args.seed,
         workers=args.workers,
+        share_slots=args.share_slots,
     )
     out = Study(jobs, config).run()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,14 @@ at once. The real scheduler and block manager decide batching, KV and preemption
 arrives and each call again when it becomes ready (what the policy orders it by, what the engine
 reserves), hears each call's progress and its true length when it finishes, and when it says so
 (a kind of a tenant's calls turned conservative) plans that tenant's ready calls again
-(`DispatchCore.replan`, as the gateway). A closed loop
+(`DispatchCore.replan`, as the gateway). With `share_slots` (`EngineSetup`) the running calls
+the core chooses to yield (`DispatchCore.to_yield`) are aborted in the engine at once and wait
+among the ready calls to run again from their prompts, planned again as the gateway plans a
+call sent back. A closed loop
 (`followers`): a job named there is followed by its follower, which arrives the moment it
 finishes (a client that sends its next job when the last one ends). Invariant:
-every job that arrives finishes, each of its calls is dispatched exactly once, and a job leaves
-the policy when its last call finishes.
+every job that arrives finishes, each of its calls finishes exactly once (dispatched once, and
+once more after each yield), and a job leaves the policy when its last call finishes.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
 from gateway.backends import BackendCapacity, engine_capacity
-from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
+from gateway.dispatch_core import CoreCall, DispatchCore, Replanner, Reprioritize
 from tenants.policies import JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
 
 Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens
@@ -45,6 +48,10 @@ class EngineSetup:
     config: EngineConfig
     step_model: StepTimeModel
     knee_calls: int | None  # told to the policy; None: no knee
+    # the dispatch core's `share_slots`: a tenant over its share of the slots yields its newest
+    # call to a waiting call of a tenant under it, and the knee holds the batch while a light
+    # tenant runs (gateway/dispatch_core.py)
+    share_slots: bool = False
 
 
 @dataclass(slots=True)
@@ -89,7 +96,9 @@ class Simulation:
         self.runner = TraceRunner(setup.step_model)
         self.engine = LLMEngine(setup.config, runner=self.runner)
         self.policy = policy
-        self.core: DispatchCore[None] = DispatchCore(policy, setup.knee_calls)
+        self.core: DispatchCore[None] = DispatchCore(
+            policy, setup.knee_calls, share_slots=setup.share_slots
+        )
         self.predictor: CallPredictor = (
             FixedPredictions(predictions) if isinstance(predictions, Mapping) else predictions
         )
@@ -194,9 +203,25 @@ class Simulation:
         return {"engine": engine_capacity(cap, self.engine.block_manager.block_size)}
 
     def _dispatch(self, now: float) -> None:
+        """Send the calls the core picks, then abort those it chooses to yield (at once here,
+        where the gateway waits for each aborted stream to end) and pick again, until it
+        chooses none (each is chosen once for a waiting call, so this ends)."""
+        self._send(now)
+        while victims := self.core.to_yield(now, self._capacities()):
+            for victim in victims:
+                call_id = victim.call.call_id
+                self.engine.abort(call_id)
+                del self.produced[call_id]
+                if self.core.yielded(call_id, now) is not None:  # runs again from its prompt
+                    self._reprioritize(self.core.replan_call(call_id, self._replanned(now), now))
+            self._send(now)
+
+    def _send(self, now: float) -> None:
         while (dispatch := self.core.next(now, self._capacities())) is not None:
             entry = dispatch.entry
             call = entry.call
+            if dispatch.taken:  # a call that yielded asks for its quota again: none here
+                self.core.launched(call.call_id, now)
             node = self.states[call.job_id].nodes[call.node_id]
             self.runner.expect(call.call_id, node.output_tokens)
             self.engine.add_request(
@@ -247,6 +272,10 @@ class Simulation:
     def _replan(self, tenant: str, now: float) -> None:
         """The predictor plans the tenant's ready calls again (a kind of its calls turned
         conservative), through the core as the gateway does."""
+        self._reprioritize(self.core.replan(tenant, self._replanned(now), now))
+
+    def _replanned(self, now: float) -> Replanner[None]:
+        """A ready call as the predictor plans it again now, or None where nothing changed."""
 
         def again(entry: CoreCall[None]) -> tuple[ReadyCall, int] | None:
             call = entry.call
@@ -256,7 +285,7 @@ class Simulation:
                 return None
             return replace(call, predicted_output=estimate.policy_output), estimate.reserve_output
 
-        self._reprioritize(self.core.replan(tenant, again, now))
+        return again
 
     def _reprioritize(self, changes: list[Reprioritize[None]]) -> None:
         """The job was re-keyed: its calls in the engine get their new priority."""

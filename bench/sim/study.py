@@ -48,6 +48,7 @@ class StudyConfig:
     seed: int = 0
     workers: int = 1
     service_points: int = 200  # snapshots of cumulative service at the headline point
+    share_slots: bool = False  # the dispatch core's, in every run but the capacity probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,7 @@ def execute(run: Run) -> SimResult:
 
 
 def _without_knee(setup: EngineSetup) -> EngineSetup:
-    return EngineSetup(setup.config, setup.step_model, None)
+    return replace(setup, knee_calls=None)
 
 
 class Study:
@@ -139,7 +140,9 @@ class Study:
         runs: list[Run] = []
         sticks: dict[int, Yardstick] = {}  # by id of the workload tuple the runs share
         for regime in self.config.regimes:
-            prepared = out.prepared[regime.name] = prepare(self.base, regime)
+            prepared = prepare(self.base, regime)
+            setup = replace(prepared.setup, share_slots=self.config.share_slots)
+            prepared = out.prepared[regime.name] = replace(prepared, setup=setup)
             for load in self.config.loads:
                 jobs = at_load(self.base, load, prepared.capacity, prepared.step_seconds)
                 cell = list(self._cell_runs(regime.name, load, jobs, prepared))

@@ -130,6 +130,36 @@ def test_everything_finishes_and_no_block_leaks(policy: str, noise: float | None
         assert sim.result.preemptions == 0  # exact reservations never run out
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "justitia"])
+def test_with_share_slots_every_call_yielded_runs_again_and_nothing_leaks(policy: str) -> None:
+    jobs = random_workload(seed=3)
+    setup = dataclasses.replace(make_setup(num_blocks=40, knee=6), share_slots=True)
+    sim = simulate(jobs, policy, setup)
+    assert set(sim.result.finish) == {j.job_id for j in jobs}
+    blocks = sim.engine.block_manager
+    blocks.check_invariants()
+    assert blocks.num_free_blocks == blocks.num_blocks and not sim.engine.has_unfinished
+    assert not sim.core.running and not sim.core.ready and not sim.produced
+    # a yielded call's tokens are made again: at least every call's whole output
+    assert sim.result.output_tokens >= sum(n.output_tokens for j in jobs for n in j.nodes)
+
+
+def test_with_share_slots_a_light_tenant_s_call_gets_a_slot_and_the_knee_s_pace() -> None:
+    # the heavy tenant's 20 long calls take all 16 slots; the light call arrives at 1 s
+    heavy = [single(f"h{i}", "heavy", 40, 300) for i in range(20)]
+    light = single("light", "light", 40, 20, arrival=1.0)
+    plain = make_setup(num_blocks=1024, knee=8)
+    shared = dataclasses.replace(plain, share_slots=True)
+    # every heavy job admitted past the knee, so that its calls hold every slot
+    without = simulate([*heavy, light], "justitia", plain, pampered_jobs=20)
+    with_share = simulate([*heavy, light], "justitia", shared, pampered_jobs=20)
+    waited = without.result.finish["light"] - 1.0
+    assert with_share.result.finish["light"] - 1.0 < waited / 4  # no wait for a heavy call
+    # the yielded heavy calls ran again and every job finished
+    assert set(with_share.result.finish) == {j.job_id for j in [*heavy, light]}
+    assert with_share.result.output_tokens > without.result.output_tokens
+
+
 def test_dispatch_promises_no_block_twice_to_calls_waiting_in_the_engine() -> None:
     # 40 blocks of 16; each call needs 4 for its prompt and 8 more for its output: 3 fit, and
     # by prompts alone (what the engine counts for a waiting call) 10 would.
