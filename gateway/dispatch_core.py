@@ -493,7 +493,7 @@ class DispatchCore(Generic[T]):
         past_knee = binding is not None and sum(binding.running.values()) > binding.knee
         if past_knee and binding is not None and binding.caps(tenant, waiting.sheddable):
             return None
-        over = self._over_share(tenant, capacities)
+        over = self._over_share(tenant, capacities, now)
         if over is None:
             return None
         victim = self._newest(
@@ -562,12 +562,14 @@ class DispatchCore(Generic[T]):
                 return entry
         return None
 
-    def _over_share(self, tenant: str, capacities: Mapping[str, BackendCapacity]) -> str | None:
+    def _over_share(
+        self, tenant: str, capacities: Mapping[str, BackendCapacity], now: float
+    ) -> str | None:
         """The tenant that should give a slot to `tenant`: `tenant` runs fewer calls than its
         weighted share of the serving slots (of the knee's, while it binds), and the one
         furthest over its own share would still hold at least that share after giving one up;
         None when there is none."""
-        slots = self.knee_cap(capacities) or _serving_slots(capacities)
+        slots = self.knee_cap(capacities, now) or _serving_slots(capacities)
         running, share = self._tenant_shares(capacities, slots)
         if not running or running[tenant] + 1 > share.get(tenant, 0.0):
             return None
@@ -975,7 +977,7 @@ def _slots(room: BackendCapacity) -> int:
 def shrunk_slots(room: BackendCapacity, fraction: float) -> int:
     """The backend's slots that may be busy within `fraction` of them (one at least)."""
     # (a fraction computed as slots over slots must not lose one to rounding)
-    return max(1, math.floor((room.running + room.waiting + room.free_slots) * fraction + 1e-9))
+    return max(1, math.floor(_slots(room) * fraction + 1e-9))
 
 
 def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:
