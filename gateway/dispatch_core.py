@@ -602,7 +602,7 @@ class DispatchCore(Generic[T]):
         held = frozenset(
             t for t, until in self._quota_held.items() if now is not None and until > now
         )
-        binding = _KneeBinding(knee, running, share, self.ready.count, held - running.keys())
+        binding = _KneeBinding(knee, running, share, self._sendable, held - running.keys())
         light = [t for t in share if binding.light(t)]
         if not light or not any(running[t] - 1 >= share[t] for t in running):
             return None
@@ -719,6 +719,15 @@ class DispatchCore(Generic[T]):
         job_offsets = self.policy.pool_offsets(ready_jobs, now)
         waiting = {t: min(job_offsets.get(job, 0.0) for job in jobs) for t, jobs in shown.items()}
         return tuple(sorted(active)), waiting
+
+    def _sendable(self, tenant_id: str) -> int:
+        """The tenant's ready calls but those of its held jobs (which send nothing until let
+        go: a tenant with only those is not light)."""
+        count = self.ready.count(tenant_id)
+        if self._held_jobs:
+            held = (j for j in self.ready.jobs(tenant_id) if j in self._held_jobs)
+            count -= sum(len(self.ready.of_job(j)) for j in held)
+        return count
 
     def _shown_jobs(self, tenant_id: str) -> Collection[str]:
         """The tenant's jobs with a ready call that are not held."""

@@ -569,6 +569,23 @@ def test_with_share_slots_the_batch_is_held_at_the_knee_while_a_tenant_is_under_
     assert sorted(run_all(core, 3.0, slots=7, running=5)) == sorted(v.call.call_id for v in victims)
 
 
+def test_the_knee_does_not_bind_for_a_tenant_whose_only_calls_are_held_with_their_job() -> None:
+    # a held job (its replica's lease on it may have lapsed) sends nothing until let go: its
+    # tenant held every other tenant at the knee for nothing
+    core = make_core("justitia", knee_calls=6)
+    core.share_slots = True
+    add_job(core, "heavy", nodes=12, tenant="h")
+    assert len(run_all(core, 0.0, slots=12)) == 12
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=12)}
+    assert core.knee_cap(full, 1.0) == 6
+    core.hold_job("light")
+    assert core.knee_cap(full, 1.0) is None
+    assert core.next(1.0, full) is None and core.to_yield(1.0, full) == []
+    core.unhold_job("light")
+    assert core.knee_cap(full, 1.0) == 6
+
+
 def test_the_knee_binds_only_for_a_tenant_under_its_share_and_takes_none_below_it() -> None:
     core = make_core("fcfs", knee_calls=4)
     core.share_slots = True
