@@ -537,14 +537,20 @@ def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() 
     assert even.next(1.0, full) is None and even.to_yield(1.0, full) == []
 
 
-def test_with_share_slots_the_batch_is_held_at_the_knee_while_a_tenant_is_under_its_share() -> None:
-    # justitia puts the light tenant's calls first (fcfs would show h's held ones, and the
-    # light call behind them would wait for the knee with them)
+def heavy_in_every_slot() -> DispatchCore[str]:
+    """Justitia with `share_slots` and a knee of 6: tenant h, alone, runs 12 calls in all 12
+    slots (the knee binds for nobody yet)."""
     core = make_core("justitia", knee_calls=6)
     core.share_slots = True
     add_job(core, "heavy", nodes=12, tenant="h")
-    # one tenant alone: the knee does not bind, it fills every slot
     assert run_all(core, 0.0, slots=12) == [f"heavy/n{i}" for i in range(12)]
+    return core
+
+
+def test_with_share_slots_the_batch_is_held_at_the_knee_while_a_tenant_is_under_its_share() -> None:
+    # justitia puts the light tenant's calls first (fcfs would show h's held ones, and the
+    # light call behind them would wait for the knee with them)
+    core = heavy_in_every_slot()  # one tenant alone: the knee does not bind, it fills them
     add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=12)}
     assert core.knee_cap(full) == 6  # l has none of its 3, h runs 12
@@ -572,10 +578,7 @@ def test_with_share_slots_the_batch_is_held_at_the_knee_while_a_tenant_is_under_
 def test_the_knee_does_not_bind_for_a_tenant_whose_only_calls_are_held_with_their_job() -> None:
     # a held job (its replica's lease on it may have lapsed) sends nothing until let go: its
     # tenant held every other tenant at the knee for nothing
-    core = make_core("justitia", knee_calls=6)
-    core.share_slots = True
-    add_job(core, "heavy", nodes=12, tenant="h")
-    assert len(run_all(core, 0.0, slots=12)) == 12
+    core = heavy_in_every_slot()
     add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=12)}
     assert core.knee_cap(full, 1.0) == 6
@@ -610,10 +613,7 @@ def test_the_knee_binds_only_for_a_tenant_under_its_share_and_takes_none_below_i
 def test_a_sheddable_light_call_takes_no_protected_call_s_room_at_the_knee() -> None:
     # a protected call never yields to a sheddable one (it would take the room back at once,
     # and the sheddable call would yield in its turn), nor is it held below the knee for one
-    core = make_core("justitia", knee_calls=6)
-    core.share_slots = True
-    add_job(core, "heavy", nodes=12, tenant="h")
-    assert len(run_all(core, 0.0, slots=12)) == 12
+    core = heavy_in_every_slot()
     add_job(core, "light", now=1.0, tenant="l", priority=-1)
     full = {"x": room(free_slots=0, running=12)}
     assert core.next(1.0, full) is None and core.waiting is not None
