@@ -41,6 +41,7 @@ when one finds no slot at all, the over-share tenants' newest calls past the kne
 (the fewest tokens lost), so later light calls find the slots past the knee free and need no
 abort; once the knee no longer binds, the batch fills again. A protected call neither yields to
 a sheddable light call nor is held below the knee for light tenants with only sheddable calls.
+The shares' arithmetic is `gateway.slot_share`'s.
 
 A running call reports progress and finishes; the policy re-keys its job with what it really
 costs, and the calls of that job a backend holds get their new priority (`Reprioritize`); so
@@ -79,6 +80,7 @@ from typing import Generic, Literal, TypeVar
 from gateway.backends.base import BackendCapacity
 from gateway.ready_calls import ReadyCalls
 from gateway.routing import Router
+from gateway.slot_share import KneeBinding, furthest_over, weighted_shares
 from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall, kv_token_time
 
 T = TypeVar("T")
@@ -135,32 +137,6 @@ class Reprioritize(Generic[T]):
 
     entry: CoreCall[T]
     priority: float
-
-
-@dataclass(frozen=True, slots=True)
-class _KneeBinding:
-    """The knee while it binds: each tenant's calls running or being sent (not yielding), and
-    each backlogged tenant's share of the knee's calls."""
-
-    knee: int
-    running: Counter[str]
-    share: dict[str, float]
-    ready_count: Callable[[str], int]
-    idle: frozenset[str]  # tenants with no call running whose own quota holds their calls back
-    # some light tenant has a protected call (running or ready): only then are protected calls
-    # held below the knee (a protected call never gives way to a sheddable one)
-    holds_protected: bool = True
-
-    def light(self, tenant_id: str) -> bool:
-        """Fewer calls, running or ready, than its share of the knee's (and one may run)."""
-        if tenant_id in self.idle:
-            return False
-        calls = self.running[tenant_id] + self.ready_count(tenant_id)
-        return 0 < calls < self.share.get(tenant_id, 0.0)
-
-    def caps(self, tenant_id: str, sheddable: bool) -> bool:
-        """Whether a call of the tenant may take only the slots below the knee."""
-        return not self.light(tenant_id) and (sheddable or self.holds_protected)
 
 
 class DispatchCore(Generic[T]):
@@ -519,11 +495,11 @@ class DispatchCore(Generic[T]):
             return []
         if not binding.light(waiting.call.tenant_id):
             return []
-        knee, running, share = binding.knee, binding.running, binding.share
+        running = binding.running
         victims: list[CoreCall[T]] = []
-        for _ in range(sum(running.values()) + 1 - knee):
-            over = max(running, key=lambda t: running[t] - share[t])
-            if running[over] - 1 < share[over]:
+        for _ in range(sum(running.values()) + 1 - binding.knee):
+            over = furthest_over(running, binding.share)
+            if over is None:
                 break
             victim = self._newest_of(over, capacities, waiting.sheddable)
             if victim is None:
@@ -571,10 +547,9 @@ class DispatchCore(Generic[T]):
         None when there is none."""
         slots = self.knee_cap(capacities, now) or _serving_slots(capacities)
         running, share = self._tenant_shares(capacities, slots)
-        if not running or running[tenant] + 1 > share.get(tenant, 0.0):
+        if running[tenant] + 1 > share.get(tenant, 0.0):
             return None
-        over = max(running, key=lambda t: running[t] - share[t])
-        return over if running[over] - 1 >= share[over] else None
+        return furthest_over(running, share)
 
     def knee_cap(
         self, capacities: Mapping[str, BackendCapacity], now: float | None = None
@@ -585,7 +560,7 @@ class DispatchCore(Generic[T]):
 
     def _knee_binding(
         self, capacities: Mapping[str, BackendCapacity], now: float | None = None
-    ) -> _KneeBinding | None:
+    ) -> KneeBinding | None:
         """With `share_slots` and a knee below the serving slots, the knee binds while some
         backlogged tenant is light (its calls, running or ready, are fewer than its weighted
         share of the knee's: it gains from a faster step, not from more slots) and another
@@ -602,9 +577,9 @@ class DispatchCore(Generic[T]):
         held = frozenset(
             t for t, until in self._quota_held.items() if now is not None and until > now
         )
-        binding = _KneeBinding(knee, running, share, self._sendable, held - running.keys())
-        light = [t for t in share if binding.light(t)]
-        if not light or not any(running[t] - 1 >= share[t] for t in running):
+        binding = KneeBinding(knee, running, share, self._sendable, held - running.keys())
+        light = binding.lights()
+        if not light:
             return None
         if any(self.ready.protected(t) for t in light):
             return binding
@@ -657,11 +632,8 @@ class DispatchCore(Generic[T]):
             for e in calls.values()
             if e.backend in serving and not e.yielding
         )
-        weights = {t: self._weights.get(t, 1.0) for t in {*running, *self.ready.tenants()}}
-        total = sum(weights.values())
-        if total <= 0:
-            return running, {}
-        return running, {t: slots * w / total for t, w in weights.items()}
+        backlogged = {*running, *self.ready.tenants()}
+        return running, weighted_shares(backlogged, self._weights, slots)
 
     def rooms(
         self,
