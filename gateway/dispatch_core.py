@@ -466,16 +466,16 @@ class DispatchCore(Generic[T]):
             return None
         # while the knee holds `waiting` below it, a slot freed past the knee is none it may take
         binding = self._knee_binding(capacities, now)
-        past_knee = binding is not None and sum(binding.running.values()) > binding.knee
-        if past_knee and binding is not None and binding.caps(tenant, waiting.sheddable):
+        if (
+            binding is not None
+            and sum(binding.running.values()) > binding.knee
+            and binding.caps(tenant, waiting.sheddable)
+        ):
             return None
-        over = self._over_share(tenant, capacities, now)
+        over = self._over_share(tenant, capacities, binding)
         if over is None:
             return None
-        victim = self._newest(
-            capacities,
-            lambda e: e.call.tenant_id == over and (e.sheddable or not waiting.sheddable),
-        )
+        victim = self._newest_of(over, capacities, waiting.sheddable)  # none is yielding here
         if victim is not None:
             victim.yields_to = call_id
             self._mark_yielding(victim, call_id)
@@ -495,7 +495,7 @@ class DispatchCore(Generic[T]):
             return []
         if not binding.light(waiting.call.tenant_id):
             return []
-        running = binding.running
+        running = Counter(binding.running)  # less each victim, the binding left as it was
         victims: list[CoreCall[T]] = []
         for _ in range(sum(running.values()) + 1 - binding.knee):
             over = furthest_over(running, binding.share)
@@ -539,14 +539,19 @@ class DispatchCore(Generic[T]):
         return None
 
     def _over_share(
-        self, tenant: str, capacities: Mapping[str, BackendCapacity], now: float
+        self,
+        tenant: str,
+        capacities: Mapping[str, BackendCapacity],
+        binding: KneeBinding | None,
     ) -> str | None:
         """The tenant that should give a slot to `tenant`: `tenant` runs fewer calls than its
-        weighted share of the serving slots (of the knee's, while it binds), and the one
-        furthest over its own share would still hold at least that share after giving one up;
-        None when there is none."""
-        slots = self.knee_cap(capacities, now) or _serving_slots(capacities)
-        running, share = self._tenant_shares(capacities, slots)
+        weighted share of the serving slots (of the knee's, while it binds: `binding`), and the
+        one furthest over its own share would still hold at least that share after giving one
+        up; None when there is none."""
+        if binding is not None:
+            running, share = binding.running, binding.share
+        else:
+            running, share = self._tenant_shares(capacities, _serving_slots(capacities))
         if running[tenant] + 1 > share.get(tenant, 0.0):
             return None
         return furthest_over(running, share)
