@@ -117,14 +117,15 @@ class ToyEngine:
     def batch_tokens(self) -> list[int]:
         return [c.call.prompt_tokens + c.generated for c in self.running.values()]
 
-    def pampered(self) -> set[str]:
-        """The jobs justitia still admits past the knee: its first `pampered_jobs` by tag and
-        the job with the longest remaining critical path (the first such job to arrive)."""
-        assert isinstance(self.policy, JustitiaPolicy)
+    def pampered(self, load: EngineLoad) -> set[str]:
+        """The jobs justitia still admits past the knee: its first `pampered_jobs` by tag (as
+        many as the knee's calls, by default) and the job with the longest remaining critical
+        path (the first such job to arrive)."""
+        assert isinstance(self.policy, JustitiaPolicy) and load.knee_calls is not None
         policy = self.policy
         ranked = sorted(self.jobs, key=lambda j: (policy.tag(j), self.jobs[j].info.arrival, j))
         longest = max(self.jobs, key=lambda j: self.remaining_path(self.jobs[j]))
-        return {*ranked[: policy.pampered_jobs], longest}
+        return {*ranked[: policy.pampered_jobs(load.knee_calls)], longest}
 
     def remaining_path(self, job: SimJob) -> float:
         """The heaviest path of justitia's output estimates over the job's unfinished nodes: the
@@ -153,14 +154,14 @@ class ToyEngine:
 
     def check_holding_back(self, load: EngineLoad) -> None:
         if self.past_knee(load):
-            pampered = self.pampered()
+            pampered = self.pampered(load)
             assert not any(c.split("/")[0] in pampered for c in self.ready_since)
         else:
             assert not self.ready_since, "held back with calls ready and room"
 
     def check_pampered(self, call: ReadyCall, load: EngineLoad) -> None:
         if self.past_knee(load):
-            assert call.job_id in self.pampered()
+            assert call.job_id in self.pampered(load)
 
     def progress(self, step: int) -> None:
         now = step * STEP_S
@@ -204,7 +205,7 @@ class ToyEngine:
 
 
 def run_blast(name: str, seed: int) -> ToyEngine:
-    policy = make_policy(name, **({"pampered_jobs": 2} if name == "justitia" else {}))
+    policy = make_policy(name)
     assert isinstance(policy, BookPolicy)
     engine = ToyEngine(policy, random.Random(seed))
     knee_choices = [None, 3, 5] if name == "justitia" else [None]

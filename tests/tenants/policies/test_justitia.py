@@ -177,8 +177,10 @@ def test_a_refined_prediction_never_goes_below_what_the_call_produced() -> None:
     policy.check_invariants()
 
 
-def knee_setup(pampered_jobs: int = 1) -> JustitiaPolicy:
-    policy = JustitiaPolicy(pampered_jobs=pampered_jobs)
+def knee_setup(policy: JustitiaPolicy | None = None) -> JustitiaPolicy:
+    """Three jobs by tag: small (two calls), mid, big (the longest); one job pampered unless
+    `policy` says otherwise."""
+    policy = policy or JustitiaPolicy(pampered_jobs=1)
     submit(policy, make_job("small", "t1", [make_node("x", predicted=5), make_node("y")]))
     submit(policy, make_job("mid", "t2", [make_node("z", predicted=100)]))
     submit(policy, make_job("big", "t3", [make_node("w", predicted=400)]))
@@ -203,9 +205,18 @@ def test_past_the_knee_with_no_active_job_nothing_is_admitted() -> None:
 
 
 def test_more_pampered_jobs_admit_further_past_the_knee() -> None:
-    policy = knee_setup(pampered_jobs=2)
+    policy = knee_setup(JustitiaPolicy(pampered_jobs=2))
     at_knee = EngineLoad(running_calls=9, batch_tokens=0, knee_calls=4)
     assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", "mid/z", "big/w"]
+
+
+@pytest.mark.parametrize(("knee", "admitted"), [(1, []), (2, ["mid/z"])])
+def test_by_default_as_many_jobs_as_the_knee_has_calls_are_pampered(
+    knee: int, admitted: list[str]
+) -> None:
+    policy = knee_setup(JustitiaPolicy())
+    at_knee = EngineLoad(running_calls=knee, batch_tokens=0, knee_calls=knee)
+    assert dispatch_all_at(policy, at_knee) == ["small/x", "small/y", *admitted, "big/w"]
 
 
 def test_past_the_knee_the_longest_remaining_path_is_admitted_not_the_largest_job() -> None:
