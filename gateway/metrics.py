@@ -17,6 +17,7 @@ call also joins `recent`, the sliding window `Admin.GetStatus` reports (`gateway
 from __future__ import annotations
 
 import contextlib
+import gzip
 from collections import Counter as Tally
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 import anyio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from gateway.genai_metrics import GenAiMetrics
@@ -215,14 +216,28 @@ class GatewayMetrics:
         """Report the dispatcher's and its backends' gauges at each scrape."""
         self._dispatch = DispatchCollector(dispatcher, self)
 
-    async def exposition(self, accept: str) -> tuple[bytes, str]:
-        """The scrape's body and content type for an `Accept` header: the dispatcher's gauges
-        read here, on its event loop (its state is not for other threads), the text written in
-        a worker thread (the registry's metrics lock their own values)."""
+    async def exposition(self, accept: str, accept_encoding: str) -> tuple[bytes, dict[str, str]]:
+        """The scrape's body and headers for its `Accept` and `Accept-Encoding` headers: the
+        dispatcher's gauges read here, on its event loop (its state is not for other threads),
+        the text written, and gzipped when the scraper takes it (Prometheus does), in a worker
+        thread (the registry's metrics lock their own values)."""
         encode, content_type = choose_encoder(accept)
         gauges = [] if self._dispatch is None else list(self._dispatch.collect())
-        body = await anyio.to_thread.run_sync(encode, _Joined(self.registry, gauges))
-        return body, content_type
+        joined = _Joined(self.registry, gauges)
+        headers = {"Content-Type": content_type}
+        if not gzip_accepted(accept_encoding):
+            return await anyio.to_thread.run_sync(encode, joined), headers
+
+        def write() -> bytes:
+            return gzip.compress(encode(joined), compresslevel=_GZIP_LEVEL)
+
+        headers["Content-Encoding"] = "gzip"
+        return await anyio.to_thread.run_sync(write), headers
+
+
+# At 1,000 tenants a scrape is about 4.7 MB of text: level 6 makes it 230 KB in ~30 ms on 2
+# cores (level 1: 280 KB, 9 ms; 9, gzip's own default: 223 KB, 125 ms)
+_GZIP_LEVEL = 6
 
 
 class _Joined(Collector):

@@ -176,8 +176,11 @@ async def serving_metrics(metrics: GatewayMetrics, host: str, port: int) -> Asyn
     from engine.openai_api.server import listening_socket, running_server  # uvicorn's stack
 
     async def scrape(request: Request) -> Response:
-        body, content_type = await metrics.exposition(request.headers.get("accept", ""))
-        return Response(body, headers={"Content-Type": content_type})
+        headers = request.headers
+        body, reply_headers = await metrics.exposition(
+            headers.get("accept", ""), headers.get("accept-encoding", "")
+        )
+        return Response(body, headers=reply_headers)
 
     app = Starlette(routes=[Route("/metrics", scrape)])
     with listening_socket(host, port) as sock:

@@ -164,3 +164,23 @@ def test_what_a_deleted_tenants_calls_do_as_they_end_brings_back_no_series() -> 
     assert metrics.tenant("fresh") == "fresh"
     metrics.admitted("gone")  # a tenant of that id, created again, is admitted a job
     assert metrics.tenant("gone") == "gone"
+
+
+async def test_a_scrape_is_gzipped_for_a_scraper_that_takes_it() -> None:
+    """At the default thousand tenants a scrape was about 5 MB of text, sent whole every scrape
+    interval though Prometheus asks for gzip."""
+    metrics = GatewayMetrics()
+    for k in range(200):
+        metrics.shed(f"tenant-{k}")
+    async with (
+        serving_metrics(metrics, "127.0.0.1", 0) as port,
+        httpx.AsyncClient() as http,
+    ):
+        url = f"http://127.0.0.1:{port}/metrics"
+        zipped = await http.get(url, headers={"Accept-Encoding": "gzip"})
+        plain = await http.get(url, headers={"Accept-Encoding": "identity"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert "content-encoding" not in plain.headers
+    assert zipped.text == plain.text  # httpx decodes the gzipped body
+    assert 'fairgate_shed_jobs_total{tenant="tenant-199"} 1.0' in plain.text
+    assert zipped.num_bytes_downloaded * 5 < plain.num_bytes_downloaded
