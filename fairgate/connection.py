@@ -41,12 +41,28 @@ class Connection:
         *,
         timeout_s: float | None = 30.0,
         credentials: grpc.ChannelCredentials | None = None,
+        keepalive_s: float = 30.0,
+        keepalive_timeout_s: float = 10.0,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
-        """`timeout_s` bounds each unary call; streams run until they end or are closed."""
+        """`timeout_s` bounds each unary call; streams run until they end or are closed. While
+        a call is open the channel pings the server after `keepalive_s` without a byte from it
+        and gives the connection up when no answer comes within `keepalive_timeout_s`: a stream
+        through a connection that went silent (a gateway's host lost, a network cut, where no
+        reset ever comes) then ends with `Unavailable` instead of waiting for ever, and the
+        caller resumes it with `watch_job` on another replica. The gateway refuses pings more
+        often than every 10 s (`keepalive_s` below that has the server close the connection)."""
         channel_options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.keepalive_time_ms", round(keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", round(keepalive_timeout_s * 1000)),
+            # gRPC core gives a keepalive ping up by its ping timeout (a minute by default), not
+            # by the keepalive timeout (grpc/grpc#39239)
+            ("grpc.http2.ping_timeout_ms", round(keepalive_timeout_s * 1000)),
+            # a watched job may send nothing for minutes (a call queued, an agent thinking):
+            # pings go on through such a silence, not only two of them
+            ("grpc.http2.max_pings_without_data", 0),
             *options,
         ]
         if credentials is None:

@@ -1,7 +1,9 @@
-"""A TCP proxy a test can cut: every connection through it drops at once, as when a server dies.
+"""A TCP proxy a test can cut or freeze: as when a server dies, or its host goes silent.
 
 Connections are forwarded byte for byte to the upstream address. `cut()` closes the listener
 and every open connection, so clients see a dropped stream and then a refused connection.
+`freeze()` forwards nothing more either way and closes nothing, as a lost host or a network cut
+does: only a client's own timeout or keepalive can tell.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class CuttableProxy:
         self._tg = tg
         self._upstream_port = upstream_port
         self._scope = anyio.CancelScope()
+        self._frozen = anyio.Event()
         self.port = 0
 
     @property
@@ -38,16 +41,21 @@ class CuttableProxy:
         async with client:
             upstream = await anyio.connect_tcp("127.0.0.1", self._upstream_port)
             async with upstream, anyio.create_task_group() as tg:
-                tg.start_soon(_pump, client, upstream, tg)
-                tg.start_soon(_pump, upstream, client, tg)
+                tg.start_soon(_pump, client, upstream, tg, self._frozen)
+                tg.start_soon(_pump, upstream, client, tg, self._frozen)
 
     def cut(self) -> None:
         self._scope.cancel()
 
+    def freeze(self) -> None:
+        self._frozen.set()
 
-async def _pump(source: ByteStream, sink: ByteStream, tg: TaskGroup) -> None:
+
+async def _pump(source: ByteStream, sink: ByteStream, tg: TaskGroup, frozen: anyio.Event) -> None:
     try:
         async for chunk in source:
+            if frozen.is_set():
+                await anyio.sleep_forever()  # read no more: the sender's buffers fill, unacked
             await sink.send(chunk)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
