@@ -324,18 +324,13 @@ class RedisJournal(RedisClient):
     async def _end_unreadable(self, owned: Owned, exc: JobUnreadable) -> None:
         """A claimed job that cannot be read would fail every claim, each lease, for ever, and
         its watchers wait for its end as long: it ends FAILED (appended as its owner would, so
-        its watchers see it end and it is kept for the retention of ended jobs). When even its
-        last sequence is unreadable nothing can be appended: it only leaves the open jobs, so
-        that no replica claims it again."""
-        seq: Any = await self._redis.hget(self._job(owned.tenant_id, owned.job_id), "seq")
-        if str(seq).isdecimal():
-            ended = JobEvent(int(seq) + 1, time.time(), JobEnded(JobState.FAILED))
-            await self.append([Batch(owned, [ended], ended=True)])
-            outcome = "ended FAILED"
-        else:
-            await self._redis.zrem(self._index, _member(owned.tenant_id, owned.job_id))
-            outcome = "its sequence unreadable too: left open, out of the open-jobs index"
-        log.error("%s (tenant %r): %s", exc, owned.tenant_id, outcome, exc_info=exc)
+        its watchers see it end and it is kept for the retention of ended jobs), after its
+        log's newest event (its hash's `seq` only mirrors it, and may be what is unreadable)."""
+        newest: Any = await self._redis.xrevrange(self._log(owned.tenant_id, owned.job_id), count=1)
+        last = int(newest[0][0].split("-")[1]) if newest else 0
+        ended = JobEvent(last + 1, time.time(), JobEnded(JobState.FAILED))
+        await self.append([Batch(owned, [ended], ended=True)])
+        log.error("%s (tenant %r): ended FAILED", exc, owned.tenant_id, exc_info=exc)
 
     @_fails_closed
     async def load(self, tenant_id: str, job_id: str) -> JobRun | None:

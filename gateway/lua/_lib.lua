@@ -9,3 +9,13 @@ end
 local function fmt(x)
   return string.format('%.17g', x)
 end
+
+-- A job's last sequence: its hash's `seq`, or where that cannot be read, its log's newest entry
+-- (`0-<sequence>`, 0 for none), which `seq` only mirrors: an error here would fail every
+-- append of the round trip, every job's events held back with it.
+local function last_sequence(job, log)
+  local seq = tonumber(redis.call('HGET', job, 'seq'))
+  if seq then return seq end
+  local newest = redis.call('XREVRANGE', log, '+', '-', 'COUNT', 1)[1]
+  return newest and tonumber(string.match(newest[1], '%-(%d+)$')) or 0
+end

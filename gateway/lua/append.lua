@@ -12,7 +12,7 @@
 -- ARGV[9] the job's snapshot as of the batch's last event, or '' for none  ARGV[10..] the events
 -- Returns {'ok'} | {'fenced'}: another replica owns the job | {'gap', last sequence}
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return {'fenced'} end
-local last = tonumber(redis.call('HGET', KEYS[1], 'seq'))
+local last = last_sequence(KEYS[1], KEYS[2])
 local first = tonumber(ARGV[2])
 if first > last + 1 then return {'gap', last} end
 for i = 10, #ARGV do

@@ -11,6 +11,11 @@ local now = now_ms()
 -- an unreadable lease counts as lapsed (the new token fences off whoever held it): an error here
 -- would come before the index moves the job, so every scan would stop at it again
 if (tonumber(redis.call('HGET', KEYS[1], 'lease_until')) or 0) > now then return false end
+-- an unreadable token (the increment would fail, and every scan stop here) becomes one no holder
+-- can have: tokens count claims from 1, and Redis' clock in ms is far past any such count
+if not tonumber(redis.call('HGET', KEYS[1], 'token')) then
+  redis.call('HSET', KEYS[1], 'token', now)
+end
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease_until', now + tonumber(ARGV[2]))
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])

@@ -3,7 +3,8 @@ incompatible version, a spec this version refuses), on a real Redis: every read 
 JobUnreadable naming the job (it raised whatever its decoding raised: INTERNAL at the gRPC edge);
 the replica claiming it ends it FAILED in the journal, so a watcher sees it end and no replica
 claims it again (it was claimed, and failed, again every lease, for ever), and a take-over tick
-goes on to the orphans behind it (it stopped at the unreadable one)."""
+goes on to the orphans behind it (it stopped at the unreadable one). The fields the scripts keep
+(its lease, its fencing token, its last sequence) are mended where they are read."""
 
 from __future__ import annotations
 
@@ -106,15 +107,18 @@ async def test_the_claim_of_an_unreadable_job_ends_it_failed(
     assert await alive.exists("acme", "job-1")  # kept for its retention, as any ended job
 
 
-async def test_an_unreadable_job_whose_sequence_is_unreadable_too_leaves_the_open_jobs(
+async def test_an_unreadable_job_whose_sequence_is_unreadable_too_ends_failed(
     journals: tuple[RedisJournal, RedisJournal],
 ) -> None:
-    """Nothing can be appended to it (the append script reads its sequence): it cannot be
-    ended, but no replica claims it again."""
+    """Nothing could be appended to it (the append script failed on its sequence): it only
+    left the open jobs, and its watchers waited for its end for ever. Its log says where it
+    is."""
     dead, alive = journals
-    await unreadable(dead, "job-1", "spec not base64")
+    last = await unreadable(dead, "job-1", "spec not base64")
     await dead._redis.hset(dead._job("acme", "job-1"), "seq", "many")
     assert await alive.claim("acme", "job-1") is None
+    [ended] = await alive.read("acme", "job-1", last)
+    assert (ended.sequence, ended.body) == (last + 1, JobEnded(JobState.FAILED))
     assert await alive._redis.zscore(alive._index, "acme/job-1") is None
 
 
@@ -151,3 +155,47 @@ async def test_a_take_over_tick_claims_an_orphan_whose_lease_cannot_be_read(
     journaling, taken = taking_over(alive)
     await journaling._adopt()
     assert taken == ["job-1", "job-2"]
+
+
+async def test_a_take_over_tick_claims_an_orphan_whose_token_cannot_be_read(
+    journals: tuple[RedisJournal, RedisJournal],
+) -> None:
+    """The claim script's increment of the token failed on it (a Redis error, taken for the
+    journal being away), so every tick stopped there and no orphan behind it was taken over.
+    The new token is one its old owner cannot hold: its late writes stay fenced off."""
+    dead, alive = journals
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await dead.create(run)
+    await orphaned(dead, "job-2")
+    await dead._redis.hset(dead._job("acme", "job-1"), mapping={"token": "x", "lease_until": 0})
+    await dead._redis.zadd(dead._index, {"acme/job-1": 0})  # its lease ran out: first in the scan
+    journaling, taken = taking_over(alive)
+    await journaling._adopt()
+    assert taken == ["job-1", "job-2"]
+    run.start(101.0)
+    assert await dead.append([Batch(owned, run.events)]) == [False]
+
+
+async def test_an_owner_writes_on_past_a_job_whose_sequence_cannot_be_read(
+    journals: tuple[RedisJournal, RedisJournal],
+) -> None:
+    """The append script failed on it, and with it the whole round trip: no job of the
+    replica had its events written again (each flush raised, taken for the journal being
+    away). Its log's newest entry says where it is: no gap, no duplicate."""
+    one, two = journals
+    runs = [JobRun(f"job-{k}", "acme", two_calls(), 100.0) for k in (1, 2)]
+    owned = [await one.create(run) for run in runs]
+    for run in runs:
+        run.start(101.0)
+    started = [Batch(o, r.events) for o, r in zip(owned, runs, strict=True)]
+    assert await one.append(started) == [True, True]
+    await one._redis.hset(one._job("acme", "job-1"), "seq", "many")
+    sent = [len(run.events) for run in runs]
+    for run in runs:
+        run.mark_running("a", 7, 102.0)
+    batches = [Batch(o, r.events[n:]) for o, r, n in zip(owned, runs, sent, strict=True)]
+    assert await one.append(batches) == [True, True]
+    assert await one.append(batches) == [True, True]  # sent again: its reply was lost
+    for run in runs:
+        events = await two.read("acme", run.job_id, 0)
+        assert [e.sequence for e in events] == list(range(1, run.last_sequence + 1))
