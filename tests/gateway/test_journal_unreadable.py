@@ -4,7 +4,8 @@ JobUnreadable naming the job (it raised whatever its decoding raised: INTERNAL a
 the replica claiming it ends it FAILED in the journal, so a watcher sees it end and no replica
 claims it again (it was claimed, and failed, again every lease, for ever), and a take-over tick
 goes on to the orphans behind it (it stopped at the unreadable one). The fields the scripts keep
-(its lease, its fencing token, its last sequence) are mended where they are read."""
+(its lease, its fencing token, its last sequence, its tenant's ended jobs' sizes) are mended
+where they are read."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from gateway.errors import JobUnreadable
 from gateway.job_run import JobEnded, JobRun, JobState
 from gateway.journal import Batch, Owned, RedisJournal
 from gateway.journaling import Journaling
-from tests.gateway.test_journal import two_calls
+from tests.conftest import REDIS_URL
+from tests.gateway.test_journal import _run_to_end, two_calls
 from tests.gateway.test_journaling import no_loss
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -199,3 +201,35 @@ async def test_an_owner_writes_on_past_a_job_whose_sequence_cannot_be_read(
     for run in runs:
         events = await two.read("acme", run.job_id, 0)
         assert [e.sequence for e in events] == list(range(1, run.last_sequence + 1))
+
+
+async def test_an_ending_batch_writes_on_past_ended_job_sizes_that_cannot_be_read(
+    redis_prefix: str,
+) -> None:
+    """A tenant's ended jobs' sizes (a member's, their total) are read by the script that ends
+    a job: one that could not be read failed it, and with it the round trip that wrote every
+    job's events. The total is summed again from the members; a size that cannot be read
+    counts as nothing; the tenant's ended jobs stay within their bound."""
+    journal = RedisJournal(REDIS_URL, "one", prefix=redis_prefix, max_ended_per_tenant=2)
+    try:
+        for k in (1, 2):
+            await _run_to_end(journal, JobRun(f"job-{k}", "acme", two_calls(), 100.0))
+        sizes_key = journal._ended_keys("acme")[1]
+        await journal._redis.hset(sizes_key, mapping={"acme/job-1": "big", "total": "lots"})
+        ending, other = (JobRun(j, "acme", two_calls(), 100.0) for j in ("job-3", "job-4"))
+        owned = [await journal.create(ending), await journal.create(other)]
+        ending.start(101.0)
+        ending.cancel(102.0, "cancelled by the client")
+        other.start(101.0)
+        batches = [Batch(owned[0], ending.events, True), Batch(owned[1], other.events)]
+        assert await journal.append(batches) == [True, True]
+        assert [await journal.exists("acme", f"job-{k}") for k in (1, 2, 3)] == [
+            False,
+            True,
+            True,
+        ]
+        sizes = await journal._redis.hgetall(sizes_key)
+        members = [int(v) for k, v in sizes.items() if k != "total"]
+        assert len(members) == 2 and int(sizes["total"]) == sum(members)
+    finally:
+        await journal.aclose()
