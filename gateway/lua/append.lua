@@ -39,16 +39,16 @@ end
 -- the sizes' `total` only sums its members': where it cannot be read it is summed again, and a
 -- member that cannot be read counts as nothing (either failed this script, and with it the
 -- round trip that writes every job's events)
-if not tonumber(redis.call('HGET', KEYS[5], 'total')) then
+if not integer(redis.call('HGET', KEYS[5], 'total')) then
   local sum, fields = 0, redis.call('HGETALL', KEYS[5])
   for i = 1, #fields, 2 do
-    if fields[i] ~= 'total' then sum = sum + (tonumber(fields[i + 1]) or 0) end
+    if fields[i] ~= 'total' then sum = sum + (integer(fields[i + 1]) or 0) end
   end
   redis.call('HSET', KEYS[5], 'total', sum)
 end
 
 local function forget(member)
-  local size = tonumber(redis.call('HGET', KEYS[5], member)) or 0
+  local size = integer(redis.call('HGET', KEYS[5], member)) or 0
   redis.call('HDEL', KEYS[5], member)
   return redis.call('HINCRBY', KEYS[5], 'total', 0 - size)  -- not -size: -0 is no integer to Redis
 end

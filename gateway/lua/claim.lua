@@ -13,7 +13,7 @@ local now = now_ms()
 if (tonumber(redis.call('HGET', KEYS[1], 'lease_until')) or 0) > now then return false end
 -- an unreadable token (the increment would fail, and every scan stop here) becomes one no holder
 -- can have: tokens count claims from 1, and Redis' clock in ms is far past any such count
-if not tonumber(redis.call('HGET', KEYS[1], 'token')) then
+if not integer(redis.call('HGET', KEYS[1], 'token')) then
   redis.call('HSET', KEYS[1], 'token', now)
 end
 local token = redis.call('HINCRBY', KEYS[1], 'token', 1)

@@ -159,8 +159,9 @@ async def test_a_take_over_tick_claims_an_orphan_whose_lease_cannot_be_read(
     assert taken == ["job-1", "job-2"]
 
 
+@pytest.mark.parametrize("token", ["x", "1.5"])
 async def test_a_take_over_tick_claims_an_orphan_whose_token_cannot_be_read(
-    journals: tuple[RedisJournal, RedisJournal],
+    journals: tuple[RedisJournal, RedisJournal], token: str
 ) -> None:
     """The claim script's increment of the token failed on it (a Redis error, taken for the
     journal being away), so every tick stopped there and no orphan behind it was taken over.
@@ -169,7 +170,7 @@ async def test_a_take_over_tick_claims_an_orphan_whose_token_cannot_be_read(
     run = JobRun("job-1", "acme", two_calls(), 100.0)
     owned = await dead.create(run)
     await orphaned(dead, "job-2")
-    await dead._redis.hset(dead._job("acme", "job-1"), mapping={"token": "x", "lease_until": 0})
+    await dead._redis.hset(dead._job("acme", "job-1"), mapping={"token": token, "lease_until": 0})
     await dead._redis.zadd(dead._index, {"acme/job-1": 0})  # its lease ran out: first in the scan
     journaling, taken = taking_over(alive)
     await journaling._adopt()
@@ -203,8 +204,9 @@ async def test_an_owner_writes_on_past_a_job_whose_sequence_cannot_be_read(
         assert [e.sequence for e in events] == list(range(1, run.last_sequence + 1))
 
 
+@pytest.mark.parametrize(("size", "total"), [("big", "lots"), ("2.5", "1.5")])
 async def test_an_ending_batch_writes_on_past_ended_job_sizes_that_cannot_be_read(
-    redis_prefix: str,
+    redis_prefix: str, size: str, total: str
 ) -> None:
     """A tenant's ended jobs' sizes (a member's, their total) are read by the script that ends
     a job: one that could not be read failed it, and with it the round trip that wrote every
@@ -215,7 +217,7 @@ async def test_an_ending_batch_writes_on_past_ended_job_sizes_that_cannot_be_rea
         for k in (1, 2):
             await _run_to_end(journal, JobRun(f"job-{k}", "acme", two_calls(), 100.0))
         sizes_key = journal._ended_keys("acme")[1]
-        await journal._redis.hset(sizes_key, mapping={"acme/job-1": "big", "total": "lots"})
+        await journal._redis.hset(sizes_key, mapping={"acme/job-1": size, "total": total})
         ending, other = (JobRun(j, "acme", two_calls(), 100.0) for j in ("job-3", "job-4"))
         owned = [await journal.create(ending), await journal.create(other)]
         ending.start(101.0)
