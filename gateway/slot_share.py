@@ -59,7 +59,6 @@ class KneeBinding:
     def lights(self) -> list[str]:
         """The light tenants, where another runs more than its share plus one; else none (the
         knee does not bind)."""
-        light = [t for t in self.share if self.light(t)]
-        if not any(self.running[t] - 1 >= self.share[t] for t in self.running):
+        if furthest_over(self.running, self.share) is None:
             return []
-        return light
+        return [t for t in self.share if self.light(t)]
