@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cachetools import LRUCache
 
 from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
@@ -37,6 +39,16 @@ DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_model.npz"
 HIDDEN_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_hidden_model.npz"
 _ARRAYS = ("dense_weights", "hash_weights", "bias", "heads", "hidden_weights", "hidden_mean")
 _FALLBACK_ARRAYS = ("fallback_dense", "fallback_seen", "fallback_params")  # optional
+# prompts whose reading is kept: the gateway predicts a call as its job arrives, as it is
+# planned and as it ends, and reading the prompt is most of a prediction's cost
+READINGS_KEPT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    features: PromptFeatures
+    mu: float  # the prompt's central log1p length
+    familiarity: float | None  # the fallback's weight for it (None: no fallback)
 
 
 class PromptModel:
@@ -68,6 +80,7 @@ class PromptModel:
         self._dense = [float(w) for w in self.dense_weights]
         self._hash = [float(w) for w in self.hash_weights]
         self._heads = [(float(a), float(b)) for a, b in self.heads]
+        self._readings: LRUCache[tuple[str, int], _Reading] = LRUCache(READINGS_KEPT)
 
     def with_fallback(self, fallback: Familiarity | None) -> PromptModel:
         """The same weights answering with `fallback` (None: the model's answer alone)."""
@@ -84,7 +97,17 @@ class PromptModel:
 
     def point(self, text: str, prompt_tokens: int) -> float:
         """The prompt's central log1p length, mu."""
-        return self._point(extract(text, prompt_tokens))
+        return self._read(text, prompt_tokens).mu
+
+    def _read(self, text: str, prompt_tokens: int) -> _Reading:
+        key = (text, prompt_tokens)
+        reading = self._readings.get(key)
+        if reading is None:
+            f = extract(text, prompt_tokens)
+            fallback = self.fallback
+            weight = None if fallback is None else fallback.weight(fallback.distance(f))
+            reading = self._readings[key] = _Reading(f, self._point(f), weight)
+        return reading
 
     def _point(self, f: PromptFeatures) -> float:
         total = self.bias + sum(w * x for w, x in zip(self._dense, f.dense, strict=True))
@@ -102,15 +125,14 @@ class PromptModel:
         return LengthDistribution.from_quantiles(*levels)
 
     def predict(self, call: CallFeatures) -> LengthDistribution:
-        f = extract(call.prompt_text, call.prompt_tokens)
-        return self._answer(f, self._point(f), call.max_tokens)
+        reading = self._read(call.prompt_text, call.prompt_tokens)
+        return self._answer(reading, reading.mu, call.max_tokens)
 
-    def _answer(self, f: PromptFeatures, mu: float, max_tokens: int) -> LengthDistribution:
+    def _answer(self, reading: _Reading, mu: float, max_tokens: int) -> LengthDistribution:
         predicted = self.distribution(mu, max_tokens)
-        if self.fallback is None:
+        if self.fallback is None or reading.familiarity is None:
             return predicted
-        weight = self.fallback.weight(self.fallback.distance(f))
-        return self.fallback.blend(predicted, weight, max_tokens)
+        return self.fallback.blend(predicted, reading.familiarity, max_tokens)
 
     @property
     def hidden_size(self) -> int:
@@ -122,8 +144,8 @@ class PromptModel:
         if len(hidden) != self.hidden_size:
             raise InvalidCall(f"hidden vector of {len(hidden)}, model takes {self.hidden_size}")
         shift = float(np.dot(self.hidden_weights, np.asarray(hidden) - self.hidden_mean))
-        f = extract(call.prompt_text, call.prompt_tokens)
-        return self._answer(f, self._point(f) + shift, call.max_tokens)
+        reading = self._read(call.prompt_text, call.prompt_tokens)
+        return self._answer(reading, reading.mu + shift, call.max_tokens)
 
     def observe(self, call: CallFeatures, true_len: int) -> None:
         """A static model: online correction is the history predictor's job

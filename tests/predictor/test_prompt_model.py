@@ -8,7 +8,7 @@ from bench.prediction.training import main, train
 from predictor.base import CallFeatures
 from predictor.errors import ArtifactInvalid, ArtifactMissing
 from predictor.features import DENSE_NAMES, HASH_DIM
-from predictor.prompt_model import PromptModel
+from predictor.prompt_model import DEFAULT_ARTIFACT, READINGS_KEPT, PromptModel
 from tests.predictor.factories import synthetic_examples
 
 
@@ -94,3 +94,19 @@ def test_train_command_writes_an_artifact_from_labels(tmp_path: Path) -> None:
     main(["train", "--labels", str(labels), "--prompts", str(prompts), "--out", str(out)])
     model = PromptModel.load(out)
     assert "labels_mine.jsonl by synthetic" in model.meta["labels"]
+
+
+def test_a_prompt_read_again_is_predicted_as_a_fresh_model_predicts_it() -> None:
+    model = PromptModel.load(DEFAULT_ARTIFACT)
+    assert model.fallback is not None  # the familiarity weight is part of what is kept
+    prompts = [f"Write {i} short poems about the sea, one per line." for i in range(40)]
+    calls = [
+        CallFeatures("t", "n", tokens, max_tokens, text)
+        for text in prompts
+        for tokens, max_tokens in ((12, 512), (12, 16), (30, 512))
+    ]
+    for _ in range(READINGS_KEPT // len(calls) + 2):  # past the readings kept, and back
+        answers = [model.predict(call) for call in calls]
+    for call, answer in zip(calls, answers, strict=True):
+        assert PromptModel.load(DEFAULT_ARTIFACT).predict(call) == answer
+    assert len({(a.p50, a.p90) for a in answers}) > len(prompts)  # the calls differ
