@@ -41,15 +41,19 @@ tenant's slowdown (JCT over GPS JCT) and Jain's index of the tenants' mean slowd
 (`--rounds`, 3) run the three arms in rotated order, so a drift in the machine's speed spreads
 over the arms; each figure is the median over rounds. Lone calls (`lone.py`): on the idle server,
 `--lone-calls` (30) of the workload's prompts, 8 tokens each, are sent direct and through a
-gateway in turn, and the added TTFT is fairgate's TTFT less direct's, paired by call.
+gateway in turn. The added TTFT is fairgate's TTFT less its server's part of it, the same
+request's (read from the call's span: the gateway traces, in memory, while they run); the
+paired difference (fairgate's TTFT less the direct send's) is reported too, and mostly measures
+how the server's own TTFT varies between two sends of one prompt.
 
-Output: `--json FILE` holds exactly the issue's keys (`report.py`), with `fairgate_engine` the
-same keys for the second server; `OUT/details.json` holds what backs them (every round's figures,
-violations and slowdowns by tenant, the server's mean batch and queue and this process's CPU time
-per run, the capacity, Δ) and the four targets judged. Caveats: on a small machine the gateway,
-the clients and the server share the cores, so fairgate's own CPU time (`process_cpu_s`) slows
-the server it schedules; and the GPS reference models neither prefill nor a call's fixed latency,
-which weigh on the small calls of the light tenants.
+Output: `--json FILE` holds the issue's keys (`report.py`) and `paired_added_ttft_ms`, with
+`fairgate_engine` the same keys for the second server; `OUT/details.json` holds what backs them
+(every round's figures, violations and slowdowns by tenant, the server's mean batch and queue and
+this process's CPU time per run, the capacity, Δ) and the four targets judged. Caveats: on a
+small machine the gateway, the clients and the server share the cores, so fairgate's own CPU time
+(`process_cpu_s`) slows the server it schedules (a slowdown the added TTFT leaves to the server's
+part, the paired difference does not); and the GPS reference models neither prefill nor a call's
+fixed latency, which weigh on the small calls of the light tenants.
 """
 
 __all__: list[str] = []

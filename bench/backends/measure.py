@@ -26,7 +26,7 @@ from bench.backends.direct import run_direct, send_one
 from bench.backends.lone import ttft_pairs
 from bench.backends.metrics import Reference
 from bench.backends.occupancy import Occupancy, sample
-from bench.backends.records import ArmRun
+from bench.backends.records import ArmRun, LoneCall
 from bench.backends.through_gateway import run_through_gateway
 from bench.backends.workload import Workload, as_run, burst
 from bench.sim.reference import gps_finish
@@ -60,7 +60,7 @@ class Measured:
     runs: dict[str, list[ArmRun]] = field(default_factory=dict)
     # per arm and round: the server's mean batch and queue, this process's CPU seconds
     occupancy: dict[str, list[dict[str, float]]] = field(default_factory=dict)
-    ttft: list[tuple[float, float]] = field(default_factory=list)  # (direct, fairgate) s
+    ttft: list[LoneCall] = field(default_factory=list)
     probe_wall_s: float = 0.0
     alone_wall_s: float = 0.0
 

@@ -1,4 +1,5 @@
-"""What a run leaves behind: each job's finish as its client saw it, and each direct call's stream.
+"""What a run leaves behind: each job's finish as its client saw it, each direct call's stream,
+and the lone calls' times to first token.
 
 Times are seconds after the run's start on the client's monotonic clock (`anyio.current_time`),
 the same clock for every arm: a job's JCT is from its arrival offset (when its client sent it)
@@ -55,3 +56,14 @@ class ArmRun:
     wrong_lengths: int = 0  # calls whose prompt or output count differs from the plan
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)  # what went unlike the plan, for the report
+
+
+@dataclass(frozen=True, slots=True)
+class LoneCall:
+    """One lone call's times to first token, in seconds, sent once each way."""
+
+    direct: float  # straight to the server, as its client saw it
+    fairgate: float  # through the gateway, as its client saw it
+    # of `fairgate`, the server's part: from the gateway's dispatch to the first chunk reaching
+    # the gateway (its HTTP client's work on the request and the first chunk included)
+    server: float

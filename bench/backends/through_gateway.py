@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import anyio
+from opentelemetry.sdk.trace import TracerProvider
 
 from bench.backends.config import ADMIN_KEY
 from bench.backends.records import ArmRun, JobRecord
@@ -44,9 +45,12 @@ class OpenGateway:
 
 @contextlib.asynccontextmanager
 async def open_gateway(
-    settings: Settings, tenants: dict[str, float], ceiling: int
+    settings: Settings,
+    tenants: dict[str, float],
+    ceiling: int,
+    tracer_provider: TracerProvider | None = None,
 ) -> AsyncIterator[OpenGateway]:
-    async with running_gateway(settings) as gateway:
+    async with running_gateway(settings, tracer_provider=tracer_provider) as gateway:
         target = f"127.0.0.1:{gateway.port}"
         keys = {}
         async with AdminClient(target, ADMIN_KEY) as admin:
