@@ -162,8 +162,11 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", 0),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_time_ms", round(settings.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", round(settings.keepalive_timeout_s * 1000)),
+        # gRPC core gives a keepalive ping up by its ping timeout (a minute by default), not by
+        # the keepalive timeout (grpc/grpc#39239)
+        ("grpc.http2.ping_timeout_ms", round(settings.keepalive_timeout_s * 1000)),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_connection_idle_ms", int(settings.max_connection_idle_s * 1000)),

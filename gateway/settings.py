@@ -58,6 +58,11 @@ class Settings(BaseSettings):
     # its RPCs to end); off by default: a RunJob stream cut that way cancels its job
     max_connection_age_s: float | None = Field(default=None, gt=0.0, le=GRPC_INT_MAX / 1000)
     max_connection_age_grace_s: float = Field(default=60.0, ge=0.0, le=GRPC_INT_MAX / 1000)
+    # a connection that has sent nothing for keepalive_s is pinged, and closed when no answer
+    # comes within keepalive_timeout_s: a client whose host or network is lost sends no reset,
+    # and its RunJob would run on (its streams held) for ever
+    keepalive_s: float = Field(default=30.0, ge=0.1, le=GRPC_INT_MAX / 1000)
+    keepalive_timeout_s: float = Field(default=10.0, ge=0.1, le=GRPC_INT_MAX / 1000)
     max_active_jobs: int = Field(default=10_000, ge=1)
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
