@@ -1,8 +1,9 @@
 """The `openai` backend: a vLLM-compatible server over HTTP (vLLM, `fairgate engine serve`).
 
 One shared `httpx.AsyncClient` carries everything. Entering the backend checks the server
-(startup.py) and scrapes it once; then a task scrapes `/metrics` and polls `/health` every
-`scrape_interval_s`. `capacity()` is the last scrape less the calls it could not have seen yet
+(startup.py) and scrapes it once; then a task scrapes `/metrics` every `scrape_interval_s`
+and, with a scrape, polls `/health` every `health_interval_s` (every scrape while it fails).
+`capacity()` is the last scrape less the calls it could not have seen yet
 (unseen.py), healthy only while that scrape is fresh, `/health` answered 200 and the circuit
 breaker lets calls through. `submit` starts a task per call in the backend's task group: it
 streams one `/v1/completions` request (wire.py), decodes its events into deltas (decoder.py) and
@@ -114,6 +115,7 @@ class OpenAIBackend(OwnsTasks):
         self._unseen = UnseenCalls()
         self._load: ServerLoad | None = None
         self._health_ok = False
+        self._health_polled = -math.inf
         self._scrape_failure: str | None = None  # the last scrape's failure, logged once
         self._scraped = anyio.Event()
         self._scrape_asked = anyio.Event()
@@ -224,14 +226,16 @@ class OpenAIBackend(OwnsTasks):
             self._unseen.scraped(mark)
             if self.on_room is not None:
                 self.on_room()
-        try:
-            health = await self.client.get("/health", timeout=timeout)
-            self._health_ok = health.status_code == 200
-            if not self._health_ok:
-                failure = failure or f"/health answered {health.status_code}"
-        except httpx.HTTPError as exc:
-            self._health_ok = False
-            failure = failure or f"/health: {exc!r}"
+        if not self._health_ok or taken_at - self._health_polled >= self.settings.health_interval_s:
+            self._health_polled = taken_at
+            try:
+                health = await self.client.get("/health", timeout=timeout)
+                self._health_ok = health.status_code == 200
+                if not self._health_ok:
+                    failure = failure or f"/health answered {health.status_code}"
+            except httpx.HTTPError as exc:
+                self._health_ok = False
+                failure = failure or f"/health: {exc!r}"
         if failure != self._scrape_failure:
             if failure is not None:
                 logger.warning("backend %s: %s", self.name, failure)

@@ -33,7 +33,10 @@ class BackendSettings(BaseModel):
     tokenizer: Path | None = None  # openai: local HF folder of the served model's tokenizer
     tls_ca_file: Path | None = None  # https: trust this CA bundle instead of the system's
     tls_verify: bool = True  # https: False accepts any certificate (a test server only)
-    scrape_interval_s: float = Field(default=0.2, ge=0.01, le=10.0)  # /metrics and /health
+    scrape_interval_s: float = Field(default=0.2, ge=0.01, le=10.0)  # /metrics
+    # /health is polled with a scrape at most this often while it answers 200, at every scrape
+    # while it does not: each poll costs the server and the gateway a request
+    health_interval_s: float = Field(default=1.0, ge=0.01, le=60.0)
     # a stream silent this long is lost (a hung server keeps its connections open)
     read_timeout_s: float = Field(default=120.0, gt=0.0)
     breaker_failures: int = Field(default=5, ge=1)  # failed calls in a row that open the breaker

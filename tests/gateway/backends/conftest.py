@@ -13,6 +13,7 @@ test can act while a call runs.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Gate:
 
     app: ASGIApp
     failing: dict[str, int] = field(default_factory=dict)
+    seen: Counter[str] = field(default_factory=Counter)  # requests by path
     api_key: str | None = None
     # send U+0085, U+2028 and U+2029 raw, as vLLM does (fairgate's server escapes them)
     raw_separators: bool = False
@@ -56,6 +58,7 @@ class Gate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            self.seen[scope["path"]] += 1
             headers = dict(scope["headers"])
             wanted = f"Bearer {self.api_key}".encode()
             if self.api_key is not None and headers.get(b"authorization") != wanted:
@@ -172,6 +175,7 @@ def settings(url: str, tokenizer: Path, **overrides: Any) -> BackendSettings:
         "tokenizer": tokenizer,
         "max_num_seqs": 8,
         "scrape_interval_s": SCRAPE_S,
+        "health_interval_s": SCRAPE_S,
     }
     return BackendSettings(**(fields | overrides))
 

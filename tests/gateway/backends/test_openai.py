@@ -174,6 +174,30 @@ async def test_a_failing_health_check_makes_it_unhealthy(
         await scraped_until(backend, lambda: backend.capacity().healthy)
 
 
+async def test_health_is_polled_every_health_interval_while_it_answers_at_every_scrape_while_not(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """Every scrape polled /health too: at vLLM's 10 scrapes a second, a third of the
+    gateway's scrape work and as many requests the server answered."""
+    clock = FakeClock()
+    async with backend_on(server.url, tokenizer_dir, clock=clock, health_interval_s=1.0) as backend:
+        polls = server.gate.seen["/health"]
+        scrapes = server.gate.seen["/metrics"]
+        for _ in range(3):
+            await backend.next_scrape()
+        assert server.gate.seen["/metrics"] >= scrapes + 3
+        assert server.gate.seen["/health"] == polls  # not yet due
+        server.gate.failing["/health"] = 503
+        clock.advance(1.0)
+        await scraped_until(backend, lambda: not backend.capacity().healthy)
+        server.gate.failing.clear()
+        await scraped_until(backend, lambda: backend.capacity().healthy)  # the clock stood still
+        polls = server.gate.seen["/health"]
+        for _ in range(3):
+            await backend.next_scrape()
+        assert server.gate.seen["/health"] == polls
+
+
 @pytest.mark.parametrize("status", [429, 502, 503, 504])
 async def test_busy_or_away_answers_are_lost_calls_that_open_the_breaker_until_a_trial_succeeds(
     server: Remote, tokenizer_dir: Path, status: int

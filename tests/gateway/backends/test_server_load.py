@@ -84,10 +84,17 @@ def test_other_families_are_skipped_before_parsing() -> None:
         "# TYPE vllm:e2e_request_latency_seconds histogram\n"
         'vllm:e2e_request_latency_seconds_bucket{le="0.3",model_name="m"} 4.0\n'
         "vllm:num_requests_running_fake 99\n"
-        "this line would not parse\n"
+        "# HELP vllm:other Unlike vllm:num_requests_running, a counter.\n"
+        'vllm:other{like="vllm:num_requests_waiting"} 7\n'
+        "this line would not parse, nor would one that names vllm:kv_cache_usage_perc\n"
     )
     load = parse_load(histogram + exposition(running=2), MODEL, 0.0)
-    assert load.running == 2
+    assert (load.running, load.waiting) == (2, 1)
+    # the families' lines first and last, the last with no line end
+    load = parse_load(exposition(running=5).rstrip("\n") + "\n" + histogram, MODEL, 0.0)
+    assert (load.running, load.num_blocks) == (5, 400)
+    load = parse_load(histogram + exposition(running=6).rstrip("\n"), MODEL, 0.0)
+    assert (load.running, load.num_blocks) == (6, 400)
 
 
 def test_a_model_name_with_a_unicode_line_separator_is_one_line() -> None:
