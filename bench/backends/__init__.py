@@ -49,7 +49,8 @@ how the server's own TTFT varies between two sends of one prompt.
 Output: `--json FILE` holds the issue's keys (`report.py`) and `paired_added_ttft_ms`, with
 `fairgate_engine` the same keys for the second server; `OUT/details.json` holds what backs them
 (every round's figures, violations and slowdowns by tenant, the server's mean batch and queue and
-this process's CPU time per run, the capacity, Δ) and the four targets judged. Caveats: on a
+this process's CPU time per run, the capacity, Δ, each lone call's three TTFTs) and the four
+targets judged. Caveats: on a
 small machine the gateway, the clients and the server share the cores, so fairgate's own CPU time
 (`process_cpu_s`) slows the server it schedules (a slowdown the added TTFT leaves to the server's
 part, the paired difference does not); and the GPS reference models neither prefill nor a call's

@@ -86,6 +86,11 @@ def backend_details(measured: Measured, workload: Workload) -> dict[str, Any]:
         },
         "fairgate_ttft_ms": percentiles_ms(fairgate_ttft) if fairgate_ttft else None,
         "lone_calls": len(measured.ttft),
+        # each lone call's (direct, fairgate, the server's part of fairgate's) TTFT
+        "lone_calls_ms": [
+            [round(c.direct * 1e3, 2), round(c.fairgate * 1e3, 2), round(c.server * 1e3, 2)]
+            for c in measured.ttft
+        ],
         "probe_wall_s": measured.probe_wall_s,
         "alone_wall_s": measured.alone_wall_s,
     }
