@@ -12,6 +12,8 @@ batch slots, two threads. The same jobs reach the server three ways ("arms"):
 - `fairgate-fcfs` and `fairgate-justitia` (`through_gateway.py`): a fresh in-process gateway per
   run, with that policy and the server as its one `openai` backend, told the server's slots, so the
   queue is the gateway's and its order is the order that runs; jobs go in with the fairgate SDK.
+  The gateway reads the server's `/metrics` every 0.5 s (`config.SCRAPE_INTERVAL_S`): on two
+  cores each read slows the server it measures.
 
 Every call is greedy with `ignore_eos`, so every arm generates exactly the same tokens (the report
 counts the calls off plan: they must be 0). A job's JCT runs from its arrival offset, when its
