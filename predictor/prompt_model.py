@@ -46,7 +46,6 @@ READINGS_KEPT = 256
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
-    features: PromptFeatures
     mu: float  # the prompt's central log1p length
     familiarity: float | None  # the fallback's weight for it (None: no fallback)
 
@@ -106,7 +105,7 @@ class PromptModel:
             f = extract(text, prompt_tokens)
             fallback = self.fallback
             weight = None if fallback is None else fallback.weight(fallback.distance(f))
-            reading = self._readings[key] = _Reading(f, self._point(f), weight)
+            reading = self._readings[key] = _Reading(self._point(f), weight)
         return reading
 
     def _point(self, f: PromptFeatures) -> float:
