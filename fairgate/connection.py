@@ -55,11 +55,7 @@ class Connection:
         channel_options = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.keepalive_time_ms", round(keepalive_s * 1000)),
-            ("grpc.keepalive_timeout_ms", round(keepalive_timeout_s * 1000)),
-            # gRPC core gives a keepalive ping up by its ping timeout (a minute by default), not
-            # by the keepalive timeout (grpc/grpc#39239)
-            ("grpc.http2.ping_timeout_ms", round(keepalive_timeout_s * 1000)),
+            *keepalive_options(keepalive_s, keepalive_timeout_s),
             # a watched job may send nothing for minutes (a call queued, an agent thinking):
             # pings go on through such a silence, not only two of them
             ("grpc.http2.max_pings_without_data", 0),
@@ -109,6 +105,20 @@ class Connection:
             raise error_from_rpc(exc) from exc
         finally:
             call.cancel()
+
+
+def keepalive_options(keepalive_s: float, keepalive_timeout_s: float) -> list[tuple[str, int]]:
+    """gRPC options for either end of a connection: a ping after `keepalive_s` without a byte
+    from the peer, and the connection given up when no answer comes within
+    `keepalive_timeout_s`."""
+    timeout_ms = round(keepalive_timeout_s * 1000)
+    return [
+        ("grpc.keepalive_time_ms", round(keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        # gRPC core gives a keepalive ping up by its ping timeout (a minute by default), not by
+        # the keepalive timeout (grpc/grpc#39239)
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+    ]
 
 
 def error_from_rpc(exc: grpc.aio.AioRpcError) -> FairgateError:

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from engine import AsyncEngine, LLMEngine
 from engine.heap import freeze_startup_heap
+from fairgate.connection import keepalive_options
 from fairgate.v1 import admin_pb2, admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from gateway.admin_service import AdminService
 from gateway.auth import AuthInterceptor, FailureThrottle
@@ -162,11 +163,7 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", 0),
         ("grpc.max_send_message_length", settings.max_message_bytes),
         ("grpc.max_receive_message_length", settings.max_message_bytes),
-        ("grpc.keepalive_time_ms", round(settings.keepalive_s * 1000)),
-        ("grpc.keepalive_timeout_ms", round(settings.keepalive_timeout_s * 1000)),
-        # gRPC core gives a keepalive ping up by its ping timeout (a minute by default), not by
-        # the keepalive timeout (grpc/grpc#39239)
-        ("grpc.http2.ping_timeout_ms", round(settings.keepalive_timeout_s * 1000)),
+        *keepalive_options(settings.keepalive_s, settings.keepalive_timeout_s),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_connection_idle_ms", int(settings.max_connection_idle_s * 1000)),
