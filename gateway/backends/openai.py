@@ -3,8 +3,8 @@
 One shared `httpx.AsyncClient` carries everything. Entering the backend checks the server
 (startup.py) and scrapes it once; then a task scrapes `/metrics` every `scrape_interval_s`
 and, with a scrape, polls `/health` every `health_interval_s` (every scrape while it fails).
-`capacity()` is the last scrape less the calls it could not have seen yet
-(unseen.py), healthy only while that scrape is fresh, `/health` answered 200 and the circuit
+`capacity()` is the last scrape's other clients' part with this gateway's own calls as they are
+now (own_calls.py), healthy only while that scrape is fresh, `/health` answered 200 and the circuit
 breaker lets calls through. `submit` starts a task per call in the backend's task group: it
 streams one `/v1/completions` request (wire.py), decodes its events into deltas (decoder.py) and
 hands them to the call's stream (call_stream.py). Closing that stream early, `abort`, or closing
@@ -18,7 +18,7 @@ room news, gateway/room_news.py, tells the others), and `scrape_soon` (news from
 replica) has the next scrape start at once. Each landed scrape calls `on_room`, so a call
 waiting for room is looked at again as soon as the room shows.
 Invariant: every call's task ends by sending its finished delta, an error, or nothing (aborted),
-and then frees its room (`UnseenCalls.ended`) and its breaker trial, whatever ended it.
+and then frees its room (`OwnCalls.ended`) and its breaker trial, whatever ended it.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from gateway.backends.breaker import BreakerState, CircuitBreaker
 from gateway.backends.call_stream import CallControl, Item, RemoteCallStream
 from gateway.backends.decoder import CompletionDecoder
 from gateway.backends.errors import BackendError, BackendLost, answer_error
+from gateway.backends.own_calls import OwnCalls
 from gateway.backends.server_load import ServerLoad, parse_load
 from gateway.backends.settings import BackendSettings
 from gateway.backends.startup import ServerInfo, check_server
-from gateway.backends.unseen import UnseenCalls
 from gateway.backends.wire import completion_body
 from gateway.owned import OwnsTasks
 
@@ -112,7 +112,7 @@ class OpenAIBackend(OwnsTasks):
         self._breaker = CircuitBreaker(
             clock, settings.breaker_failures, settings.breaker_cooldown_s
         )
-        self._unseen = UnseenCalls()
+        self._own = OwnCalls()
         self._load: ServerLoad | None = None
         self._health_ok = False
         self._health_polled = -math.inf
@@ -177,11 +177,10 @@ class OpenAIBackend(OwnsTasks):
     def capacity(self) -> BackendCapacity:
         load = self._load
         if load is None:
-            unseen = len(self._unseen)
-            return BackendCapacity(0, 1, 0, running=0, waiting=unseen, healthy=False)
+            return BackendCapacity(0, 1, 0, running=0, waiting=len(self._own), healthy=False)
         fresh = self._clock() - load.taken_at <= self.stale_after_s
         healthy = fresh and self._health_ok and self._breaker.allows()
-        room = self._unseen.capacity(load, self.settings.max_num_seqs, healthy)
+        room = self._own.capacity(load, self.settings.max_num_seqs, healthy)
         if healthy and self._breaker.state is BreakerState.HALF_OPEN:
             # room for the trial alone: a dispatch pass takes calls before it sends any, and
             # would take as many as the server had room for, all sent before the verdict
@@ -211,7 +210,7 @@ class OpenAIBackend(OwnsTasks):
             await self._scrape()
 
     async def _scrape(self) -> None:
-        mark = self._unseen.scrape_started()
+        mark = self._own.scrape_started()
         taken_at = self._scrape_started = self._clock()
         timeout = max(self.stale_after_s, 1.0)
         failure = None
@@ -223,7 +222,7 @@ class OpenAIBackend(OwnsTasks):
             failure = f"/metrics: {exc!r}"
         else:
             self._load = load
-            self._unseen.scraped(mark)
+            self._own.scraped(mark)
             if self.on_room is not None:
                 self.on_room()
         if not self._health_ok or taken_at - self._health_polled >= self.settings.health_interval_s:
@@ -253,7 +252,7 @@ class OpenAIBackend(OwnsTasks):
         if call.call_id in self._calls:
             raise ValueError(f"backend {self.name}: call {call.call_id} is already running")
         output = call.predicted_output or call.params.max_tokens
-        self._unseen.sent(call.call_id, len(call.prompt_ids), output)
+        self._own.sent(call.call_id, len(call.prompt_ids), output)
         control = CallControl(call.call_id)
         self._calls[call.call_id] = control
         send, receive = anyio.create_memory_object_stream[Item](math.inf)
@@ -271,7 +270,7 @@ class OpenAIBackend(OwnsTasks):
         """Nothing: a vLLM-compatible server takes a request's priority once, when it comes."""
 
     def set_prediction(self, call_id: str, predicted_output: int) -> None:
-        self._unseen.resized(call_id, predicted_output)
+        self._own.resized(call_id, predicted_output)
 
     async def _run(self, call: BackendCall, attempt: _Attempt) -> None:
         control = attempt.control
@@ -293,7 +292,7 @@ class OpenAIBackend(OwnsTasks):
                 control.usage = attempt.decoder.counted_usage()
             # the room this call frees is news only if the server had none before its end
             news = self.on_freed if self.on_freed is not None and self._full_for(call) else None
-            self._unseen.ended(call.call_id)
+            self._own.ended(call.call_id)
             del self._calls[call.call_id]
             control.ended.set()
             if attempt.verdict is _Verdict.WORKS:
@@ -320,13 +319,12 @@ class OpenAIBackend(OwnsTasks):
             async for event in EventSource(response).aiter_sse():
                 await attempt.hand_out(attempt.decoder.feed(event.data))
                 if not attempt.shown:
-                    self._shown(call, attempt)
+                    self._shown(attempt)
         await attempt.hand_out(attempt.decoder.end())
 
-    def _shown(self, call: BackendCall, attempt: _Attempt) -> None:
-        """The server streamed the call's first event: it runs it, and it works."""
+    def _shown(self, attempt: _Attempt) -> None:
+        """The server streamed the call's first event: it works."""
         attempt.shown = True
-        self._unseen.shown(call.call_id)
         self._breaker.succeeded()
         attempt.trial = False  # the trial's verdict is in
 

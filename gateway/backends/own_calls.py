@@ -1,0 +1,94 @@
+"""Room on a remote backend: its last scrape less the gateway's own calls in it, plus those now.
+
+A server's metrics lag the gateway (vLLM updates its gauges once a step; a call sent a moment
+ago is in nobody's scrape yet), and a scrape does not say which of the requests it counts are
+the gateway's. So the room is split by who holds it. The gateway knows its own calls exactly:
+those sent and not ended, each with its slot and its KV (prompt plus predicted output, in
+blocks). The rest of a scrape is other clients' (replicas of this gateway, or anyone else): what
+it counted beyond the gateway's calls open when it started (a call that ended since still
+counted there). A server only this gateway sends to thus leaves exactly the slots and KV its
+calls do not hold, however far its gauges lag; one shared with others leaves theirs as of the
+last scrape, and this gateway's as they are now.
+
+A call of the gateway's still on its way to the server when a scrape started is taken to be in
+it: if it was not, the others' share is short by that call until the next scrape lands (one
+slot too many, for a scrape interval at most). Counting each call of the gateway's until a
+scrape was sure to have it (its first event, then a scrape after that) would instead hold its
+slot twice for as long as the server takes to show it, its queueing and prefill: on a saturated
+CPU server, a second or more of every call, so the server ran barely more than half the batch it
+was given room for. KV the same way: the gateway's calls hold what they may grow to, so the
+others' part of the used blocks is the used blocks less that (never below zero), conservative
+for a server of this gateway's alone. Pure: no I/O, no clock. Invariant: free slots =
+`max_num_seqs` − others' calls − the gateway's open calls, never below zero; likewise blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.backends.base import BackendCapacity
+from gateway.backends.server_load import ServerLoad
+
+
+@dataclass(slots=True)
+class _Call:
+    prompt_tokens: int
+    output_tokens: int  # predicted: with the prompt, the KV it will hold
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+class OwnCalls:
+    def __init__(self) -> None:
+        self._calls: dict[str, _Call] = {}  # sent, not ended
+        # the tokens of each call open when the last landed scrape started: what it may count
+        self._in_scrape: tuple[int, ...] = ()
+
+    def sent(self, call_id: str, prompt_tokens: int, output_tokens: int) -> None:
+        self._calls[call_id] = _Call(prompt_tokens, output_tokens)
+
+    def resized(self, call_id: str, output_tokens: int) -> None:
+        """The call's output is predicted anew."""
+        call = self._calls.get(call_id)
+        if call is not None:
+            call.output_tokens = output_tokens
+
+    def ended(self, call_id: str) -> None:
+        self._calls.pop(call_id, None)
+
+    def scrape_started(self) -> tuple[int, ...]:
+        """A mark to hand to `scraped` when this scrape lands: the calls it may count."""
+        return tuple(c.tokens for c in self._calls.values())
+
+    def scraped(self, mark: tuple[int, ...]) -> None:
+        """The scrape that started at `mark` landed: its load is the server's now."""
+        self._in_scrape = mark
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def capacity(self, load: ServerLoad, max_num_seqs: int, healthy: bool) -> BackendCapacity:
+        """`load` less the gateway's calls it may count (the others' part), less the gateway's
+        calls now; free slots from `max_num_seqs` (servers do not export it)."""
+        size = load.block_size
+        marked_blocks = sum(_blocks(t, size) for t in self._in_scrape)
+        own_blocks = sum(_blocks(c.tokens, size) for c in self._calls.values())
+        others_blocks = max(load.used_blocks - marked_blocks, 0)
+        others = max(load.running + load.waiting - len(self._in_scrape), 0)
+        held = others + len(self._calls)
+        running = min(load.running, held)
+        return BackendCapacity(
+            free_blocks=max(load.num_blocks - others_blocks - own_blocks, 0),
+            block_size=size,
+            free_slots=max(max_num_seqs - held, 0),
+            running=running,
+            waiting=held - running,
+            healthy=healthy,
+            total_blocks=load.num_blocks,
+        )

@@ -1,0 +1,86 @@
+"""Room on a remote backend: the scrape's other clients' part, plus the gateway's own calls."""
+
+from __future__ import annotations
+
+from gateway.backends.own_calls import OwnCalls
+from gateway.backends.server_load import ServerLoad
+
+
+def load(running: int = 0, waiting: int = 0, used: int = 0) -> ServerLoad:
+    return ServerLoad(running, waiting, num_blocks=100, used_blocks=used, block_size=16, taken_at=0)
+
+
+def test_a_call_sent_holds_its_slot_and_blocks_beside_what_others_hold() -> None:
+    own = OwnCalls()
+    own.sent("a", prompt_tokens=20, output_tokens=13)  # 33 tokens: 3 blocks
+    # the scrape started before "a" was sent: all it counts is other clients'
+    cap = own.capacity(load(running=2, used=10), max_num_seqs=8, healthy=True)
+    assert (cap.free_blocks, cap.free_slots, cap.running, cap.waiting) == (87, 5, 2, 1)
+    assert (cap.total_blocks, cap.block_size, cap.healthy) == (100, 16, True)
+
+
+def test_a_call_the_server_already_runs_is_not_counted_twice() -> None:
+    """The server runs the gateway's call (its gauges count it) before the call's first token
+    reaches the gateway: a scrape then must not leave its slot held twice."""
+    own = OwnCalls()
+    for call in ("a", "b", "c"):
+        own.sent(call, prompt_tokens=16, output_tokens=16)  # 2 blocks each
+    own.scraped(own.scrape_started())
+    cap = own.capacity(load(running=3, used=6), max_num_seqs=8, healthy=True)
+    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (5, 3, 0, 94)
+
+
+def test_calls_still_on_their_way_when_scraped_are_held_by_the_gateway() -> None:
+    own = OwnCalls()
+    for call in ("a", "b", "c"):
+        own.sent(call, 16, 16)
+    own.scraped(own.scrape_started())
+    cap = own.capacity(load(running=1), max_num_seqs=8, healthy=True)  # two not there yet
+    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (5, 1, 2, 94)
+
+
+def test_other_clients_hold_what_the_scrape_counts_beyond_the_gateways_calls() -> None:
+    own = OwnCalls()
+    own.sent("a", 16, 16)
+    own.scraped(own.scrape_started())
+    own.sent("b", 16, 16)  # after the scrape started: in no scrape yet
+    # 4 running, 2 waiting: "a" and five of others', with 20 blocks used, 2 of them "a"'s
+    cap = own.capacity(load(running=4, waiting=2, used=20), max_num_seqs=8, healthy=True)
+    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (1, 4, 3, 78)
+
+
+def test_a_call_that_ends_gives_its_room_back_at_once() -> None:
+    own = OwnCalls()
+    own.sent("a", prompt_tokens=20, output_tokens=12)  # 2 blocks
+    own.sent("b", prompt_tokens=20, output_tokens=12)
+    own.scraped(own.scrape_started())
+    scraped = load(running=2, used=4)
+    assert own.capacity(scraped, 8, True).free_slots == 6
+    in_flight = own.scrape_started()  # started before the end: may still count "a"
+    own.ended("a")
+    cap = own.capacity(scraped, 8, True)
+    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (7, 1, 0, 98)
+    own.scraped(in_flight)
+    assert own.capacity(scraped, 8, True).free_slots == 7  # that scrape still counted it
+    own.scraped(own.scrape_started())
+    assert own.capacity(load(running=1, used=2), 8, True).free_slots == 7
+    own.ended("b")
+    own.ended("b")  # a second end (an abort racing the stream's) changes nothing
+    assert own.capacity(load(running=1, used=2), 8, True).free_slots == 8
+
+
+def test_a_new_prediction_resizes_the_calls_blocks() -> None:
+    own = OwnCalls()
+    own.sent("a", prompt_tokens=16, output_tokens=16)
+    own.resized("a", 48)
+    assert own.capacity(load(), 8, True).free_blocks == 96
+    own.resized("gone", 1000)  # a call that ended: nothing to resize
+    assert own.capacity(load(), 8, True).free_blocks == 96
+
+
+def test_room_never_goes_below_zero() -> None:
+    own = OwnCalls()
+    for i in range(10):
+        own.sent(f"c{i}", 160, 160)
+    cap = own.capacity(load(running=5, used=90), max_num_seqs=8, healthy=True)
+    assert (cap.free_blocks, cap.free_slots, cap.running, cap.waiting) == (0, 0, 5, 10)
