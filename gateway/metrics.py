@@ -41,6 +41,9 @@ MAX_TENANTS = 1000
 OTHER = "_other"  # no tenant id starts so: a tenant named "other" is not the overflow
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# At 1,000 tenants a scrape is about 4.7 MB of text: level 6 makes it 230 KB in ~30 ms on 2
+# cores (level 1: 280 KB, 9 ms; 9, gzip's own default: 223 KB, 125 ms)
+_GZIP_LEVEL = 6
 
 
 class GatewayMetrics:
@@ -233,11 +236,6 @@ class GatewayMetrics:
 
         headers["Content-Encoding"] = "gzip"
         return await anyio.to_thread.run_sync(write), headers
-
-
-# At 1,000 tenants a scrape is about 4.7 MB of text: level 6 makes it 230 KB in ~30 ms on 2
-# cores (level 1: 280 KB, 9 ms; 9, gzip's own default: 223 KB, 125 ms)
-_GZIP_LEVEL = 6
 
 
 class _Joined(Collector):

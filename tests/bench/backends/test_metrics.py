@@ -2,11 +2,15 @@
 
 import pytest
 
+from bench.backends.capacity import Capacity
 from bench.backends.config import ARMS, arm_order
+from bench.backends.measure import Measured
 from bench.backends.metrics import Reference, arm_metrics, figures, medians, ttft_report
 from bench.backends.records import ArmRun, JobRecord, LoneCall
-from bench.backends.report import table, targets
+from bench.backends.report import backend_details, table, targets
+from bench.backends.workload import PlannedCall, PlannedJob, Workload
 from bench.workloads.format import Job, Node
+from bench.workloads.replay import to_job_spec
 
 
 def jobs() -> list[Job]:
@@ -94,3 +98,31 @@ def test_targets_and_table() -> None:
 def test_each_round_rotates_the_arms() -> None:
     assert [arm_order(r)[0] for r in range(4)] == [ARMS[0], ARMS[1], ARMS[2], ARMS[0]]
     assert all(sorted(arm_order(r)) == sorted(ARMS) for r in range(3))
+
+
+def test_the_details_keep_each_jobs_jct_and_what_it_is_judged_against() -> None:
+    planned = tuple(
+        PlannedJob(
+            job,
+            to_job_spec(job, 1.0),
+            tuple(
+                PlannedCall(n.node_id, n.parents, "x", (1,) * n.prompt_tokens, n.max_tokens)
+                for n in job.nodes
+            ),
+        )
+        for job in jobs()
+    )
+    measured = Measured(Capacity(100.0, 0.1, 5.0, 5000.0), REFERENCE)
+    for arm in ARMS:
+        measured.runs[arm] = [run(arm, 9.0, 4.0)]
+        measured.occupancy[arm] = [{"running": 1.0, "waiting": 0.0, "process_cpu_s": 0.5}]
+    details = backend_details(measured, Workload(planned, ceiling=64, dropped=0))
+    assert details["jobs"]["l"] == {
+        "tenant": "chat",
+        "arrival": 1.0,
+        "gps_finish": 3.0,
+        "alone_jct": 1.0,
+    }
+    round_ = details["rounds"]["direct"][0]
+    assert round_["jct_by_job"] == {"h": 9.0, "l": 4.0}
+    assert round_["violations_by_tenant"] == {"agents": 0, "chat": 1}  # 5.0 > 3.0 + 1.0
