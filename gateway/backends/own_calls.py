@@ -11,15 +11,15 @@ calls do not hold, however far its gauges lag; one shared with others leaves the
 last scrape, and this gateway's as they are now.
 
 A call of the gateway's still on its way to the server when a scrape started is taken to be in
-it: if it was not, the others' share is short by that call until the next scrape lands (one
+it: if it was not, the others' part is short by that call until the next scrape lands (one
 slot too many, for a scrape interval at most). Counting each call of the gateway's until a
 scrape was sure to have it (its first event, then a scrape after that) would instead hold its
 slot twice for as long as the server takes to show it, its queueing and prefill: on a saturated
-CPU server, a second or more of every call, so the server ran barely more than half the batch it
-was given room for. KV the same way: the gateway's calls hold what they may grow to, so the
-others' part of the used blocks is the used blocks less that (never below zero), conservative
-for a server of this gateway's alone. Pure: no I/O, no clock. Invariant: free slots =
-`max_num_seqs` − others' calls − the gateway's open calls, never below zero; likewise blocks.
+CPU server, a second or more of every call. KV the same way: the gateway's calls hold what
+they may grow to, so the others' part of the used blocks is the used blocks less that (never
+below zero), conservative for a server of this gateway's alone. Pure: no I/O, no clock.
+Invariant: free slots = `max_num_seqs` − others' calls − the gateway's open calls, never below
+zero; likewise blocks.
 """
 
 from __future__ import annotations
