@@ -66,13 +66,13 @@ def backend_details(measured: Measured, workload: Workload) -> dict[str, Any]:
         # what a job's JCT in a round is judged against: past `gps_finish + delta_s` (seconds
         # after the run's start) it violates its bound; less `alone`, it is its queueing
         "jobs": {
-            job.job_id: {
-                "tenant": job.tenant,
-                "arrival": job.arrival,
-                "gps_finish": reference.gps[job.job_id],
-                "alone_jct": reference.alone[job.job_id],
+            p.job.job_id: {
+                "tenant": p.job.tenant,
+                "arrival": p.job.arrival,
+                "gps_finish": reference.gps[p.job.job_id],
+                "alone_jct": reference.alone[p.job.job_id],
             }
-            for job in as_run(workload.jobs)
+            for p in workload.jobs
         },
         "avg_alone_jct": float(np.mean(list(reference.alone.values()))),
         "light_violations": {

@@ -26,7 +26,13 @@ __all__ = [
     "CallStream",
     "CallUsage",
     "Capabilities",
+    "blocks",
 ]
+
+
+def blocks(num_tokens: int, block_size: int) -> int:
+    """The KV blocks `num_tokens` tokens take."""
+    return -(-num_tokens // block_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +51,7 @@ class BackendCapacity:
     knee_calls: int | None = None
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks(num_tokens, self.block_size)
 
     @property
     def free_kv_tokens(self) -> int:

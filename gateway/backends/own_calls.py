@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.backends.base import BackendCapacity
+from gateway.backends.base import BackendCapacity, blocks
 from gateway.backends.server_load import ServerLoad
 
 
@@ -38,10 +38,6 @@ class _Call:
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
-
-
-def _blocks(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)
 
 
 class OwnCalls:
@@ -77,8 +73,8 @@ class OwnCalls:
         """`load` less the gateway's calls it may count (the others' part), less the gateway's
         calls now; free slots from `max_num_seqs` (servers do not export it)."""
         size = load.block_size
-        marked_blocks = sum(_blocks(t, size) for t in self._in_scrape)
-        own_blocks = sum(_blocks(c.tokens, size) for c in self._calls.values())
+        marked_blocks = sum(blocks(t, size) for t in self._in_scrape)
+        own_blocks = sum(blocks(c.tokens, size) for c in self._calls.values())
         others_blocks = max(load.used_blocks - marked_blocks, 0)
         others = max(load.running + load.waiting - len(self._in_scrape), 0)
         held = others + len(self._calls)
