@@ -45,18 +45,33 @@ class OwnCalls:
         self._calls: dict[str, _Call] = {}  # sent, not ended
         # the tokens of each call open when the last landed scrape started: what it may count
         self._in_scrape: tuple[int, ...] = ()
+        # the blocks of both at the block size the room was last asked at, kept as calls come
+        # and go: a server running hundreds of the gateway's calls is asked for its room on
+        # every dispatch, and summing them each time would make that O(calls)
+        self._size = 0  # not asked yet: no blocks kept
+        self._own_blocks = 0
+        self._marked_blocks = 0
+
+    def _blocks(self, tokens: int) -> int:
+        return blocks(tokens, self._size) if self._size else 0
 
     def sent(self, call_id: str, prompt_tokens: int, output_tokens: int) -> None:
-        self._calls[call_id] = _Call(prompt_tokens, output_tokens)
+        self.ended(call_id)
+        call = self._calls[call_id] = _Call(prompt_tokens, output_tokens)
+        self._own_blocks += self._blocks(call.tokens)
 
     def resized(self, call_id: str, output_tokens: int) -> None:
         """The call's output is predicted anew."""
         call = self._calls.get(call_id)
         if call is not None:
+            self._own_blocks -= self._blocks(call.tokens)
             call.output_tokens = output_tokens
+            self._own_blocks += self._blocks(call.tokens)
 
     def ended(self, call_id: str) -> None:
-        self._calls.pop(call_id, None)
+        call = self._calls.pop(call_id, None)
+        if call is not None:
+            self._own_blocks -= self._blocks(call.tokens)
 
     def scrape_started(self) -> tuple[int, ...]:
         """A mark to hand to `scraped` when this scrape lands: the calls it may count."""
@@ -65,23 +80,28 @@ class OwnCalls:
     def scraped(self, mark: tuple[int, ...]) -> None:
         """The scrape that started at `mark` landed: its load is the server's now."""
         self._in_scrape = mark
+        self._marked_blocks = sum(self._blocks(t) for t in mark)
 
     def __len__(self) -> int:
         return len(self._calls)
 
+    def _at_block_size(self, size: int) -> None:
+        if size != self._size:
+            self._size = size
+            self._own_blocks = sum(self._blocks(c.tokens) for c in self._calls.values())
+            self._marked_blocks = sum(self._blocks(t) for t in self._in_scrape)
+
     def capacity(self, load: ServerLoad, max_num_seqs: int, healthy: bool) -> BackendCapacity:
         """`load` less the gateway's calls it may count (the others' part), less the gateway's
         calls now; free slots from `max_num_seqs` (servers do not export it)."""
-        size = load.block_size
-        marked_blocks = sum(blocks(t, size) for t in self._in_scrape)
-        own_blocks = sum(blocks(c.tokens, size) for c in self._calls.values())
-        others_blocks = max(load.used_blocks - marked_blocks, 0)
+        self._at_block_size(load.block_size)
+        others_blocks = max(load.used_blocks - self._marked_blocks, 0)
         others = max(load.running + load.waiting - len(self._in_scrape), 0)
         held = others + len(self._calls)
         running = min(load.running, held)
         return BackendCapacity(
-            free_blocks=max(load.num_blocks - others_blocks - own_blocks, 0),
-            block_size=size,
+            free_blocks=max(load.num_blocks - others_blocks - self._own_blocks, 0),
+            block_size=load.block_size,
             free_slots=max(max_num_seqs - held, 0),
             running=running,
             waiting=held - running,

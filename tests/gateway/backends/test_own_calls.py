@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.backends.own_calls import OwnCalls
 from gateway.backends.server_load import ServerLoad
 
@@ -84,3 +87,54 @@ def test_room_never_goes_below_zero() -> None:
         own.sent(f"c{i}", 160, 160)
     cap = own.capacity(load(running=5, used=90), max_num_seqs=8, healthy=True)
     assert (cap.free_blocks, cap.free_slots, cap.running, cap.waiting) == (0, 0, 5, 10)
+
+
+Op = tuple[str, int, int]  # (what, call, tokens)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["sent", "resized", "ended", "scrape", "landed", "ask"]),
+            st.integers(0, 5),
+            st.integers(1, 200),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([1, 16, 128]),
+)
+def test_the_room_is_what_summing_the_calls_afresh_gives_after_any_sequence(
+    ops: list[Op], size: int
+) -> None:
+    """The room is kept as calls come and go (a server may hold hundreds of the gateway's
+    calls, and it is asked for its room on every dispatch): it always equals the sums taken
+    afresh, at whichever block size the scrapes report."""
+    own = OwnCalls()
+    calls: dict[str, tuple[int, int]] = {}  # call -> (prompt, output), as the gateway sent it
+    started: tuple[int, ...] = ()
+    landed: tuple[int, ...] = ()
+    for what, n, tokens in ops:
+        call = f"c{n}"
+        if what == "sent":
+            own.sent(call, tokens, n)
+            calls[call] = (tokens, n)
+        elif what == "resized":
+            own.resized(call, tokens)
+            if call in calls:
+                calls[call] = (calls[call][0], tokens)
+        elif what == "ended":
+            own.ended(call)
+            calls.pop(call, None)
+        elif what == "scrape":
+            started = own.scrape_started()
+            assert sorted(started) == sorted(p + o for p, o in calls.values())
+        elif what == "landed":
+            own.scraped(started)
+            landed = started
+        block = size if what != "ask" else 1 + tokens % 64  # a server's block size changing
+        scraped = ServerLoad(3, 2, num_blocks=10_000, used_blocks=400, block_size=block, taken_at=0)
+        cap = own.capacity(scraped, max_num_seqs=8, healthy=True)
+        mine = sum(-(-(p + o) // block) for p, o in calls.values())
+        marked = sum(-(-t // block) for t in landed)
+        assert cap.free_blocks == 10_000 - max(400 - marked, 0) - mine
+        assert cap.free_slots == max(8 - max(5 - len(landed), 0) - len(calls), 0)
