@@ -99,12 +99,13 @@ async def open_pools(
             pool.hidden_size = core.runner.hidden_size
             pool.backends.append(LocalBackend(engine, model, table.display_name))
             continue
-        remote = await stack.enter_async_context(OpenAIBackend(table))
-        assert remote.server is not None and table.tokenizer is not None
-        if table.model not in pools:
+        assert table.tokenizer is not None  # the settings ask an openai backend for one
+        if table.model not in pools:  # loaded once: the model's backends all name it
             tokenizer = await anyio.to_thread.run_sync(load_tokenizer, table.tokenizer)
             pools[table.model] = Pool(table.model, tokenizer, settings.max_model_len)
         pool = pools[table.model]
+        remote = await stack.enter_async_context(OpenAIBackend(table, pool.tokenizer))
+        assert remote.server is not None
         pool.max_model_len = min(pool.max_model_len, remote.server.max_model_len)
         pool.backends.append(remote)
     return Pools(list(pools.values()), engine)

@@ -34,6 +34,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -93,8 +94,14 @@ class _Attempt:
 
 class OpenAIBackend(OwnsTasks):
     def __init__(
-        self, settings: BackendSettings, *, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: BackendSettings,
+        tokenizer: Any,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`tokenizer`: the one loaded from `settings.tokenizer`, which the gateway encodes the
+        pool's prompts with (its start-up check asks the server to tokenize alike)."""
         if settings.kind != "openai" or settings.url is None or settings.tokenizer is None:
             raise ValueError("OpenAIBackend needs settings of kind 'openai'")
         super().__init__()
@@ -107,7 +114,8 @@ class OpenAIBackend(OwnsTasks):
         self.server: ServerInfo | None = None  # what the start-up check read
         self.stale_after_s = STALE_SCRAPES * settings.scrape_interval_s
         self._url = settings.url
-        self._tokenizer = settings.tokenizer
+        self._tokenizer_dir = settings.tokenizer
+        self._tokenizer = tokenizer
         self._clock = clock
         self._breaker = CircuitBreaker(
             clock, settings.breaker_failures, settings.breaker_cooldown_s
@@ -129,7 +137,9 @@ class OpenAIBackend(OwnsTasks):
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         client = await stack.enter_async_context(self._make_client())
-        self.server = await check_server(client, self.name, self.model, self._tokenizer)
+        self.server = await check_server(
+            client, self.name, self.model, self._tokenizer_dir, self._tokenizer
+        )
         self._client = client
         await self._scrape()  # a first snapshot before anyone asks for room
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 
 from gateway.backends.errors import BackendMismatch, BackendUnreachable
@@ -31,10 +30,11 @@ class ServerInfo:
 
 
 async def check_server(
-    client: httpx.AsyncClient, backend: str, model: str, tokenizer_dir: Path
+    client: httpx.AsyncClient, backend: str, model: str, tokenizer_dir: Path, tokenizer: Any
 ) -> ServerInfo:
     """The server's model card; BackendMismatch when it is not what the settings say,
-    BackendUnreachable when it cannot be asked."""
+    BackendUnreachable when it cannot be asked. `tokenizer` is the one loaded from
+    `tokenizer_dir` (the pool's: loaded once for all the backends that serve its model)."""
     models = await _get_json(client, backend, "GET", "/v1/models")
     cards = {card.get("id"): card for card in models.get("data", ())}
     if model not in cards:
@@ -48,16 +48,9 @@ async def check_server(
         "/tokenize",
         {"model": model, "prompt": PROBE, "add_special_tokens": False},
     )
-    local = await anyio.to_thread.run_sync(local_tokens, tokenizer_dir, PROBE)
+    local = list(tokenizer.encode(PROBE, add_special_tokens=False))
     compare_tokens(backend, tokenizer_dir, local, [int(t) for t in tokenized["tokens"]])
     return ServerInfo(model=model, max_model_len=int(cards[model]["max_model_len"]))
-
-
-def local_tokens(tokenizer_dir: Path, text: str) -> list[int]:
-    from transformers import AutoTokenizer  # a heavy import, paid only by remote backends
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def compare_tokens(backend: str, tokenizer_dir: Path, local: list[int], remote: list[int]) -> None:

@@ -8,10 +8,12 @@ calls run again on the other by the lost-call rule, which the job's stream shows
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
 import pytest
+from transformers import AutoTokenizer
 
 from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
@@ -40,11 +42,22 @@ async def running_on(h: Reliable, job_id: str, tenant: str) -> tuple[str, str]:
     raise AssertionError(f"{job_id} ended before a call streamed")
 
 
-async def test_jobs_of_two_tenants_run_on_both_servers(tmp_path: Path) -> None:
+async def test_jobs_of_two_tenants_run_on_both_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loads: list[Path] = []  # the gateway's loads of the pool's tokenizer
+    load = AutoTokenizer.from_pretrained
+
+    def counted(path: Path, *args: Any, **kwargs: Any) -> Any:
+        loads.append(Path(path))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", counted)
     async with (
         engine_servers(tmp_path, 2, step_s=0.002) as servers,
         reliable_gateway(backends=[backend_of(s, tmp_path) for s in servers]) as h,
     ):
+        assert loads.count(tmp_path) == 1  # once for the pool, not once more per server
         for tenant in ("a", "b"):
             await h.tenant(tenant)
         async with anyio.create_task_group() as tg:

@@ -54,7 +54,7 @@ def make_run(*nodes: tuple[str, tuple[str, ...]], name: str = "") -> JobRun:
 def remote(url: str, tmp_path: Path) -> OpenAIBackend:
     """An openai backend, never entered: nothing is sent to `url`."""
     table = {"kind": "openai", "url": url, "model": "m", "tokenizer": tmp_path}
-    return OpenAIBackend(BackendSettings.model_validate(table))
+    return OpenAIBackend(BackendSettings.model_validate(table), tokenizer=None)
 
 
 class LocalLike:

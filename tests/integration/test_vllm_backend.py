@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from engine import FinishReason, SamplingParams
+from engine.loader import load_tokenizer
 from gateway.backends import (
     BackendCall,
     BackendMismatch,
@@ -38,12 +39,18 @@ def settings(server: VllmServer, **overrides: object) -> BackendSettings:
     return BackendSettings.model_validate(fields | overrides)
 
 
+def remote(table: BackendSettings) -> OpenAIBackend:
+    """The backend, with the tokenizer its settings name (as the gateway's pool loads it)."""
+    assert table.tokenizer is not None
+    return OpenAIBackend(table, load_tokenizer(table.tokenizer))
+
+
 def call(call_id: str, max_tokens: int, **params: Any) -> BackendCall:
     return BackendCall(call_id, PROMPT, SamplingParams(max_tokens=max_tokens, **params))
 
 
 async def test_calls_usage_metrics_and_abort_against_vllm(vllm_server: VllmServer) -> None:
-    async with OpenAIBackend(settings(vllm_server)) as backend:
+    async with remote(settings(vllm_server)) as backend:
         assert backend.server is not None and backend.server.max_model_len == MAX_MODEL_LEN
         idle = backend.capacity()
         assert idle.healthy and idle.running == idle.waiting == 0
@@ -84,9 +91,9 @@ async def test_the_start_up_check_refuses_another_model_or_tokenizer(
     vllm_server: VllmServer, tmp_path: Path
 ) -> None:
     with pytest.raises(BackendMismatch, match="not 'SmolLM2-360M'"):
-        async with OpenAIBackend(settings(vllm_server, model="SmolLM2-360M")):
+        async with remote(settings(vllm_server, model="SmolLM2-360M")):
             pass
     byte_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(BackendMismatch, match="tokenizes the probe text differently"):
-        async with OpenAIBackend(settings(vllm_server, tokenizer=tmp_path)):
+        async with remote(settings(vllm_server, tokenizer=tmp_path)):
             pass

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine import AsyncEngine, LLMEngine, SamplingParams
+from engine.loader import load_tokenizer
 from engine.openai_api import build_app, listening_socket, running_server
 from gateway.backends import BackendCall, BackendSettings, OpenAIBackend
 from tests.engine.byte_tokenizer import byte_tokenizer
@@ -185,7 +186,9 @@ async def backend_on(
     url: str, tokenizer: Path, clock: Callable[[], float] | None = None, **overrides: Any
 ) -> AsyncIterator[OpenAIBackend]:
     kwargs = {} if clock is None else {"clock": clock}
-    async with OpenAIBackend(settings(url, tokenizer, **overrides), **kwargs) as backend:
+    table = settings(url, tokenizer, **overrides)
+    assert table.tokenizer is not None
+    async with OpenAIBackend(table, load_tokenizer(table.tokenizer), **kwargs) as backend:
         yield backend
 
 

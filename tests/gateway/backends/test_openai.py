@@ -379,4 +379,4 @@ def test_it_takes_only_openai_settings() -> None:
     from gateway.backends import BackendSettings
 
     with pytest.raises(ValueError, match="kind 'openai'"):
-        OpenAIBackend(BackendSettings())
+        OpenAIBackend(BackendSettings(), tokenizer=None)

@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from engine.loader import load_tokenizer
 from gateway.backends import BackendMismatch, BackendUnreachable
 from gateway.backends.startup import PROBE, check_server, compare_tokens
 from tests.engine.byte_tokenizer import byte_tokenizer
@@ -52,13 +53,13 @@ async def test_a_server_without_tokenize_is_unreachable_for_the_check(
     server.gate.failing["/tokenize"] = 503
     async with httpx.AsyncClient(base_url=server.url) as client:
         with pytest.raises(BackendUnreachable, match="POST /tokenize answered 503"):
-            await check_server(client, "b", MODEL, tokenizer_dir)
+            await check_server(client, "b", MODEL, tokenizer_dir, load_tokenizer(tokenizer_dir))
 
 
 async def test_a_server_that_is_down_is_unreachable(tokenizer_dir: Path) -> None:
     async with httpx.AsyncClient(base_url="http://127.0.0.1:9") as client:
         with pytest.raises(BackendUnreachable, match="GET /v1/models"):
-            await check_server(client, "b", MODEL, tokenizer_dir)
+            await check_server(client, "b", MODEL, tokenizer_dir, load_tokenizer(tokenizer_dir))
 
 
 def test_the_mismatch_message_shows_where_the_tokens_part() -> None:
