@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +13,9 @@ import openai
 import pytest
 from openai.types import Completion, CompletionChoice
 
+from engine.openai_api import completions
+from engine.openai_api.completions import INLINE_PARSE_BYTES
+from engine.openai_api.protocol import CompletionRequest, parse_request
 from tests.engine.openai_api.conftest import (
     MAX_MODEL_LEN,
     MODEL,
@@ -245,3 +250,24 @@ async def test_a_client_that_leaves_before_a_whole_completion_aborts_its_request
 
     await eventually(freed)
     assert (await server.metrics())["vllm:num_requests_running"] == 0
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop_and_a_small_one_on_it(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body of megabytes parsed on the loop would stop every stream while it is read; a
+    call's few kilobytes parse faster than a worker thread hands them back."""
+    threads: list[int] = []
+
+    def parse(body: bytes) -> CompletionRequest:
+        threads.append(threading.get_ident())
+        return parse_request(body)
+
+    monkeypatch.setattr(completions, "parse_request", parse)
+    fields = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2}
+    small = json.dumps(fields).encode()
+    large = small + b" " * INLINE_PARSE_BYTES  # the same request, padded past the limit
+    for body in (small, large):
+        response = await server.http.post("/v1/completions", content=body)
+        assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
+    assert threads[0] == threading.get_ident() != threads[1]
