@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway.backends.base import blocks
 from gateway.backends.own_calls import OwnCalls
 from gateway.backends.server_load import ServerLoad
 
@@ -134,7 +135,7 @@ def test_the_room_is_what_summing_the_calls_afresh_gives_after_any_sequence(
         block = size if what != "ask" else 1 + tokens % 64  # a server's block size changing
         scraped = ServerLoad(3, 2, num_blocks=10_000, used_blocks=400, block_size=block, taken_at=0)
         cap = own.capacity(scraped, max_num_seqs=8, healthy=True)
-        mine = sum(-(-(p + o) // block) for p, o in calls.values())
-        marked = sum(-(-t // block) for t in landed)
+        mine = sum(blocks(p + o, block) for p, o in calls.values())
+        marked = sum(blocks(t, block) for t in landed)
         assert cap.free_blocks == 10_000 - max(400 - marked, 0) - mine
         assert cap.free_slots == max(8 - max(5 - len(landed), 0) - len(calls), 0)
