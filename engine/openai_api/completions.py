@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from starlette.requests import Request as HttpRequest
@@ -49,6 +49,7 @@ from engine.request import FinishReason
 # a body up to this size is parsed on the event loop (~0.2 ms at most), for less than a worker
 # thread's hop costs (~0.15 ms of CPU); a gateway's call of 500 token ids is ~3 KB
 INLINE_PARSE_BYTES = 16_384
+Parsed = TypeVar("Parsed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +85,17 @@ class EventStream(StreamingResponse):
                 await self._stream.aclose()  # aborts the engine request unless it finished
 
 
-async def create_completion(served: Served, http: HttpRequest, body: bytes) -> Response:
-    # a body may hold megabytes of token ids: parsed on the event loop, every stream would stop;
-    # a small one (a call of a few hundred ids) parses faster than a worker thread hands it back
+async def parsed(parse: Callable[[bytes], Parsed], body: bytes) -> Parsed:
+    """`parse(body)`: in a worker thread past INLINE_PARSE_BYTES (a body may hold megabytes of
+    token ids: parsed on the event loop, every stream would stop), else on the loop, where a
+    call of a few hundred ids parses faster than a worker thread hands it back."""
     if len(body) <= INLINE_PARSE_BYTES:
-        request = parse_request(body)
-    else:
-        request = await anyio.to_thread.run_sync(parse_request, body)
+        return parse(body)
+    return await anyio.to_thread.run_sync(parse, body)
+
+
+async def create_completion(served: Served, http: HttpRequest, body: bytes) -> Response:
+    request = await parsed(parse_request, body)
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     prompt = await _prompt_ids(served, request)

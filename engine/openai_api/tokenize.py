@@ -2,8 +2,9 @@
 
 A gateway that encodes prompts itself checks with this route, at start-up, that its tokenizer is
 the server's: `{"model", "prompt", "add_special_tokens"}` in, `{"count", "max_model_len",
-"tokens"}` out (and `token_strs` on request). The text is encoded as a completion's string
-prompt is (completions.py), in a worker thread, within the same size limit.
+"tokens"}` out (and `token_strs` on request). The body is parsed as a completion's is
+(`parsed`), and the text encoded as a completion's string prompt is (completions.py), in a
+worker thread, within the same size limit.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import functools
 import anyio
 from starlette.responses import JSONResponse, Response
 
-from engine.openai_api.completions import Served
+from engine.openai_api.completions import Served, parsed
 from engine.openai_api.errors import BadRequest, UnknownModel
 from engine.openai_api.protocol import TokenizeResponse, parse_tokenize
 
 
 async def tokenize(served: Served, body: bytes) -> Response:
-    request = await anyio.to_thread.run_sync(parse_tokenize, body)  # off the event loop
+    request = await parsed(parse_tokenize, body)
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     if len(request.prompt) > served.max_prompt_chars:
