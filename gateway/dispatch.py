@@ -73,7 +73,7 @@ from gateway.backends import (
 from gateway.calls import CallPlanner, CallRefused
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
-from gateway.errors import ShareUnavailable
+from gateway.errors import Overloaded, ShareUnavailable
 from gateway.job_run import ENDED, JobRun, JobState, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.keyed_locks import KeyedLocks
@@ -113,6 +113,7 @@ GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this
 # a prompt this short is encoded on the event loop (~0.1-0.2 ms with the chat template), for
 # less than handing it to a worker thread and back costs the loop
 INLINE_ENCODE_CHARS = 512
+POOL_DOWN_RETRY_S = 5.0  # what a job refused for a pool that does not serve is told to wait
 # a job's arrival costs and its roots' plans yield to the loop this often (~0.25 ms a node)
 NODES_PER_CHECKPOINT = 8
 Entry = CoreCall[Ticket]
@@ -157,6 +158,8 @@ class DispatchConfig:
     reserve_deadline_s: float = 30.0  # how long a reserve retries an unreachable store
     max_prompt_chars: int = 262_144  # bound on a rendered prompt, checked before rendering
     cache_salt_per_tenant: bool = False  # tenants never share prefix-cache blocks
+    # a new job that needs a pool none of whose backends has served for this long is refused
+    pool_down_after_s: float = 10.0
 
 
 class Dispatcher(OwnsTasks):
@@ -272,6 +275,20 @@ class Dispatcher(OwnsTasks):
     def lane_of(self, run: JobRun, node_id: str) -> Lane:
         """The pool a node runs in: the model it names, else the default."""
         return self.lanes[run.nodes[node_id].spec.model or self.default_model]
+
+    def refuse_if_down(self, run: JobRun) -> None:
+        """Overloaded when a pool the job needs has had no backend serving for
+        `pool_down_after_s`: the job would only wait (jobs admitted before wait on, and run
+        when a backend is back)."""
+        for lane in self._lanes_of(run):
+            down = lane.down_for()
+            if down is not None and down >= self.config.pool_down_after_s:
+                raise Overloaded(
+                    f"no backend of model {lane.model!r} has served for {down:.0f} s: new jobs"
+                    " are refused until one does",
+                    POOL_DOWN_RETRY_S,
+                    reason="BACKENDS_UNAVAILABLE",
+                )
 
     def _lane(self, ticket: Ticket) -> Lane:
         return self.lanes[ticket.model_name]

@@ -10,8 +10,10 @@ ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota 
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
 `OVERLOADED` (the gateway holds as much work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the
 quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE),
-`SHUTTING_DOWN` (UNAVAILABLE) and `JOB_UNREADABLE` (the job's record in the journal cannot be
-decoded; DATA_LOSS). Each carries RetryInfo when waiting can help.
+`BACKENDS_UNAVAILABLE` (no backend of a pool the job needs has served for a while; UNAVAILABLE),
+`SLO_SHED` (latency targets missed; UNAVAILABLE), `SHUTTING_DOWN` (UNAVAILABLE) and
+`JOB_UNREADABLE` (the job's record in the journal cannot be decoded; DATA_LOSS).
+Each carries RetryInfo when waiting can help.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Unauthenticated(Exception):
 class Overloaded(Exception):
     """The gateway cannot take more work now; retry after `retry_after_s`. `reason` is the
     ErrorInfo reason: OVERLOADED (it holds all the jobs it may), SLO_SHED (its latency targets
-    are missed even with sheddable work held and the batch shrunk)."""
+    are missed even with sheddable work held and the batch shrunk), BACKENDS_UNAVAILABLE (a pool
+    the job needs has had no backend serving for `pool_down_after_s`)."""
 
     def __init__(
         self, message: str, retry_after_s: float = 1.0, reason: str = "OVERLOADED"

@@ -28,6 +28,11 @@ class Lane:
     def capacities(self) -> dict[str, BackendCapacity]:
         return {name: backend.capacity() for name, backend in self.backends.items()}
 
+    def down_for(self) -> float | None:
+        """How long none of its backends has served (None: one serves)."""
+        downs = [backend.down_for() for backend in self.backends.values()]
+        return None if None in downs else min(d for d in downs if d is not None)
+
 
 def make_lane(
     model: str,

@@ -226,6 +226,7 @@ async def running_gateway(
             reserve_deadline_s=settings.reserve_deadline_s,
             max_prompt_chars=settings.max_prompt_chars,
             cache_salt_per_tenant=settings.prefix_cache_per_tenant,
+            pool_down_after_s=settings.pool_down_after_s,
         )
         planner = _planner(settings, pools)
         shared_order = settings.store != "memory" and not settings.per_replica_share

@@ -199,6 +199,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             raise refusals.queued_jobs(tenant_id, quota.max_queued_jobs, active)
         run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
+        self.dispatcher.refuse_if_down(run)
         async with self._slots(run):
             return await self._admit_run(run, quota, key_id)
 

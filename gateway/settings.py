@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     outbox_file: Path | None = None
     # how long a call's reserve retries an unreachable store before its node fails
     reserve_deadline_s: float = Field(default=30.0, gt=0.0)
+    # a new job that needs a pool none of whose backends has served for this long is refused
+    # (UNAVAILABLE, BACKENDS_UNAVAILABLE); jobs admitted before wait for a backend to return
+    pool_down_after_s: float = Field(default=10.0, ge=0.0)
     max_prompt_chars: int = Field(default=262_144, ge=1)  # a rendered prompt, before tokens
     retained_jobs_per_tenant: int = Field(default=1000, ge=1)  # ended jobs kept for GetJob
     # ... and the most they hold (their specs' text, outputs and token deltas), oldest dropped

@@ -114,6 +114,11 @@ class Backend(Protocol):
 
     def capacity(self) -> BackendCapacity: ...
 
+    def down_for(self) -> float | None:
+        """How long it has not served (None: it serves); a pool down long enough refuses new
+        jobs."""
+        ...
+
     def submit(self, call: BackendCall) -> CallStream:
         """Start the call; raises ValueError-like errors for a call it can never run."""
         ...

@@ -52,6 +52,10 @@ class LocalBackend:
             self.engine.step_fit.knee,
         )
 
+    def down_for(self) -> float | None:
+        """None: it always takes calls (a failing step fails its own)."""
+        return None
+
     def submit(self, call: BackendCall) -> CallStream:
         stream = self.engine.add_request(
             call.prompt_ids,

@@ -124,6 +124,7 @@ class OpenAIBackend(OwnsTasks):
         self._load: ServerLoad | None = None
         self._health_ok = False
         self._health_polled = -math.inf
+        self._down_since: float | None = None  # the first scrape since which it has not served
         self._scrape_failure: str | None = None  # the last scrape's failure, logged once
         self._scraped = anyio.Event()
         self._scrape_asked = anyio.Event()
@@ -188,14 +189,21 @@ class OpenAIBackend(OwnsTasks):
         load = self._load
         if load is None:
             return BackendCapacity(0, 1, 0, running=0, waiting=len(self._own), healthy=False)
-        fresh = self._clock() - load.taken_at <= self.stale_after_s
-        healthy = fresh and self._health_ok and self._breaker.allows()
+        healthy = self._serving(load)
         room = self._own.capacity(load, self.settings.max_num_seqs, healthy)
         if healthy and self._breaker.state is BreakerState.HALF_OPEN:
             # room for the trial alone: a dispatch pass takes calls before it sends any, and
             # would take as many as the server had room for, all sent before the verdict
             room = dataclasses.replace(room, free_slots=min(room.free_slots, 1))
         return room
+
+    def _serving(self, load: ServerLoad | None) -> bool:
+        fresh = load is not None and self._clock() - load.taken_at <= self.stale_after_s
+        return fresh and self._health_ok and self._breaker.allows()
+
+    def down_for(self) -> float | None:
+        """How long it has not served, as its scrapes saw it (None: it serves)."""
+        return None if self._down_since is None else self._clock() - self._down_since
 
     @property
     def load(self) -> ServerLoad | None:
@@ -245,6 +253,10 @@ class OpenAIBackend(OwnsTasks):
             except httpx.HTTPError as exc:
                 self._health_ok = False
                 failure = failure or f"/health: {exc!r}"
+        if self._serving(self._load):
+            self._down_since = None
+        elif self._down_since is None:
+            self._down_since = taken_at
         if failure != self._scrape_failure:
             if failure is not None:
                 logger.warning("backend %s: %s", self.name, failure)

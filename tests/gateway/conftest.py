@@ -8,12 +8,14 @@ a hash of the call and position, never end-of-sequence: every call makes exactly
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
+import anyio
 import grpc
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from transformers import PreTrainedTokenizerFast
 
@@ -99,14 +101,44 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         yield Harness(gateway, channel, gateway_pb2_grpc.GatewayStub(channel), keys)
 
 
+class SpanEnds(SpanProcessor):
+    """Wakes the tasks waiting for the next span to end (on whichever thread it ends)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def next(self) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiting.append((asyncio.get_running_loop(), event))
+        return event
+
+    def on_end(self, span: ReadableSpan) -> None:
+        waiting, self._waiting = self._waiting, []
+        for loop, event in waiting:
+            loop.call_soon_threadsafe(event.set)
+
+
 @dataclass
 class Spans:
     provider: TracerProvider
     exporter: InMemorySpanExporter
+    ends: SpanEnds
 
     def finished(self) -> tuple[ReadableSpan, ...]:
         self.provider.force_flush()
         return self.exporter.get_finished_spans()
+
+    async def until(
+        self, check: Callable[[tuple[ReadableSpan, ...]], bool], timeout_s: float = 5.0
+    ) -> tuple[ReadableSpan, ...]:
+        """The finished spans, once `check` holds for them: looked at as each span ends."""
+        with anyio.fail_after(timeout_s):
+            while True:
+                ended = self.ends.next()  # before the look: an end meanwhile is not missed
+                finished = self.finished()
+                if check(finished):
+                    return finished
+                await ended.wait()
 
 
 @pytest.fixture
@@ -115,5 +147,7 @@ def spans() -> Iterator[Spans]:
     exporter = InMemorySpanExporter()
     provider = setup_tracing(exporter)
     assert provider is not None
-    yield Spans(provider, exporter)
+    ends = SpanEnds()
+    provider.add_span_processor(ends)
+    yield Spans(provider, exporter, ends)
     provider.shutdown()

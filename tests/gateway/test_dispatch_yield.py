@@ -61,6 +61,9 @@ class HandRemote:
         busy = len(self.live)
         return BackendCapacity(10_000, 16, self.slots - busy, busy, 0, True)
 
+    def down_for(self) -> float | None:
+        return None
+
     def submit(self, call: BackendCall) -> RemoteCallStream:
         control = _Control(call.call_id, self)
         send, receive = anyio.create_memory_object_stream[Item](math.inf)

@@ -175,6 +175,25 @@ async def test_a_failing_health_check_makes_it_unhealthy(
         await scraped_until(backend, lambda: backend.capacity().healthy)
 
 
+async def test_it_is_down_from_the_first_scrape_that_finds_it_not_serving(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """How long it has not served, for the pool's refusal of new jobs: counted from the scrape
+    that first found it down, not from a later one, and forgotten once it serves again."""
+    clock = FakeClock()
+    async with backend_on(server.url, tokenizer_dir, clock=clock) as backend:
+        assert backend.down_for() is None
+        server.gate.failing["/health"] = 503
+        clock.advance(1.0)  # /health is due again
+        await scraped_until(backend, lambda: backend.down_for() is not None)
+        assert backend.down_for() == 0.0  # the clock stood still since that scrape
+        clock.advance(7.0)
+        await backend.next_scrape()  # still down: the time runs on from the first
+        assert backend.down_for() == 7.0
+        server.gate.failing.clear()
+        await scraped_until(backend, lambda: backend.down_for() is None)
+
+
 async def test_health_is_polled_every_health_interval_while_it_answers_at_every_scrape_while_not(
     server: Remote, tokenizer_dir: Path
 ) -> None:
