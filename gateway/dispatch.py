@@ -71,8 +71,9 @@ from gateway.backends import (
     CallStream,
 )
 from gateway.calls import CallPlanner, CallRefused
+from gateway.core_call import CoreCall, Reprioritize
 from gateway.deadlines import Deadlines
-from gateway.dispatch_core import CoreCall, DispatchCore, Reprioritize
+from gateway.dispatch_core import DispatchCore
 from gateway.errors import Overloaded, ShareUnavailable
 from gateway.job_run import ENDED, JobRun, JobState, NodeState
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
@@ -753,7 +754,7 @@ class Dispatcher(OwnsTasks):
         tenant's quota releasing it) to its first token."""
         ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
         if self.overload is not None and ready_at is not None:
-            since = self._lane(ticket).core.waiting_since(ticket.call.tenant_id, ready_at)
+            since = self._lane(ticket).core.book.waiting_since(ticket.call.tenant_id, ready_at)
             self.overload.first_token(ticket, self.clock() - since)
 
     def _call_ended(self, ticket: Ticket, produced: int, settled: int | None = None) -> None:

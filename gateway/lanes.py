@@ -13,7 +13,8 @@ from typing import Any
 
 from gateway.backends import Backend, BackendCapacity
 from gateway.calls import CallPlanner
-from gateway.dispatch_core import DispatchCore, Knee
+from gateway.core_call import Knee
+from gateway.dispatch_core import DispatchCore
 from gateway.tickets import Ticket, Tickets
 from tenants.policies import Policy
 

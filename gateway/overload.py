@@ -27,9 +27,9 @@ from contextlib import contextmanager
 
 import anyio
 
-from gateway.dispatch_core import shrunk_slots
 from gateway.lanes import Lane
 from gateway.metrics import GatewayMetrics
+from gateway.pool_rooms import shrunk_slots
 from gateway.slo import LEVEL_NAMES, SloConfig, SloMonitor, expected_waits
 from gateway.tickets import Ticket
 
@@ -126,7 +126,7 @@ class OverloadControl:
             free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
         # by tenant, not by call: every admission asks, and one tenant may hold tens of
         # thousands of ready calls; a tenant its own quota holds back takes no slot meanwhile
-        waiting = sum(core.ready.protected(t) for t in core.unheld_tenants(now))
+        waiting = sum(core.ready.protected(t) for t in core.book.unheld_tenants(now))
         return free - waiting - self._admitting[lane.model]
 
     def _holding_back(self, lane: Lane) -> bool:
@@ -207,7 +207,7 @@ class OverloadControl:
 
     def _waiting(self) -> Iterator[tuple[Ticket, float, bool]]:
         """The calls without a token yet (ready, being taken, or sent and not streaming), each
-        with when it began to wait for the gateway (`DispatchCore.waiting_since`) and whether
+        with when it began to wait for the gateway (`CallBook.waiting_since`) and whether
         it is queued for a slot: ready, protected, and never held back by its tenant's own
         quota while it waited (how many of its tenant's calls the quota lets run once released
         is the quota's to say, a concurrency limit one at a time: such a call is judged by
@@ -218,7 +218,7 @@ class OverloadControl:
                 for entry in entries.values():
                     node = entry.payload.run.nodes[entry.call.node_id]
                     if node.first_token_at is None and node.ready_at is not None:
-                        since = core.waiting_since(entry.call.tenant_id, node.ready_at)
+                        since = core.book.waiting_since(entry.call.tenant_id, node.ready_at)
                         queued = entries is core.ready and not entry.sheddable
                         yield entry.payload, since, queued and since == node.ready_at
 

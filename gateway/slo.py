@@ -2,7 +2,7 @@
 
 Every call that starts streaming reports its time to first token, counted from when it became
 ready (the wait in the gateway's queue is what overload adds; the time its tenant's own quota
-held it back is not counted, `DispatchCore.waiting_since`), and, when it ends, its time per
+held it back is not counted, `CallBook.waiting_since`), and, when it ends, its time per
 output token. A call still waiting past its target is judged a miss at once (`overdue`), not
 only when its first token comes: under overload that may be many seconds late, and the monitor
 must see the queue grow while it grows. Better still, a call waiting for room is judged by the

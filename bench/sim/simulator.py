@@ -37,7 +37,8 @@ from bench.sim.runner import TraceRunner
 from bench.workloads.format import Job, Node
 from engine import EngineConfig, LLMEngine, SamplingParams, StepTimeModel
 from gateway.backends import BackendCapacity, engine_capacity
-from gateway.dispatch_core import CoreCall, DispatchCore, Replanner, Reprioritize
+from gateway.core_call import CoreCall, Replanner, Reprioritize
+from gateway.dispatch_core import DispatchCore
 from tenants.policies import JobInfo, NodeCost, Policy, ReadyCall, kv_token_time
 
 Predictions = Mapping[tuple[str, str], float]  # (job id, node id) -> predicted output tokens

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from gateway.backends import BackendCapacity
-from gateway.dispatch_core import MAX_ATTEMPTS, CoreCall, DispatchCore, Knee
+from gateway.core_call import CoreCall, Knee
+from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
 from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
 
 
@@ -22,8 +23,10 @@ def room(
     return BackendCapacity(free_blocks, 16, free_slots, running, waiting, healthy)
 
 
-def make_core(policy: str = "fcfs", knee_calls: Knee = None) -> DispatchCore[str]:
-    return DispatchCore(make_policy(policy), knee_calls)
+def make_core(
+    policy: str = "fcfs", knee_calls: Knee = None, share_slots: bool = False
+) -> DispatchCore[str]:
+    return DispatchCore(make_policy(policy), knee_calls, share_slots=share_slots)
 
 
 def add_job(
@@ -102,12 +105,12 @@ def test_a_call_waits_for_the_gateway_only_once_its_tenant_s_quota_releases_it()
     assert first is not None and core.launched("a/n0", 0.0) is not None
     assert core.next(1.0, snapshot) is not None
     core.retry_later("a/n1", until=30.0)  # say, its concurrency limit
-    assert core.quota_held("t", 2.0) and core.waiting_since("t", 0.0) == 30.0
+    assert core.book.quota_holds("t", 2.0) and core.book.waiting_since("t", 0.0) == 30.0
     core.finished("a/n0", 16, 16, 5.0)  # a slot of its own comes free: released early
-    assert not core.quota_held("t", 5.0)
-    assert core.waiting_since("t", 0.0) == 5.0  # ready before: waits from the release
-    assert core.waiting_since("t", 7.0) == 7.0  # ready after: from ready
-    assert core.waiting_since("other", 0.0) == 0.0
+    assert not core.book.quota_holds("t", 5.0)
+    assert core.book.waiting_since("t", 0.0) == 5.0  # ready before: waits from the release
+    assert core.book.waiting_since("t", 7.0) == 7.0  # ready after: from ready
+    assert core.book.waiting_since("other", 0.0) == 0.0
 
 
 def test_a_dropped_call_leaves_the_policy_unserved() -> None:
@@ -445,8 +448,7 @@ def test_sheddable_calls_leave_the_reserve_of_slots_free_and_protected_ones_take
 
 
 def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> None:
-    core = make_core("fcfs")
-    core.share_slots = True
+    core = make_core("fcfs", share_slots=True)
     add_job(core, "heavy", nodes=5, tenant="h")
     assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "heavy/n3"]
     add_job(core, "light", now=1.0, tenant="l")
@@ -467,8 +469,7 @@ def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> No
 def heavy_tenant_yields_while_its_quota_holds_it() -> DispatchCore[str]:
     """h runs 3 of 4 slots, its 4th call refused by its quota till 5.0; m runs the 4th slot;
     l's call waits, and h, over its share, yields its newest call (heavy/n2) to it."""
-    core = make_core("fcfs")
-    core.share_slots = True
+    core = make_core("fcfs", share_slots=True)
     add_job(core, "heavy", nodes=4, tenant="h")
     assert run_all(core, 0.0, slots=3) == ["heavy/n0", "heavy/n1", "heavy/n2"]
     dispatch = core.next(0.0, {"x": room(free_slots=1, running=3)})
@@ -503,8 +504,7 @@ def test_the_slot_a_share_yield_frees_goes_to_the_call_it_was_given_up_for(ends:
 def test_a_protected_call_never_gives_its_share_to_a_sheddable_one() -> None:
     # the sheddable tenant runs under its share, but a protected call that yielded to it would
     # wait as a protected call and take the room back at once: both aborted again and again
-    core = make_core("fcfs")
-    core.share_slots = True
+    core = make_core("fcfs", share_slots=True)
     add_job(core, "heavy", nodes=4, tenant="h")
     assert run_all(core, 0.0, slots=4) == [f"heavy/n{i}" for i in range(4)]
     add_job(core, "bg", now=1.0, tenant="s", priority=-1)
@@ -514,21 +514,23 @@ def test_a_protected_call_never_gives_its_share_to_a_sheddable_one() -> None:
 
 
 def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() -> None:
-    core = make_core("fcfs")
-    add_job(core, "heavy", nodes=3, tenant="h")
-    add_job(core, "other", nodes=1, tenant="o")
-    assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "other/n0"]
-    add_job(core, "light", now=1.0, tenant="l")
     full = {"x": room(free_slots=0, running=4)}
-    assert core.next(1.0, full) is None and core.to_yield(1.0, full) == []  # share_slots off
-    core.share_slots = True
+
+    def three_tenants(share_slots: bool) -> DispatchCore[str]:
+        core = make_core("fcfs", share_slots=share_slots)
+        add_job(core, "heavy", nodes=3, tenant="h")
+        add_job(core, "other", nodes=1, tenant="o")
+        assert run_all(core, 0.0, slots=4) == ["heavy/n0", "heavy/n1", "heavy/n2", "other/n0"]
+        add_job(core, "light", now=1.0, tenant="l")
+        assert core.next(1.0, full) is None
+        return core
+
+    assert three_tenants(share_slots=False).to_yield(1.0, full) == []
     # 4 slots among 3 tenants, 4/3 each: h runs 3 and would keep 2: it yields
-    assert core.next(1.0, full) is None
-    [victim] = core.to_yield(1.0, full)
+    [victim] = three_tenants(share_slots=True).to_yield(1.0, full)
     assert victim is not None and victim.call.call_id == "heavy/n2"
 
-    even = make_core("fcfs")
-    even.share_slots = True
+    even = make_core("fcfs", share_slots=True)
     add_job(even, "heavy", nodes=2, tenant="h")
     add_job(even, "other", nodes=2, tenant="o")
     assert len(run_all(even, 0.0, slots=4)) == 4
@@ -540,8 +542,7 @@ def test_no_share_is_taken_without_share_slots_or_below_the_giver_s_own_share() 
 def heavy_in_every_slot() -> DispatchCore[str]:
     """Justitia with `share_slots` and a knee of 6: tenant h, alone, runs 12 calls in all 12
     slots (the knee binds for nobody yet)."""
-    core = make_core("justitia", knee_calls=6)
-    core.share_slots = True
+    core = make_core("justitia", knee_calls=6, share_slots=True)
     add_job(core, "heavy", nodes=12, tenant="h")
     assert run_all(core, 0.0, slots=12) == [f"heavy/n{i}" for i in range(12)]
     return core
@@ -590,8 +591,7 @@ def test_the_knee_does_not_bind_for_a_tenant_whose_only_calls_are_held_with_thei
 
 
 def test_the_knee_binds_only_for_a_tenant_under_its_share_and_takes_none_below_it() -> None:
-    core = make_core("fcfs", knee_calls=4)
-    core.share_slots = True
+    core = make_core("fcfs", knee_calls=4, share_slots=True)
     add_job(core, "a", nodes=4, tenant="a")
     add_job(core, "b", nodes=4, tenant="b")
     assert len(run_all(core, 0.0, slots=8)) == 8
@@ -627,8 +627,7 @@ def test_a_sheddable_light_call_takes_no_protected_call_s_room_at_the_knee() -> 
 
 
 def test_no_call_yields_past_the_knee_to_a_call_that_may_not_go_past_it() -> None:
-    core = make_core("fcfs", knee_calls=6)
-    core.share_slots = True
+    core = make_core("fcfs", knee_calls=6, share_slots=True)
     add_job(core, "heavy", nodes=11, tenant="h")
     assert len(run_all(core, 0.0, slots=12)) == 11
     add_job(core, "light", now=0.5, tenant="l")
@@ -653,8 +652,7 @@ def test_no_call_yields_past_the_knee_to_a_call_that_may_not_go_past_it() -> Non
 
 def test_the_knee_does_not_bind_for_a_tenant_its_own_quota_holds_back() -> None:
     # a tenant past its quota makes only itself wait: its held call gains nothing from the knee
-    core = make_core("justitia", knee_calls=6)
-    core.share_slots = True
+    core = make_core("justitia", knee_calls=6, share_slots=True)
     add_job(core, "light", tenant="l")
     taken = core.next(0.0, {"x": room(free_slots=12)})
     assert taken is not None and taken.entry.call.call_id == "light/n0"
@@ -668,8 +666,7 @@ def test_the_knee_does_not_bind_for_a_tenant_its_own_quota_holds_back() -> None:
 
 
 def test_while_the_knee_binds_each_backend_is_held_at_its_own_knee() -> None:
-    core = make_core("fcfs", knee_calls=6)  # 6 a backend, whatever its slots
-    core.share_slots = True
+    core = make_core("fcfs", knee_calls=6, share_slots=True)  # 6 a backend, whatever its slots
     add_job(core, "heavy", nodes=12, tenant="h")
     for k in range(6):  # 6 on the small backend, then 6 on the large one
         assert core.next(0.0, {"a": room(8 - k, k), "b": room(0)}) is not None
@@ -689,8 +686,7 @@ def test_while_the_knee_binds_each_backend_is_held_at_its_own_knee() -> None:
 
 
 def test_weights_size_the_shares() -> None:
-    core = make_core("fcfs")
-    core.share_slots = True
+    core = make_core("fcfs", share_slots=True)
     costs = (NodeCost("n0", (), 16, 16.0, 64),)
     core.add_job(JobInfo("heavy", "h", 3.0, 0.0, costs), 0.0)
     add_job(core, "heavy2", nodes=3, tenant="h")  # the tenant's latest job says weight 1
@@ -898,4 +894,4 @@ def test_a_tenant_whose_jobs_all_left_leaves_nothing_behind() -> None:
         core.launched(call.call_id, now)
         core.finished(call.call_id, 16, 8, now)
         core.remove_job(job, now)
-    assert (core._weights, core._quota_held) == ({}, {})
+    assert (core.book.weights, core.book.quota_until) == ({}, {})
