@@ -1,11 +1,11 @@
 """The dispatch loop: it performs what the dispatch core decides, on the pool's backends.
 
 Jobs are admitted against the tenant's quotas, then join the fair-share policy through the core
-(`gateway.dispatch_core`); a node whose parents are done is rendered and tokenized (in a worker
-thread, after its rendered size is checked against the bound) and handed to the core as a ready
-call. Each pass asks the core for the next call with the backends' capacity snapshots: the core
-answers in policy order, only while some backend can admit the call now, and says which one, so
-the backends' own queues stay short and the policy's order is the order that runs.
+(`gateway.dispatch_core`); a node whose parents are done is rendered and tokenized
+(`gateway.intake`) and handed to the core as a ready call. Each pass asks the core for the next
+call with the backends' capacity snapshots: the core answers in policy order, only while some
+backend can admit the call now, and says which one, so the backends' own queues stay short and
+the policy's order is the order that runs.
 
 A taken call of a pool shared with other replicas is first granted by the pool's fair share in
 Redis (`gateway.share`; made to wait, its tenant is held a moment while others go on). A taken
@@ -53,9 +53,8 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.lowlevel
@@ -75,9 +74,8 @@ from gateway.core_call import CoreCall, Reprioritize
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import DispatchCore
 from gateway.errors import Overloaded, ShareUnavailable
+from gateway.intake import Admitted, Intake, Planned
 from gateway.job_run import ENDED, JobRun, JobState, NodeState
-from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
-from gateway.keyed_locks import KeyedLocks
 from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within, retry_unavailable
 from gateway.metrics import GatewayMetrics
@@ -88,7 +86,7 @@ from gateway.prompts import PromptEncoder
 from gateway.share import Ask, Grant, Heads, RedisShare
 from gateway.slo import SloConfig
 from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
-from gateway.tickets import Blank, Ticket, job_info, node_costs, part_of
+from gateway.tickets import Ticket, part_of
 from tenants import (
     CallClosed,
     QuotaExceeded,
@@ -101,9 +99,6 @@ from tenants import (
 from tenants.policies import JobInfo, ReadyCall
 
 log = logging.getLogger(__name__)
-Args = TypeVarTuple("Args")
-Encoded = TypeVar("Encoded")
-T = TypeVar("T")
 INTERNAL_ERROR = "internal error"
 BACKEND_LOST = "backend lost"
 # to a protected job's call (overload), or to an under-share tenant's (share_slots)
@@ -111,46 +106,8 @@ YIELDED = "yielded its slot to another job's waiting call"
 FENCED = "its job's lease may have lapsed"  # another replica may run the node: not charged here
 BLOCKED_RETRY_S = 0.05  # how often a pass is retried while a ready call waits for room
 GRANT_RETRY_S = 0.025  # a call the pool's share made wait asks again after this long
-# a prompt this short is encoded on the event loop (~0.1-0.2 ms with the chat template), for
-# less than handing it to a worker thread and back costs the loop
-INLINE_ENCODE_CHARS = 512
 POOL_DOWN_RETRY_S = 5.0  # what a job refused for a pool that does not serve is told to wait
-# a job's arrival costs and its roots' plans yield to the loop this often (~0.25 ms a node)
-NODES_PER_CHECKPOINT = 8
 Entry = CoreCall[Ticket]
-Planned = Ticket | CallRefused  # a ready node's call, or why the planner refused it
-
-
-@dataclass(slots=True)
-class Admitted:
-    """A job the store has admitted: its costs for the policy, its roots' calls (planned
-    before its admission) and the one of them a one-call job reserved with it (held or not)."""
-
-    info: JobInfo
-    roots: dict[str, Planned]  # root -> its call; a refused one fails once the job is submitted
-    ticket: Ticket | None = None  # one of `roots`: the store was asked to reserve it
-
-
-def _small_blanks(run: JobRun) -> bool:
-    """A job of one node whose blank prompt is short: encoded on the event loop."""
-    if len(run.nodes) != 1:
-        return False
-    (node,) = run.nodes.values()
-    return rendered_chars(node.spec, input_sizes(run.spec.inputs), {}) <= INLINE_ENCODE_CHARS
-
-
-async def paced(items: Iterable[T]) -> list[T]:
-    """All of `items`, yielding to the event loop every NODES_PER_CHECKPOINT of them: drawing
-    one may be a node's prediction or its plan (a prompt model's pass, ~0.25 ms), and all of a
-    tenant's largest job drawn in one go would hold every other tenant's streams, dispatches
-    and RPCs for tens of ms. On the loop, not in a worker thread: the predictor's history
-    changes there as calls end."""
-    drawn: list[T] = []
-    for item in items:
-        drawn.append(item)
-        if len(drawn) % NODES_PER_CHECKPOINT == 0:
-            await anyio.lowlevel.checkpoint()
-    return drawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +162,7 @@ class Dispatcher(OwnsTasks):
         self._job_spans: dict[str, trace.Span] = {}
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
-        # one tokenizing worker per tenant: a tenant's large job never stalls another's
-        self._tokenizing = KeyedLocks()
+        self.intake = Intake(self.lanes, self.default_model, planner)
         self.paused = False
         # whether another replica may own the job now (the journaling's self-fence): a call of
         # it is neither charged nor started here; never without a journal
@@ -227,7 +183,7 @@ class Dispatcher(OwnsTasks):
         for job_id, run in list(self._held_fenced.items()):
             if not self.fenced(run):
                 del self._held_fenced[job_id]
-                for lane in self._lanes_of(run):
+                for lane in self.intake.lanes_of(run):
                     lane.core.unhold_job(job_id)
                 self._wake.set()
 
@@ -249,7 +205,7 @@ class Dispatcher(OwnsTasks):
         started now might run beside the new owner's, and would be released at its end)."""
         if run.job_id not in self._held_fenced:
             self._held_fenced[run.job_id] = run
-            for lane in self._lanes_of(run):
+            for lane in self.intake.lanes_of(run):
                 lane.core.hold_job(run.job_id)
 
     def room_changed(self) -> None:
@@ -273,15 +229,11 @@ class Dispatcher(OwnsTasks):
     def ready_calls(self) -> int:
         return sum(len(lane.core.ready) for lane in self.lanes.values())
 
-    def lane_of(self, run: JobRun, node_id: str) -> Lane:
-        """The pool a node runs in: the model it names, else the default."""
-        return self.lanes[run.nodes[node_id].spec.model or self.default_model]
-
     def refuse_if_down(self, run: JobRun) -> None:
         """Overloaded when a pool the job needs has had no backend serving for
         `pool_down_after_s`: the job would only wait (jobs admitted before wait on, and run
         when a backend is back)."""
-        for lane in self._lanes_of(run):
+        for lane in self.intake.lanes_of(run):
             down = lane.down_for()
             if down is not None and down >= self.config.pool_down_after_s:
                 raise Overloaded(
@@ -293,11 +245,6 @@ class Dispatcher(OwnsTasks):
 
     def _lane(self, ticket: Ticket) -> Lane:
         return self.lanes[ticket.model_name]
-
-    def _lanes_of(self, run: JobRun) -> list[Lane]:
-        """The pools the job's nodes run in, each once."""
-        models = {run.nodes[n].spec.model or self.default_model for n in run.nodes}
-        return [self.lanes[model] for model in sorted(models)]
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         await stack.enter_async_context(self.outbox)
@@ -318,10 +265,11 @@ class Dispatcher(OwnsTasks):
     async def admit(self, run: JobRun, quota: TenantQuota) -> Admitted:
         """Admit a job in the quota store (raises its refusals); `submit` it next. A one-call
         job that the pool would take at once has its call reserved in the same script."""
-        blanks = await self._tokenize(run.tenant_id, _small_blanks(run), self._encode_blanks, run)
-        info = await self._job_info(run, quota, self.clock(), blanks)
-        roots = await self._plan_roots(run, run.dag.roots(), quota, blanks)
-        ticket = self._ticket_to_hold(run, roots)
+        intake = self.intake
+        blanks = await intake.blanks(run)
+        info = await intake.job_info(run, quota, self.clock(), blanks)
+        roots = await intake.plan_roots(run, run.dag.roots(), quota, blanks)
+        ticket = intake.ticket_to_hold(run, roots)
         admitted = Admitted(info, roots, ticket)
         try:
             await self._admit_in_store(run, ticket)
@@ -355,50 +303,6 @@ class Dispatcher(OwnsTasks):
         )
         ticket.held = held is not None
 
-    async def _job_info(
-        self, run: JobRun, quota: TenantQuota, now: float, blanks: dict[str, Blank]
-    ) -> JobInfo:
-        """The job's costs on arrival, yielding to the event loop every few nodes (`paced`)."""
-        models = {node_id: self.lane_of(run, node_id).model for node_id in run.nodes}
-        costs = node_costs(run, quota, blanks, self.planner, models)
-        return job_info(run, quota, now, await paced(costs))
-
-    async def _plan_roots(
-        self, run: JobRun, roots: Sequence[str], quota: TenantQuota, blanks: dict[str, Blank]
-    ) -> dict[str, Planned]:
-        """The roots' calls, yielding to the event loop every few (`paced`): planned with the
-        job's costs, before its admission, so that adding the job (`submit`, the end of
-        `resume`) plans nothing. A plan leaves the planner nothing that costing the job has
-        not (the error tracker's kind of call, `tracker_key`): an admission refused or undone
-        after it leaves no trace of them."""
-        planned = (self._plan(run, node_id, quota, blanks[node_id]) for node_id in roots)
-        return dict(zip(roots, await paced(planned), strict=True))
-
-    def _encode_blanks(self, run: JobRun) -> dict[str, Blank]:
-        """Every node's blank prompt, encoded for the model it runs on."""
-        blanks: dict[str, Blank] = {}
-        for lane in self._lanes_of(run):
-            mine = [n for n in run.dag.order if self.lane_of(run, n) is lane]
-            blanks |= lane.tickets.encode_blanks(run, mine)
-        return blanks
-
-    async def _tokenize(
-        self,
-        tenant_id: str,
-        small: bool,
-        encode: Callable[[Unpack[Args]], Encoded],
-        *args: *Args,
-    ) -> Encoded:
-        """`encode(*args)`: on the event loop when `small` (one prompt of at most
-        INLINE_ENCODE_CHARS), else in a worker thread, one of the tenant's at a time, on a
-        thread of its own rather than one of the default workers: no tenant's encoding waits
-        for another's."""
-        if small:
-            return encode(*args)
-        async with self._tokenizing.hold(tenant_id):
-            limiter = anyio.CapacityLimiter(1)
-            return await anyio.to_thread.run_sync(encode, *args, limiter=limiter)
-
     def submit(self, run: JobRun, quota: TenantQuota, admitted: Admitted) -> None:
         """Add an admitted job: it joins the policy and its roots become ready (a root the
         planner refused fails), in one step of the loop."""
@@ -422,13 +326,13 @@ class Dispatcher(OwnsTasks):
         for node_id, node in run.nodes.items():
             if node.state is NodeState.RUNNING:
                 run.retry_node(node_id, now, f"{BACKEND_LOST} with its replica: running again")
-        blanks = await self._tokenize(run.tenant_id, _small_blanks(run), self._encode_blanks, run)
+        blanks = await self.intake.blanks(run)
         # it arrived when its client submitted it: first come, first served keeps its place
-        info = await self._job_info(run, quota, run.created_at, blanks)
+        info = await self.intake.job_info(run, quota, run.created_at, blanks)
         # the roots ready once it is added: a running one runs again, and nothing else moves
         # a node of a job not yet added here (a cancel ends the job)
         waiting = [n for n in run.dag.roots() if run.nodes[n].state not in ENDED]
-        roots = await self._plan_roots(run, waiting, quota, blanks)
+        roots = await self.intake.plan_roots(run, waiting, quota, blanks)
         if run.ended or run.detached:  # cancelled, or lost again, while it was being read
             return
         await self._admit_in_store(run, None)
@@ -458,8 +362,8 @@ class Dispatcher(OwnsTasks):
         """The job joins the policy of each pool it runs in, with its `nodes` there."""
         added: list[Lane] = []
         try:
-            for lane in self._lanes_of(run):
-                mine = {n for n in nodes if self.lane_of(run, n) is lane}
+            for lane in self.intake.lanes_of(run):
+                mine = {n for n in nodes if self.intake.lane_of(run, n) is lane}
                 if not mine:
                     continue
                 lane.core.add_job(part_of(info, mine), now)
@@ -505,7 +409,7 @@ class Dispatcher(OwnsTasks):
         if run.ended:
             self._forget(run, now)
         else:  # a finished call is being settled: the job ends with it
-            for lane in self._lanes_of(run):
+            for lane in self.intake.lanes_of(run):
                 self._release_held(lane.core.withdraw_unsent(run.job_id, now))
 
     def _abort(self, run: JobRun, node_id: str) -> None:
@@ -515,7 +419,7 @@ class Dispatcher(OwnsTasks):
 
     def _running(self, run: JobRun, node_id: str) -> Entry | None:
         """The node's call, while the core counts it running (sent, not yet closed)."""
-        return self.lane_of(run, node_id).core.running.get(f"{run.job_id}/{node_id}")
+        return self.intake.lane_of(run, node_id).core.running.get(f"{run.job_id}/{node_id}")
 
     def _expire(self, job_id: str) -> None:
         run = self.runs.get(job_id)
@@ -524,26 +428,6 @@ class Dispatcher(OwnsTasks):
                 self.cancel(run, "deadline exceeded", failed=True, charge=True)
         except Exception:  # the deadline timer serves every job: it must go on
             log.exception("expiring %s", job_id)
-
-    def _ticket_to_hold(self, run: JobRun, roots: dict[str, Planned]) -> Ticket | None:
-        """The ticket of a one-call job that the next dispatch pass will start whatever the
-        policy's order: some backend, below its knee, has room for it and every ready call."""
-        if len(run.nodes) != 1:
-            return None
-        (ticket,) = roots.values()
-        if isinstance(ticket, CallRefused):
-            return None  # its node fails once submitted
-        lane = self._lane(ticket)
-        reserve, rooms = ticket.plan.reserve_output, lane.capacities()
-        starts = lane.core.starts_at_once(ticket.call, reserve, rooms, run.spec.sheddable)
-        return ticket if starts else None
-
-    def _plan(self, run: JobRun, node_id: str, quota: TenantQuota, encoded: Blank) -> Planned:
-        """A ready node's call, or the planner's refusal (its node fails as it is added)."""
-        try:
-            return self.lane_of(run, node_id).tickets.make(run, node_id, quota, encoded)
-        except CallRefused as exc:
-            return exc
 
     def _add_planned(self, run: JobRun, node_id: str, planned: Planned) -> None:
         """A ready node's call joins the policy; a refused one fails its node. A root planned
@@ -562,21 +446,17 @@ class Dispatcher(OwnsTasks):
         core.add_ready(ticket.call, ticket.plan.reserve_output, ticket, now, ticket.held, sheddable)
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:
-        """Render and encode a node whose parents are done (off the event loop), then make it
-        ready; a prompt over the bound fails the node before any of it is rendered."""
+        """Render and encode a node whose parents are done, then make it ready; a prompt over
+        the bound fails the node before any of it is rendered."""
         with self._failing_node(run, node_id):
-            outputs = {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}
-            size = rendered_chars(run.nodes[node_id].spec, input_sizes(run.spec.inputs), outputs)
-            problem = oversized_prompt(size, self.config.max_prompt_chars)
-            if problem is not None:
-                self._finish_node(run, node_id, NodeState.FAILED, f"the prompt {problem}")
+            try:
+                encoded = await self.intake.encode_node(run, node_id, self.config.max_prompt_chars)
+            except CallRefused as exc:
+                self._finish_node(run, node_id, NodeState.FAILED, str(exc))
                 return
-            encode = self.lane_of(run, node_id).tickets.encode_node
-            small = size <= INLINE_ENCODE_CHARS
-            encoded = await self._tokenize(run.tenant_id, small, encode, run, node_id)
             if run.nodes[node_id].state is NodeState.READY:  # not cancelled meanwhile
                 quota = self._quotas[run.tenant_id]
-                self._add_planned(run, node_id, self._plan(run, node_id, quota, encoded))
+                self._add_planned(run, node_id, self.intake.plan(run, node_id, quota, encoded))
                 self._wake.set()
 
     async def _loop(self) -> None:
@@ -1090,7 +970,7 @@ class Dispatcher(OwnsTasks):
         self._active[run.tenant_id] -= 1
         if not self._active[run.tenant_id]:
             del self._active[run.tenant_id]
-        for lane in self._lanes_of(run):
+        for lane in self.intake.lanes_of(run):
             self._release_held(lane.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)
         self._held_fenced.pop(run.job_id, None)

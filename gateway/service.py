@@ -211,7 +211,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         if overload is None:
             yield
             return
-        needs = Counter(self.dispatcher.lane_of(run, n).model for n in run.dag.roots())
+        needs = Counter(self.dispatcher.intake.lane_of(run, n).model for n in run.dag.roots())
         try:
             with overload.admission(needs, sheddable=run.spec.sheddable):
                 yield

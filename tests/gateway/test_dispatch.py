@@ -599,7 +599,7 @@ async def test_tenants_whose_jobs_ended_or_were_refused_keep_no_tokenizing_worke
         wide = job("wide", ("a", 3), ("b", 3)).spec
         await env.dispatcher.admit(JobRun("wide", "refused", wide, time.time()), narrow)
     await anyio.wait_all_tasks_blocked()
-    assert not env.dispatcher._tokenizing
+    assert not env.dispatcher.intake._tokenizing
 
 
 async def test_a_call_held_from_admission_is_released_if_never_dispatched(

@@ -1,4 +1,4 @@
-"""How a tenant's prompts are encoded (`Dispatcher._tokenize`): a one-node job's short prompt on
+"""How a tenant's prompts are encoded (`Intake.tokenize`): a one-node job's short prompt on
 the event loop, every other in a worker thread, one call of the tenant's at a time.
 
 The tenant's worker was let go while a task that had already fetched it was about to acquire it:
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import anyio
 import pytest
 
-from gateway.dispatch import INLINE_ENCODE_CHARS, Dispatcher, _small_blanks
+from gateway.intake import INLINE_ENCODE_CHARS, Intake, small_blanks
 from gateway.job_run import JobRun
 from gateway.jobs.model import JobSpec, NodeSpec
 from gateway.keyed_locks import KeyedLocks
@@ -31,7 +31,7 @@ def anyio_backend() -> str:
 
 
 async def test_a_tenant_tokenizes_one_call_at_a_time() -> None:
-    owner = SimpleNamespace(_tokenizing=KeyedLocks())  # all `_tokenize` touches on its dispatcher
+    owner = SimpleNamespace(_tokenizing=KeyedLocks())  # all `tokenize` touches on its intake
     loop = asyncio.get_running_loop()
     a_gate, c_gate, c_in, d_in = (threading.Event() for _ in range(4))
     inside, most, lock = [0], [0], threading.Lock()
@@ -49,7 +49,7 @@ async def test_a_tenant_tokenizes_one_call_at_a_time() -> None:
             inside[0] -= 1
 
     def start_c() -> None:  # another call of the tenant's is tokenized at that moment
-        tasks.append(loop.create_task(Dispatcher._tokenize(owner, "t", False, encode_c)))
+        tasks.append(loop.create_task(Intake.tokenize(owner, "t", False, encode_c)))
 
     def encode_a() -> int:
         encoding(a_gate, None)
@@ -66,13 +66,13 @@ async def test_a_tenant_tokenizes_one_call_at_a_time() -> None:
         return 4
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(Dispatcher._tokenize, owner, "t", False, encode_a)
+        tg.start_soon(Intake.tokenize, owner, "t", False, encode_a)
         await anyio.wait_all_tasks_blocked()
         a_gate.set()
         await anyio.to_thread.run_sync(c_in.wait)  # C encodes now
         await anyio.wait_all_tasks_blocked()
         kept_while_c_runs = "t" in owner._tokenizing
-        tg.start_soon(Dispatcher._tokenize, owner, "t", False, encode_d)
+        tg.start_soon(Intake.tokenize, owner, "t", False, encode_d)
         await anyio.wait_all_tasks_blocked()
         d_started_alongside = d_in.wait(timeout=0)
         c_gate.set()
@@ -89,8 +89,8 @@ def test_only_a_one_node_job_with_a_short_prompt_is_encoded_on_the_event_loop() 
         nodes = tuple(NodeSpec(id=f"n{i}", prompt_template=t) for i, t in enumerate(templates))
         return JobRun("j", "t", JobSpec(nodes=nodes, inputs=inputs), created_at=0.0)
 
-    assert _small_blanks(run({"q": "why?"}, "answer {{inputs.q}}"))
-    assert not _small_blanks(run({"q": "x" * 100}, "{{inputs.q}}" * 6))  # 600 characters
-    assert not _small_blanks(run({}, "a", "b"))
-    assert _small_blanks(run({}, "x" * INLINE_ENCODE_CHARS))
-    assert not _small_blanks(run({}, "x" * (INLINE_ENCODE_CHARS + 1)))
+    assert small_blanks(run({"q": "why?"}, "answer {{inputs.q}}"))
+    assert not small_blanks(run({"q": "x" * 100}, "{{inputs.q}}" * 6))  # 600 characters
+    assert not small_blanks(run({}, "a", "b"))
+    assert small_blanks(run({}, "x" * INLINE_ENCODE_CHARS))
+    assert not small_blanks(run({}, "x" * (INLINE_ENCODE_CHARS + 1)))
