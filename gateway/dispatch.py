@@ -8,9 +8,9 @@ backend can admit the call now, and says which one, so the backends' own queues 
 the policy's order is the order that runs.
 
 A taken call of a pool shared with other replicas is first granted by the pool's fair share in
-Redis (`gateway.share`; made to wait, its tenant is held a moment while others go on). A taken
-call then reserves its worst case (prompt + max_tokens) in the quota store, in a task
-of its own so that no slow store reply stalls the loop: meanwhile the policy holds it (it stays
+Redis (`gateway.share_exchange`; made to wait, its tenant is held a moment while others go
+on). A taken call then reserves its worst case (prompt + max_tokens) in the quota store, in a
+task of its own so that no slow store reply stalls the loop: meanwhile the policy holds it (it stays
 ready, unseen) and its room is promised. A reserve that cannot reach the store is retried with
 backoff until `reserve_deadline_s`; a quota refusal with a retry time holds the call's tenant
 in the policy until then (or until one of its calls ends), so other tenants go on. A reserved
@@ -83,7 +83,8 @@ from gateway.outbox import Close, Outbox
 from gateway.overload import OverloadControl
 from gateway.owned import OwnsTasks
 from gateway.prompts import PromptEncoder
-from gateway.share import Ask, Grant, Heads, RedisShare
+from gateway.share import Ask, RedisShare
+from gateway.share_exchange import ShareExchange
 from gateway.slo import SloConfig
 from gateway.spans import annotate_call, call_span, end_job_span, start_job_span
 from gateway.tickets import Ticket, part_of
@@ -168,9 +169,10 @@ class Dispatcher(OwnsTasks):
         # it is neither charged nor started here; never without a journal
         self.fenced: Callable[[JobRun], bool] = lambda run: False
         self._held_fenced: dict[str, JobRun] = {}  # jobs held for it, until `lease_renewed`
-        self.share = share  # the pools' fair share across replicas (the gated lanes')
-        self._share_changed = anyio.Event()
-        self._published: dict[str, Heads] = {}  # pool -> the heads it last published
+        # this replica's side of the pools' fair shares across replicas (the gated lanes')
+        self.exchange: ShareExchange | None = None
+        if share is not None:
+            self.exchange = ShareExchange(share, clock, lambda: self.paused, metrics)
         self.overload = None  # no SLO targets: no overload control
         if slo is not None:
             self.overload = OverloadControl(slo, lanes, clock, self._wake_loop, metrics)
@@ -255,8 +257,8 @@ class Dispatcher(OwnsTasks):
         tg.start_soon(self._deadlines.run)
         if self.overload is not None:
             tg.start_soon(self.overload.run)
-        if self.share is not None:
-            tg.start_soon(self._publish_heads, self.share)
+        if self.exchange is not None:
+            tg.start_soon(self.exchange.publish_forever, self.lanes.values())
 
     def capacities(self) -> dict[str, BackendCapacity]:
         """Every backend's room, across the pools."""
@@ -496,10 +498,8 @@ class Dispatcher(OwnsTasks):
                     self._start(entry)
             for victim in lane.core.to_yield(self.clock(), lane.capacities()):
                 self.backends[victim.backend].abort(victim.call.call_id)
-            published = self._published.get(lane.model)
-            exact = not lane.core.policy.by_weight  # no slack: a grown offset holds others back
-            if lane.core.gated and not granting and self._heads(lane).outdated(published, exact):
-                self._share_changed.set()
+            if self.exchange is not None:
+                self.exchange.pass_ended(lane, granting)
 
     async def _take(self, entry: Entry, grant: bool) -> None:
         """A taken call: granted by the pool's share (`grant`), its quota reserved (unless it
@@ -556,9 +556,11 @@ class Dispatcher(OwnsTasks):
         False when it must wait (it is ready again, its tenant held a moment)."""
         ticket = entry.payload
         call, lane = ticket.call, self._lane(ticket)
+        assert self.exchange is not None, "a gated lane needs the pool's share"
+        exchange = self.exchange
         ask = Ask(call.tenant_id, lane.core.charge(entry), lane.core.offset(entry, self.clock()))
         grant = await retry_unavailable(
-            lambda: self._exchange(lane, ask), ShareUnavailable, deadline, self.clock
+            lambda: exchange.exchange(lane, ask), ShareUnavailable, deadline, self.clock
         )
         if grant:
             lane.core.granted(call.call_id, ask.tenant_id, ask.charge, grant.key)
@@ -569,39 +571,6 @@ class Dispatcher(OwnsTasks):
         if self.metrics is not None:
             self.metrics.share_waited(call.tenant_id)
         return False
-
-    def _heads(self, lane: Lane) -> Heads:
-        """What this replica publishes in the pool's share: nothing once it hands over."""
-        return Heads((), {}) if self.paused else Heads(*lane.core.heads(self.clock()))
-
-    async def _exchange(self, lane: Lane, ask: Ask | None = None) -> Grant:
-        """One exchange with the pool's share: the heads published, what is owed paid."""
-        assert self.share is not None
-        heads, owed = self._heads(lane), lane.core.take_owed()
-        try:
-            granted = await self.share.exchange(lane.model, heads, owed, ask)
-        except ShareUnavailable:
-            lane.core.owe(owed)  # paid with a later exchange
-            if self.metrics is not None:
-                self.metrics.share_unreachable()
-            raise
-        self._published[lane.model] = heads
-        return granted
-
-    async def _publish_heads(self, share: RedisShare) -> None:
-        """Keep this replica's heads in the pools' shares: when they change, and every third
-        of their lifetime so that they do not lapse."""
-        while True:
-            with anyio.move_on_after(share.ttl_s / 3):
-                await self._share_changed.wait()
-            self._share_changed = anyio.Event()
-            for lane in self.lanes.values():
-                if not lane.core.gated:
-                    continue
-                try:
-                    await self._exchange(lane)
-                except ShareUnavailable:
-                    log.warning("cannot publish the share of %s: store unreachable", lane.model)
 
     def _refused(self, entry: Entry, exc: QuotaExceeded) -> None:
         """A quota refused the call: it waits, its tenant held, or fails when waiting is vain."""

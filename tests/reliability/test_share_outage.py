@@ -38,8 +38,8 @@ async def test_no_call_is_sent_without_the_pool_s_share(
             policy=policy,
         ) as h,
     ):
-        share = h.gateway.dispatcher.share
-        assert share is not None and share.policy == policy  # a shared pool: every call granted
+        exchange = h.gateway.dispatcher.exchange
+        assert exchange is not None and exchange.share.policy == policy  # every call granted
         await h.tenant("t1")
         job = await h.submit("t1", chain(2, 100))  # its first call runs for about a second
         dispatcher = h.gateway.dispatcher
