@@ -36,6 +36,7 @@ import grpc
 import numpy as np
 
 from bench.engine_servers import engine_servers
+from engine.heap import freeze_startup_heap
 from engine.loader import resolve_model
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
@@ -128,6 +129,7 @@ async def _measure(
     store = RedisQuotaStore(redis_url, prefix=f"fgbench-{uuid.uuid4().hex[:8]}")
     tenants = [f"t{i}" for i in range(4)]
     async with running_gateway(settings, store=store) as gateway:
+        freeze_startup_heap()  # as `fairgate serve` does once it is up
         keys = []
         unbounded = TenantQuota(max_concurrent_calls=0, max_queued_jobs=0, max_streams=0)
         for tenant in tenants:  # the benchmark measures the gateway, not a tenant's caps
