@@ -29,8 +29,9 @@ slots past the knee free and need no abort; once the knee no longer binds, the b
 again. A protected call neither yields to a sheddable light call nor is held below the knee for
 light tenants with only sheddable calls. The shares' arithmetic is `gateway.slot_share`'s.
 
-Invariant: a call is marked yielding at most once per attempt, and each waiting call has at
-most one call yielding to it until it is sent or gone.
+Invariant: a running call is marked yielding at most once an attempt (until it ends or runs
+again), and a waiting call that was yielded to is given no more until it is sent or gone (the
+knee's victims for it are chosen all at once).
 """
 
 from __future__ import annotations
