@@ -1,7 +1,8 @@
 """Each tenant's share of a pool's batch slots, and when the knee binds (`share_slots`).
 
-Pure arithmetic over counts of calls: the dispatch core (`gateway.dispatch_core`) gathers them
-from the calls it holds and acts on the answers (who yields, what room a call may take).
+Pure arithmetic over counts of calls: the dispatch core's book (`gateway.call_book`) counts
+them from the calls it holds, and its yields (`gateway.yields`) act on the answers (who yields,
+what room a call may take).
 """
 
 from __future__ import annotations
