@@ -51,7 +51,7 @@ from gateway.errors import JournalUnavailable
 from gateway.genai_metrics import GenAiMetrics
 from gateway.journal import RedisJournal
 from gateway.journaling import Journaling
-from gateway.lanes import make_lane
+from gateway.lanes import Lane, make_lane
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
 from gateway.pool import Pools, open_pools
@@ -221,28 +221,8 @@ async def running_gateway(
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(store.aclose)
         pools = await open_pools(settings, stack, core, instant)
-        config = DispatchConfig(
-            reservation_ttl_s=settings.reservation_ttl_s,
-            reserve_deadline_s=settings.reserve_deadline_s,
-            max_prompt_chars=settings.max_prompt_chars,
-            cache_salt_per_tenant=settings.prefix_cache_per_tenant,
-            pool_down_after_s=settings.pool_down_after_s,
-        )
         planner = _planner(settings, pools)
-        shared_order = settings.store != "memory" and not settings.per_replica_share
-        lanes = [
-            make_lane(
-                pool.model,
-                pool.backends,
-                pool.tokenizer,
-                make_serving_policy(settings.policy),
-                planner,
-                settings.knee_calls,
-                settings.share_slots,
-                shared_order and all(b.capabilities.shared for b in pool.backends),
-            )
-            for pool in pools.pools
-        ]
+        lanes = _lanes(settings, pools, planner)
         share = None  # a client only where some pool is granted by it
         if any(lane.core.gated for lane in lanes):
             share = RedisShare(
@@ -261,7 +241,7 @@ async def running_gateway(
                 lanes,
                 store,
                 planner,
-                config,
+                _dispatch_config(settings),
                 on_job_end=jobs.ended,
                 tracer=tracer(tracer_provider) if tracer_provider is not None else None,
                 outbox=Outbox(store, outbox_path(settings)),
@@ -289,33 +269,12 @@ async def running_gateway(
         )
         journaling = None
         if settings.store != "memory":
-            journal = RedisJournal(
-                settings.store,
-                settings.replica(),
-                lease_ttl_s=settings.lease_ttl_s,
-                retention_s=settings.job_retention_s,
-                max_ended_per_tenant=settings.retained_jobs_per_tenant,
-                max_ended_bytes_per_tenant=settings.retained_bytes_per_tenant,
+            journaling = await stack.enter_async_context(
+                _journaling(settings, stack, service, dispatcher)
             )
-            stack.push_async_callback(journal.aclose)
-            journaling = Journaling(
-                journal,
-                service.take_over,
-                on_lost=lambda run: dispatcher.cancel(run, "taken over by another replica"),
-                on_cancel=lambda run: dispatcher.cancel(
-                    run, "cancelled by the client", charge=True
-                ),
-                on_renewed=dispatcher.lease_renewed,
-                on_fenced=dispatcher.job_fenced,
-            )
-            service.journaling = await stack.enter_async_context(journaling)
+            service.journaling = journaling
             dispatcher.fenced = journaling.fenced
-        address = f"{settings.host}:{settings.port}"
-        credentials = server_credentials(settings)
-        if credentials is None:
-            port = server.add_insecure_port(address)
-        else:
-            port = server.add_secure_port(address, credentials)
+        port = _bind(server, settings)
         await server.start()
         await _set_health(health_servicer, True)
         tg = await stack.enter_async_context(anyio.create_task_group())
@@ -350,6 +309,70 @@ async def running_gateway(
                     )
                 await server.stop(settings.grace_s)
                 _abort_all(dispatcher, "server shutting down")
+
+
+def _dispatch_config(settings: Settings) -> DispatchConfig:
+    return DispatchConfig(
+        reservation_ttl_s=settings.reservation_ttl_s,
+        reserve_deadline_s=settings.reserve_deadline_s,
+        max_prompt_chars=settings.max_prompt_chars,
+        cache_salt_per_tenant=settings.prefix_cache_per_tenant,
+        pool_down_after_s=settings.pool_down_after_s,
+    )
+
+
+def _lanes(settings: Settings, pools: Pools, planner: CallPlanner) -> list[Lane]:
+    """A lane per pool, each with a policy of its own; with the redis store a pool of servers
+    (which other replicas send calls too) is ordered by the pool's share across replicas."""
+    shared_order = settings.store != "memory" and not settings.per_replica_share
+    return [
+        make_lane(
+            pool.model,
+            pool.backends,
+            pool.tokenizer,
+            make_serving_policy(settings.policy),
+            planner,
+            settings.knee_calls,
+            settings.share_slots,
+            shared_order and all(b.capabilities.shared for b in pool.backends),
+        )
+        for pool in pools.pools
+    ]
+
+
+def _journaling(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    service: GatewayService,
+    dispatcher: Dispatcher,
+) -> Journaling:
+    """The journal of this replica's jobs in Redis, and what its events do to the dispatcher."""
+    journal = RedisJournal(
+        settings.store,
+        settings.replica(),
+        lease_ttl_s=settings.lease_ttl_s,
+        retention_s=settings.job_retention_s,
+        max_ended_per_tenant=settings.retained_jobs_per_tenant,
+        max_ended_bytes_per_tenant=settings.retained_bytes_per_tenant,
+    )
+    stack.push_async_callback(journal.aclose)
+    return Journaling(
+        journal,
+        service.take_over,
+        on_lost=lambda run: dispatcher.cancel(run, "taken over by another replica"),
+        on_cancel=lambda run: dispatcher.cancel(run, "cancelled by the client", charge=True),
+        on_renewed=dispatcher.lease_renewed,
+        on_fenced=dispatcher.job_fenced,
+    )
+
+
+def _bind(server: grpc.aio.Server, settings: Settings) -> int:
+    """The port the server listens on (TLS where the settings name a key and certificate)."""
+    address = f"{settings.host}:{settings.port}"
+    credentials = server_credentials(settings)
+    if credentials is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, credentials)
 
 
 def _abort_all(dispatcher: Dispatcher, reason: str) -> None:
