@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gateway.backends import BackendCapacity
 from predictor.features import DENSE_NAMES, HASH_DIM
 from predictor.prompt_model import QUANTILES, PromptModel
 
@@ -22,3 +23,15 @@ def hidden_refiner() -> PromptModel:
         hidden_weights=np.array([3.0] + [0.0] * (HIDDEN_SIZE - 1)),
         hidden_mean=np.zeros(HIDDEN_SIZE),
     )
+
+
+def room(
+    free_slots: int = 8,
+    running: int = 0,
+    free_blocks: int = 100,
+    waiting: int = 0,
+    healthy: bool = True,
+    knee: int | None = None,
+) -> BackendCapacity:
+    """A backend's capacity snapshot: blocks of 16 tokens, `knee` its measured knee."""
+    return BackendCapacity(free_blocks, 16, free_slots, running, waiting, healthy, knee_calls=knee)

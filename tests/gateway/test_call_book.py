@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gateway.backends.base import BackendCapacity
 from gateway.call_book import CallBook
 from gateway.core_call import CoreCall
 from tenants.policies import JobInfo, NodeCost, ReadyCall
+from tests.gateway.factories import room
 
 
 def info(job_id: str, tenant: str, weight: float = 1.0) -> JobInfo:
@@ -16,10 +16,6 @@ def info(job_id: str, tenant: str, weight: float = 1.0) -> JobInfo:
 def entry(job_id: str, tenant: str, node: str = "n", backend: str = "") -> CoreCall[None]:
     call = ReadyCall(f"{job_id}/{node}", job_id, tenant, node, 16, 16.0, 64)
     return CoreCall(call, 64, None, backend=backend)
-
-
-def serving(healthy: bool = True) -> BackendCapacity:
-    return BackendCapacity(100, 16, 8, 0, 0, healthy)
 
 
 def test_a_tenant_s_entries_go_with_its_last_job_but_a_quota_hold_in_force_stays() -> None:
@@ -68,7 +64,7 @@ def test_the_newest_running_call_is_picked_on_a_backend_that_serves() -> None:
     book: CallBook[None] = CallBook()
     for name, backend in (("old", "x"), ("mid", "x"), ("new", "down")):
         book.running[f"j/{name}"] = entry("j", "t", name, backend=backend)
-    rooms = {"x": serving(), "down": serving(healthy=False)}
+    rooms = {"x": room(), "down": room(healthy=False)}
     newest = book.newest(rooms, lambda e: True)
     assert newest is not None and newest.call.node_id == "mid"
     oldest = book.newest(rooms, lambda e: e.call.node_id == "old")
@@ -87,7 +83,7 @@ def test_shares_count_the_calls_on_serving_backends_and_the_backlogged_tenants()
     yielding.yielding = True
     book.running["h/y"] = yielding
     book.ready["l/n"] = entry("l", "light")
-    rooms = {"x": serving(), "down": serving(healthy=False)}
+    rooms = {"x": room(), "down": room(healthy=False)}
     running, share = book.tenant_shares(rooms, 8)
     assert running == {"heavy": 3}  # not the call on the down backend, nor the yielding one
     assert share == {"heavy": 6.0, "light": 2.0}  # 8 slots by weight 3:1

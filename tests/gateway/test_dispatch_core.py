@@ -11,16 +11,7 @@ from gateway.backends import BackendCapacity
 from gateway.core_call import CoreCall, Knee
 from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
 from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
-
-
-def room(
-    free_slots: int = 8,
-    running: int = 0,
-    free_blocks: int = 100,
-    waiting: int = 0,
-    healthy: bool = True,
-) -> BackendCapacity:
-    return BackendCapacity(free_blocks, 16, free_slots, running, waiting, healthy)
+from tests.gateway.factories import room
 
 
 def make_core(

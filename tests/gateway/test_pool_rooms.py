@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from gateway.backends.base import BackendCapacity
 from gateway.core_call import CoreCall
 from gateway.pool_rooms import (
     knee_fractions,
@@ -12,16 +11,7 @@ from gateway.pool_rooms import (
     shrunk_slots,
 )
 from tenants.policies import ReadyCall
-
-
-def room(
-    free_slots: int = 8,
-    running: int = 0,
-    free_blocks: int = 100,
-    healthy: bool = True,
-    knee: int | None = None,
-) -> BackendCapacity:
-    return BackendCapacity(free_blocks, 16, free_slots, running, 0, healthy, knee_calls=knee)
+from tests.gateway.factories import room
 
 
 def taken(backend: str, prompt: int, reserve: int) -> CoreCall[None]:

@@ -7,10 +7,7 @@ import pytest
 from gateway.backends import BackendCapacity
 from gateway.routing import Router
 from tenants.policies import ReadyCall
-
-
-def room(free_blocks: int = 100, free_slots: int = 8, healthy: bool = True) -> BackendCapacity:
-    return BackendCapacity(free_blocks, 16, free_slots, 0, 0, healthy)
+from tests.gateway.factories import room
 
 
 def call(job_id: str = "j") -> ReadyCall:
