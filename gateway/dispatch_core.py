@@ -307,7 +307,7 @@ class DispatchCore(Generic[T]):
     def to_yield(self, now: float, capacities: Mapping[str, BackendCapacity]) -> list[CoreCall[T]]:
         """The running calls that give their room to the call the last `next` left waiting
         (`Yields.to_yield`): the caller aborts each and hands it back (`yielded`)."""
-        return self.yields.to_yield(self.waiting, now, capacities, self.load(capacities))
+        return self.yields.to_yield(self.waiting, now, capacities, lambda: self.load(capacities))
 
     def knee_cap(
         self, capacities: Mapping[str, BackendCapacity], now: float | None = None

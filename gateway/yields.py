@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 from gateway.backends.base import BackendCapacity
@@ -72,10 +72,11 @@ class Yields(Generic[T]):
         waiting: CoreCall[T] | None,
         now: float,
         capacities: Mapping[str, BackendCapacity],
-        load: EngineLoad,
+        load: Callable[[], EngineLoad],
     ) -> list[CoreCall[T]]:
         """The running calls that give their room to `waiting`, the call the core's last pass
-        left for want of room.
+        left for want of room (`load`: the pool's, as the policy is told it, asked only when the
+        policy's order behind a protected waiting call is walked).
 
         While the waiting call is protected: one sheddable call (the newest on a serving
         backend, not yielding already) for it and for each protected call the policy would
@@ -91,6 +92,7 @@ class Yields(Generic[T]):
             victim = self._over_share_victim(waiting, capacities, now)
             return victims if victim is None else [*victims, victim]
         held: list[str] = []
+        pool_load = load()
         entry: CoreCall[T] | None = waiting
         try:
             while entry is not None and not entry.sheddable:
@@ -103,7 +105,7 @@ class Yields(Generic[T]):
                     victims.append(victim)
                 self._policy.hold(call_id)
                 held.append(call_id)
-                shown = self._policy.peek(now, load)
+                shown = self._policy.peek(now, pool_load)
                 entry = None if shown is None else self._book.ready[shown.call_id]
         finally:
             for call_id in held:
