@@ -17,8 +17,10 @@ def sim_core(
     hidden_size: int = 0,
     max_model_len: int = 4096,
     tokenizer: Any = None,
+    max_num_seqs: int = 128,
 ) -> LLMEngine:
-    """`step_s` > 0 makes each step take that long in real time."""
+    """`step_s` > 0 makes each step take that long in real time; `max_num_seqs` calls run at
+    once."""
     tokenizer = tokenizer if tokenizer is not None else byte_tokenizer()
     runner = SimulatedRunner(
         StepTimeModel(step_s, 0.0),
@@ -27,7 +29,12 @@ def sim_core(
         realtime=step_s > 0,
         hidden_size=hidden_size,
     )
-    config = EngineConfig(num_blocks=num_blocks, block_size=16, max_model_len=max_model_len)
+    config = EngineConfig(
+        num_blocks=num_blocks,
+        block_size=16,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+    )
     return LLMEngine(
         config, runner=runner, tokenizer=tokenizer, clock=time.monotonic, num_blocks=num_blocks
     )

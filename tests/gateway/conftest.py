@@ -44,8 +44,13 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def sim_core(step_s: float = 0.0, num_blocks: int = 4096, hidden_size: int = 0) -> LLMEngine:
-    return simulated_core(step_s, num_blocks, hidden_size, tokenizer=byte_tokenizer())
+def sim_core(
+    step_s: float = 0.0, num_blocks: int = 4096, hidden_size: int = 0, max_num_seqs: int = 128
+) -> LLMEngine:
+    tokenizer = byte_tokenizer()
+    return simulated_core(
+        step_s, num_blocks, hidden_size, tokenizer=tokenizer, max_num_seqs=max_num_seqs
+    )
 
 
 @pytest.fixture

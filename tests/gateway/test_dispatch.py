@@ -202,6 +202,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             store: MemoryQuotaStore,
             num_blocks: int = 4096,
             steps: bool = True,
+            max_num_seqs: int = 128,
             knee_calls: int | None = None,
             refiner: PromptModel | None = None,
             tracker: ErrorTracker | None = None,
@@ -210,7 +211,10 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             dispatcher_type: type[Dispatcher] = Dispatcher,
         ) -> Env:
             hidden_size = 0 if refiner is None else refiner.hidden_size
-            engine = RecordingEngine(sim_core(num_blocks=num_blocks, hidden_size=hidden_size))
+            core = sim_core(
+                num_blocks=num_blocks, hidden_size=hidden_size, max_num_seqs=max_num_seqs
+            )
+            engine = RecordingEngine(core)
             if steps:
                 await stack.enter_async_context(engine)
             await store.create_tenant("acme", "Acme", QUOTA)
@@ -342,12 +346,15 @@ async def test_a_call_past_its_p90_is_counted_once_while_it_runs(make_env: MakeE
 
 async def test_a_kind_turned_conservative_widens_its_tenants_ready_calls(make_env: MakeEnv) -> None:
     """Calls planned before their kind turned conservative kept their optimistic plan while
-    they waited: a tenant found to lie kept the head start of its backlog. Room for one call at
-    a time: three of the liar's calls run past the prior's p90 (320) to their max_tokens, and
-    its calls of that kind still waiting are ordered and reserved at what its kind produces;
-    its calls of another kind, and another tenant's, keep their plans."""
+    they waited: a tenant found to lie kept the head start of its backlog. One call runs at a
+    time (one slot: the blocks alone would let the next in once a call's prompt is placed, and
+    whether a pass comes before that call's end is timing): three of the liar's calls run past
+    the prior's p90 (320) to their max_tokens, and its calls of that kind still waiting are
+    ordered and reserved at what its kind produces; its calls of another kind, and another
+    tenant's, keep their plans."""
     store = MemoryQuotaStore()
-    env = await make_env(store, num_blocks=32, tracker=ErrorTracker(), policy=RecordingFcfs())
+    tracker, policy = ErrorTracker(), RecordingFcfs()
+    env = await make_env(store, num_blocks=32, max_num_seqs=1, tracker=tracker, policy=policy)
     await store.create_tenant("honest", "Honest", QUOTA)
     other_kind = NodeSpec(
         id="t", prompt_template="say t", sampling=SamplingSpec(max_tokens=400), name="translate"
@@ -362,8 +369,6 @@ async def test_a_kind_turned_conservative_widens_its_tenants_ready_calls(make_en
         async for _ in run.watch():
             pass
     assert liar.state is JobState.SUCCEEDED and honest.state is JobState.SUCCEEDED
-    policy = env.dispatcher.core.policy
-    assert isinstance(policy, RecordingFcfs)
     assert policy.refined == [("liar/n3", 400.0), ("liar/n4", 400.0), ("liar/n5", 400.0)]
     prior = math.ceil(LENGTH_PRIOR.p90)
     assert env.engine.reserved == {
@@ -381,9 +386,10 @@ async def test_a_backlog_planned_again_leaves_the_loop_to_others_between_its_job
     """A tenant's backlog was planned again in one go on the loop as its kind turned
     conservative: about a second at 65,536 ready calls, every other tenant's streams,
     dispatches and RPCs held that long. Now a job at a time: a task woken by the first job's
-    re-plan runs before the next job's. Room for one call at a time, as above."""
+    re-plan runs before the next job's. One call at a time, as above."""
     store = MemoryQuotaStore()
-    env = await make_env(store, num_blocks=32, tracker=ErrorTracker(), policy=RecordingFcfs())
+    tracker, policy = ErrorTracker(), RecordingFcfs()
+    env = await make_env(store, num_blocks=32, max_num_seqs=1, tracker=tracker, policy=policy)
     core = env.dispatcher.core
     order: list[str] = []
     first_planned = anyio.Event()
@@ -411,8 +417,7 @@ async def test_a_backlog_planned_again_leaves_the_loop_to_others_between_its_job
                 pass
     assert order[1] == "another tenant's work"  # after the first job's re-plan, not the last's
     assert sorted(order[:1] + order[2:]) == ["liar", "more0", "more1", "more2"]
-    policy = core.policy
-    assert isinstance(policy, RecordingFcfs)  # each waiting call was planned again
+    # each waiting call was planned again
     assert sorted(c for c, _ in policy.refined) == ["liar/n3", "more0/n0", "more1/n0", "more2/n0"]
 
 
