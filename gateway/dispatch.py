@@ -28,13 +28,11 @@ journaling's timer tells `job_fenced` as the deadline passes: the job is held th
 running calls are aborted on their backends (their work would be thrown away, beside the next
 owner's), going the same way; one so aborted goes so even if a renewal lands before its end is
 seen (it runs again here at once: the renewal unheld the job).
-Reservations and admitted jobs are leases that `Leases` renews while they run. A call planned
-for refinement is predicted again from its prompt's hidden state once prefilled (its engine
-reservation and its job's key follow), and a tenant's ready calls of a kind the error tracker
-turns conservative are planned again as they would be now (their jobs' keys follow), a job at a
-time in a task of their own, so a large backlog does not hold the loop. A
-one-call job that the engine would take at once reserves its call in the same script as its
-admission, and a job's last call finishes the job in the same script as its settle.
+Reservations and admitted jobs are leases that `Leases` renews while they run. Plans that
+change once made (a call refined from its prompt's hidden state, a tenant's ready calls of a kind
+the error tracker turns conservative) are `gateway.replanning`'s. A one-call job that the
+engine would take at once reserves its call in the same script as its admission, and a job's
+last call finishes the job in the same script as its settle.
 
 Isolation: every task of one call (its preparation, its reserve, its follower) catches what it
 raises and fails that call's node only; nothing a call does can end the loop.
@@ -53,11 +51,11 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
-import anyio.lowlevel
 from anyio.abc import TaskGroup
 from opentelemetry import trace
 
@@ -70,7 +68,8 @@ from gateway.backends import (
     CallStream,
 )
 from gateway.calls import CallPlanner, CallRefused
-from gateway.core_call import CoreCall, Reprioritize
+from gateway.charge import charge
+from gateway.core_call import CoreCall
 from gateway.deadlines import Deadlines
 from gateway.dispatch_core import DispatchCore
 from gateway.errors import Overloaded, ShareUnavailable
@@ -83,6 +82,7 @@ from gateway.outbox import Close, Outbox
 from gateway.overload import OverloadControl
 from gateway.owned import OwnsTasks
 from gateway.prompts import PromptEncoder
+from gateway.replanning import Replanning
 from gateway.share import Ask, RedisShare
 from gateway.share_exchange import ShareExchange
 from gateway.slo import SloConfig
@@ -97,7 +97,7 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
-from tenants.policies import JobInfo, ReadyCall
+from tenants.policies import JobInfo
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = "internal error"
@@ -164,6 +164,7 @@ class Dispatcher(OwnsTasks):
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
         self._deadlines = Deadlines(clock, self._expire)
         self.intake = Intake(self.lanes, self.default_model, planner)
+        self.replanning = Replanning(self.lanes, planner, clock, self._start_soon)
         self.paused = False
         # whether another replica may own the job now (the journaling's self-fence): a call of
         # it is neither charged nor started here; never without a journal
@@ -176,6 +177,9 @@ class Dispatcher(OwnsTasks):
         self.overload = None  # no SLO targets: no overload control
         if slo is not None:
             self.overload = OverloadControl(slo, lanes, clock, self._wake_loop, metrics)
+
+    def _start_soon(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        self.tasks.start_soon(func, *args)
 
     def _wake_loop(self) -> None:
         self._wake.set()
@@ -433,13 +437,13 @@ class Dispatcher(OwnsTasks):
 
     def _add_planned(self, run: JobRun, node_id: str, planned: Planned) -> None:
         """A ready node's call joins the policy; a refused one fails its node. A root planned
-        as its job was admitted is planned as it would be now (`_widen`) if its kind turned
-        conservative while the admission awaited the store (`_widen_ready` found it in no ready
-        calls)."""
+        as its job was admitted is planned as it would be now (`Replanning.widen`) if its kind
+        turned conservative while the admission awaited the store (`widen_kind` found it in no
+        ready calls)."""
         if isinstance(planned, CallRefused):
             self._finish_node(run, node_id, NodeState.FAILED, str(planned))
             return
-        self._widen(planned)
+        self.replanning.widen(planned)
         self._add_ready(planned, self.clock())
 
     def _add_ready(self, ticket: Ticket, now: float) -> None:
@@ -566,7 +570,7 @@ class Dispatcher(OwnsTasks):
             lane.core.granted(call.call_id, ask.tenant_id, ask.charge, grant.key)
             return True
         lane.core.retry_later(call.call_id, self.clock() + GRANT_RETRY_S, quota=False)
-        self._widen_call(ticket)
+        self.replanning.widen_call(ticket)
         self.tasks.start_soon(self._wake_after, GRANT_RETRY_S)
         if self.metrics is not None:
             self.metrics.share_waited(call.tenant_id)
@@ -584,7 +588,7 @@ class Dispatcher(OwnsTasks):
             return
         delay = max(exc.retry_after_s, 0.01)
         core.retry_later(call.call_id, self.clock() + delay)
-        self._widen_call(entry.payload)
+        self.replanning.widen_call(entry.payload)
         self.tasks.start_soon(self._wake_after, delay)
 
     async def _wake_after(self, delay: float) -> None:
@@ -653,7 +657,7 @@ class Dispatcher(OwnsTasks):
             self.tasks.start_soon(self._close_unstarted, entry, FENCED)  # its job left the core
             return
         self._next_attempt(ticket)
-        self._widen_call(ticket)
+        self.replanning.widen_call(ticket)
         self._hold_fenced(ticket.run)
 
     def _next_attempt(self, ticket: Ticket) -> None:
@@ -672,7 +676,9 @@ class Dispatcher(OwnsTasks):
             self.leases.drop_call(ticket.quota_id)
             await self._send(Close("release", call.tenant_id, ticket.quota_id))
             core = self._lane(ticket).core
-            self._reprioritize(core.finished(call.call_id, call.prompt_tokens, 0, self.clock()))
+            self.replanning.reprioritize(
+                core.finished(call.call_id, call.prompt_tokens, 0, self.clock())
+            )
             self._finish_node(ticket.run, call.node_id, NodeState.FAILED, reason)
             self._call_ended(ticket, 0)
 
@@ -740,7 +746,7 @@ class Dispatcher(OwnsTasks):
             return False
         self.streams.pop(call.call_id, None)
         self._next_attempt(ticket)
-        self._widen_call(ticket)
+        self.replanning.widen_call(ticket)
         run.finishing.discard(call.node_id)
         run.retry_node(call.node_id, now, f"{why}: running again")
         if why == YIELDED and self.metrics is not None:  # counted once it runs again: a call
@@ -753,70 +759,13 @@ class Dispatcher(OwnsTasks):
     def _progress(self, entry: Entry, delta: TokenDelta, produced: int) -> None:
         ticket = entry.payload
         if delta.hidden is not None and ticket.plan.refinable and not ticket.run.ended:
-            self._refine(entry, delta.hidden)
+            self.replanning.refine(entry, delta.hidden)
         if not ticket.overran and ticket.plan.past_p90(produced):
             ticket.overran = True
             if self.planner.overran(ticket.plan, produced):
-                self._widen_ready(ticket)
+                self.replanning.widen_kind(ticket)
         core = self._lane(ticket).core
-        self._reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
-
-    def _widen_ready(self, ticket: Ticket) -> None:
-        """The ticket's kind of call turned conservative: its tenant's ready calls of that kind
-        (in its pool), planned before, are planned as they would be now and the policy re-keys
-        their jobs (`_widen_backlog`). Running calls keep their reservations."""
-        self.tasks.start_soon(self._widen_backlog, self._lane(ticket), ticket.call.tenant_id)
-
-    async def _widen_backlog(self, lane: Lane, tenant_id: str) -> None:
-        """The tenant's ready calls in the lane planned again a job at a time, with a checkpoint
-        after each: a backlog may hold 65,536 calls (about a second of planning), and planned in
-        one go it would hold every other tenant's streams, dispatches and RPCs that long. A job
-        whose calls are sent or gone meanwhile has nothing left to plan; one that a failure
-        stops planning keeps its plans (logged), not the loop's other work."""
-        try:
-            for job_id in list(lane.core.ready.jobs(tenant_id)):
-                self._reprioritize(lane.core.replan_job(job_id, self._widened, self.clock()))
-                await anyio.lowlevel.checkpoint()
-        except Exception:
-            log.exception("planning %s's ready calls again", tenant_id)
-
-    def _widen_call(self, ticket: Ticket) -> None:
-        """The ticket is ready again (its kind may have turned conservative while it ran, or
-        while it was being taken: refused by a quota or the share, or set aside unsent): it
-        alone is planned as `_widen_ready` would, not with a scan of its tenant's backlog."""
-        core = self._lane(ticket).core
-        self._reprioritize(core.replan_call(ticket.call.call_id, self._widened, self.clock()))
-
-    def _widened(self, entry: Entry) -> tuple[ReadyCall, int] | None:
-        """A ready call's new call and output reserve, if its plan was widened (`_widen`)."""
-        ticket = entry.payload
-        return (ticket.call, ticket.plan.reserve_output) if self._widen(ticket) else None
-
-    def _widen(self, ticket: Ticket) -> bool:
-        """A waiting ticket planned before its kind turned conservative takes the plan it would
-        get now (`CallPlanner.widen`); whether it did."""
-        plan = self.planner.widen(ticket.plan)
-        if plan is not None:
-            ticket.replan(plan)
-        return plan is not None
-
-    def _refine(self, entry: Entry, hidden: list[float]) -> None:
-        """The call is prefilled: predict its output again from its hidden state; the backend
-        moves its KV reservation and the policy re-keys its job (an event on the call's span)."""
-        ticket = entry.payload
-        before = ticket.plan
-        call = ticket.replan(self.planner.refine(before, hidden))
-        trace.get_current_span().add_event(
-            "fairgate.prediction.refined",
-            {
-                "fairgate.predicted_output_tokens.before": before.policy_output,
-                "fairgate.predicted_output_tokens": ticket.plan.policy_output,
-                "fairgate.reserved_output_tokens": ticket.plan.reserve_output,
-            },
-        )
-        self.backends[entry.backend].set_prediction(call.call_id, ticket.plan.reserve_output)
-        now, core = self.clock(), self._lane(ticket).core
-        self._reprioritize(core.refined(call.call_id, call, ticket.plan.reserve_output, now))
+        self.replanning.reprioritize(core.progress(ticket.call.call_id, produced, self.clock()))
 
     def _call_span(self, entry: Entry) -> contextlib.AbstractContextManager[trace.Span | None]:
         """The call's `chat <model>` span under its job's span; nothing when not tracing."""
@@ -834,45 +783,23 @@ class Dispatcher(OwnsTasks):
         produced: int,
         failure: str = "",
     ) -> None:
-        """Settle or release the call, then end its node. A finished call's last tokens are
-        added only now, after the settle, next to the node's end (and the job's, if it was the
-        last call): whoever watches the job gets them in one wake-up. A call that failed here
-        (`failure`) or in its backend is released and its node fails; one whose node its
-        tenant's side ended first settles what the node took."""
+        """Settle or release the call (`gateway.charge` says which), then end its node. A
+        finished call's last tokens are added only now, after the settle, next to the node's end
+        (and the job's, if it was the last call): whoever watches the job gets them in one
+        wake-up. A call that failed here (`failure`) or in its backend fails its node."""
         ticket = entry.payload
         call, run = ticket.call, ticket.run
         self.streams.pop(call.call_id, None)
         self.leases.drop_call(ticket.quota_id)
-        engine_error = last is not None and last.finish_reason is FinishReason.ERROR
-        ran = not failure and not engine_error  # neither the gateway nor the engine failed it
-        # its node ended first: when the tenant's side cancelled it, the call is charged the
-        # tokens its node took before it ended, which its client has had (else a tenant could
-        # read all but the last token of every call and cancel it, for free); when the gateway
-        # cancelled it, or it took none, it is released
-        node = run.nodes[call.node_id]
-        cut_short = node.state in ENDED
-        finished = ran and last is not None and last.finished and not cut_short
-        made = produced if finished else node.output_tokens
-        charged = finished or (ran and cut_short and run.charge_cut_short and made > 0)
-        ends_job = finished and run.is_last_open(call.node_id)  # one script closes both
-        if charged:
-            close = Close(
-                "settle",
-                call.tenant_id,
-                ticket.quota_id,
-                call.prompt_tokens,
-                made,
-                run.job_id if ends_job else None,
-            )
-        else:
-            close = Close("release", call.tenant_id, ticket.quota_id)
-        if await self.outbox.send(close) is None:
+        cost = charge(run, call, ticket.quota_id, last, produced, failure)
+        ends_job = cost.close.finish_job is not None  # one script settles and finishes it
+        if await self.outbox.send(cost.close) is None:
             ends_job = False  # the outbox settles it; the job is finished as it ends
         if ends_job and not run.ended:
             self._finished_in_store.add(run.job_id)
         now, core = self.clock(), self._lane(ticket).core
-        self._reprioritize(core.finished(call.call_id, call.prompt_tokens, produced, now))
-        if finished:
+        self.replanning.reprioritize(core.finished(call.call_id, call.prompt_tokens, produced, now))
+        if cost.finished:
             assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
             self._observe(entry, produced)
@@ -883,9 +810,10 @@ class Dispatcher(OwnsTasks):
             else:
                 self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
         elif not run.ended:
+            engine_error = last is not None and last.finish_reason is FinishReason.ERROR
             reason = failure or ("engine error" if engine_error else "call aborted by the engine")
             self._finish_node(run, call.node_id, NodeState.FAILED, reason)
-        self._call_ended(ticket, produced, made if charged else None)
+        self._call_ended(ticket, produced, cost.settled)
         self._wake.set()
 
     def _observe(self, entry: Entry, produced: int) -> None:
@@ -893,18 +821,11 @@ class Dispatcher(OwnsTasks):
         the router its backend's speed."""
         ticket = entry.payload
         if self.planner.observe(ticket.plan, produced, ticket.overran):
-            self._widen_ready(ticket)
+            self.replanning.widen_kind(ticket)
         node = ticket.run.nodes[ticket.call.node_id]
         ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
         if ttft is not None and tpot is not None:
             self._lane(ticket).core.router.observe(entry.backend, ttft, tpot)
-
-    def _reprioritize(self, changes: list[Reprioritize[Ticket]]) -> None:
-        """Tell the backends the new priority of the calls they hold, after a re-key."""
-        for change in changes:
-            backend = self.backends[change.entry.backend]
-            if backend.capabilities.priority:
-                backend.set_priority(change.entry.call.call_id, change.priority)
 
     def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
         now = self.clock()
