@@ -70,7 +70,7 @@ class _Run:
         stream = _Stream(self.now())
         self.streams[job_id, call.node_id] = (len(call.prompt_ids), stream)
         request_id = f"{self.label}-{job_id}-{call.node_id}"
-        decoder = CompletionDecoder(request_id, len(call.prompt_ids))
+        decoder = CompletionDecoder(request_id, len(call.prompt_ids), call.max_tokens)
         body = request_body(call, request_id, self.model)
         try:
             async with self.http.stream("POST", "/v1/completions", json=body) as response:

@@ -11,9 +11,13 @@ server's when it sent one (the quota settles on it), else the token ids counted.
 (`answer_error`: a 4xx refused, a 5xx or none lost). A stream that ends with no finish was cut:
 lost; so is a call the server itself aborted (vLLM's finish reason `abort`: it stopped the
 request, its client still listening), which the server answered for (it is up).
+What the server sends is untrusted: a token id that is no int32 (what the gateway's protocol
+carries), or more tokens than the call's `max_tokens`, is a broken stream (lost, not handed on);
+the usage it reports is settled only within what the call could have made: no less than the
+tokens it streamed (the tenant has those), no more than `max_tokens` (what was reserved).
 Pure: events' data in, deltas out.
 Invariant: exactly one delta has `finished` True, and it is the last; `usage` is set before it is
-handed out.
+handed out; `counted <= usage.completion_tokens <= max_tokens`.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from gateway.backends.wire import finish_reason
 
 DONE = "[DONE]"
 ABORTED = "abort"  # a finish reason that is no finish: the call was cut short
+MAX_ID = 2**31  # token ids and counts are int32 on the gateway's own protocol
 
 
 class CompletionDecoder:
-    def __init__(self, call_id: str, prompt_tokens: int) -> None:
+    def __init__(self, call_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.call_id = call_id
         self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
         self.counted = 0  # token ids streamed
         self.usage: CallUsage | None = None
         self.done = False  # `[DONE]` came
@@ -71,9 +77,10 @@ class CompletionDecoder:
         usage = event.get("usage")
         if usage is not None and self._finished:
             # the usage of a finished call: the truth the quota settles on
+            made = _count(usage["completion_tokens"])
             self.usage = CallUsage(
-                prompt_tokens=int(usage.get("prompt_tokens", self.prompt_tokens)),
-                completion_tokens=int(usage["completion_tokens"]),
+                prompt_tokens=_count(usage.get("prompt_tokens", self.prompt_tokens)),
+                completion_tokens=min(max(made, self.counted), self.max_tokens),
                 reported=True,
             )
             out += self._release()
@@ -92,9 +99,14 @@ class CompletionDecoder:
     def _choice(self, choice: dict[str, Any]) -> TokenDelta | None:
         if self._finished:
             raise BackendLost(f"call {self.call_id}: tokens came after the call finished")
-        token_ids = [int(t) for t in choice.get("token_ids") or ()]
+        token_ids = [_count(t) for t in choice.get("token_ids") or ()]
         text = choice.get("text") or ""
         self.counted += len(token_ids)
+        if self.counted > self.max_tokens:
+            raise BackendLost(
+                f"call {self.call_id}: the server streamed {self.counted} tokens, past its"
+                f" max_tokens of {self.max_tokens}"
+            )
         reason = choice.get("finish_reason")
         if reason is None:
             if not token_ids and not text:
@@ -115,6 +127,14 @@ class CompletionDecoder:
         if self.usage is None:
             self.usage = self.counted_usage()
         return [held]
+
+
+def _count(value: Any) -> int:
+    """A token id or a count as the server sent it: an int32 at least 0 (not a bool, a float or
+    a string, which `int` would take)."""
+    if type(value) is not int or not 0 <= value < MAX_ID:
+        raise ValueError(f"{value!r} is no token id or count")
+    return value
 
 
 def _error(call_id: str, error: Any) -> Exception:

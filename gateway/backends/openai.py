@@ -32,7 +32,7 @@ import math
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,14 @@ CONNECT_TIMEOUT_S = 5.0
 KEEPALIVE_S = 2.0
 NEWS_GAP_S = 0.02  # the least time between two scrapes that news asked for
 MAX_ERROR_BYTES = 65_536  # of an error answer read for its message
+MAX_METRICS_BYTES = 16 << 20  # a `/metrics` answer longer than this is a failed scrape
+# what a call's answer may take, in bytes (a constant, each prompt token's id, each output
+# token's chunk): a server that sends more, or a line that never ends, loses the call instead
+# of filling the gateway's memory. vLLM's chunks are a few hundred bytes a token.
+CALL_BYTES = 65_536
+CALL_BYTES_PER_PROMPT_TOKEN = 16
+CALL_BYTES_PER_TOKEN = 2_048
+DRAIN_S = 0.5  # how long the rest of a whole answer is read for (its body's end)
 
 
 class _Verdict(enum.Enum):
@@ -233,10 +241,12 @@ class OpenAIBackend(OwnsTasks):
         timeout = max(self.stale_after_s, 1.0)
         failure = None
         try:
-            response = await self.client.get("/metrics", timeout=timeout)
-            response.raise_for_status()
-            load = parse_load(response.text, self.model, taken_at)
-        except (httpx.HTTPError, ValueError) as exc:
+            async with self.client.stream("GET", "/metrics", timeout=timeout) as response:
+                response.raise_for_status()
+                _cap(response, MAX_METRICS_BYTES, "/metrics")
+                text = (await response.aread()).decode(response.encoding or "utf-8", "replace")
+            load = parse_load(text, self.model, taken_at)
+        except Exception as exc:  # whatever the server sent fails this scrape, not the backend
             failure = f"/metrics: {exc!r}"
         else:
             self._load = load
@@ -278,7 +288,8 @@ class OpenAIBackend(OwnsTasks):
         control = CallControl(call.call_id)
         self._calls[call.call_id] = control
         send, receive = anyio.create_memory_object_stream[Item](math.inf)
-        attempt = _Attempt(control, send, CompletionDecoder(call.call_id, len(call.prompt_ids)))
+        decoder = CompletionDecoder(call.call_id, len(call.prompt_ids), call.params.max_tokens)
+        attempt = _Attempt(control, send, decoder)
         attempt.trial = self._breaker.started()
         tasks.start_soon(self._run, call, attempt)
         return RemoteCallStream(control, receive)
@@ -338,11 +349,22 @@ class OpenAIBackend(OwnsTasks):
         async with self.client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 raise _refusal(call, response.status_code, await _head(response))
-            async for event in EventSource(response).aiter_sse():
-                await attempt.hand_out(attempt.decoder.feed(event.data))
-                if not attempt.shown:
-                    self._shown(attempt)
-        await attempt.hand_out(attempt.decoder.end())
+            _cap(response, _call_bytes(call), f"call {call.call_id}'s answer")
+            events = EventSource(response).aiter_sse()
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    await attempt.hand_out(attempt.decoder.feed(event.data))
+                    if not attempt.shown:
+                        self._shown(attempt)
+                    if attempt.decoder.done:
+                        break
+                await attempt.hand_out(attempt.decoder.end())
+                # the answer is whole: the body's end (at once, from a server that keeps to
+                # the protocol) is read a moment so that the connection serves the next call;
+                # one left open, or more sent, neither holds the call's room nor counts
+                with anyio.move_on_after(DRAIN_S), contextlib.suppress(Exception):
+                    async for _ in events:
+                        pass
 
     def _shown(self, attempt: _Attempt) -> None:
         """The server streamed the call's first event: it works."""
@@ -364,6 +386,34 @@ def _verdict(error: BackendError) -> _Verdict:
     # a server that failed this call and said so is up; the call may be what fails it, and one
     # tenant's calls must not open the breaker for every tenant (/health says if it is sick)
     return _Verdict.NONE if error.answered else _Verdict.FAILED
+
+
+def _call_bytes(call: BackendCall) -> int:
+    """The most a call's answer may take (`CALL_BYTES`)."""
+    prompt = CALL_BYTES_PER_PROMPT_TOKEN * len(call.prompt_ids)
+    return CALL_BYTES + prompt + CALL_BYTES_PER_TOKEN * call.params.max_tokens
+
+
+def _cap(response: httpx.Response, limit: int, what: str) -> None:
+    """Reading more than `limit` bytes of the response's body raises BackendLost."""
+    response.stream = _Capped(response.stream, limit, what)
+
+
+class _Capped(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream, limit: int, what: str):
+        assert isinstance(stream, httpx.AsyncByteStream), "an async client's response"
+        self._stream, self._limit, self._what = stream, limit, what
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for part in self._stream:
+            read += len(part)
+            if read > self._limit:
+                raise BackendLost(f"{self._what} is longer than {self._limit} bytes")
+            yield part
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 async def _head(response: httpx.Response) -> bytes:

@@ -7,13 +7,13 @@ Only the lines of those families are parsed. A server with several engines (data
 exports one series per engine (label `engine`): requests and blocks add up, and the KV use is
 weighted by each engine's blocks. Series of another model (label `model_name`) are left out.
 Pure: text in, a snapshot out.
-Invariant: a text without the pool's shape or the request gauges, or with a gauge that is not a
-finite count (NaN, infinite, negative), is refused (ValueError), never read as an idle server.
+Invariant: a text without the pool's shape or the request gauges, or with a value no server
+has (a count that is NaN, negative or past `MAX_COUNT`, a KV use outside 0..1), is refused
+(ValueError), never read as an idle server: so nothing computed from them can overflow.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +23,7 @@ WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 NAMES = frozenset((RUNNING, WAITING, KV_USAGE, CACHE_CONFIG))
+MAX_COUNT = 2**31  # bound on a count of requests or blocks, far past any server's
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,8 @@ def parse_load(text: str, model: str, taken_at: float) -> ServerLoad:
                 blocks[engine] = _int_label(labels, "num_gpu_blocks")
                 block_sizes.add(_int_label(labels, "block_size"))
             elif sample.name in gauges and labels.get("model_name", model) == model:
-                if not math.isfinite(sample.value) or sample.value < 0:
+                bound = 1.0 if sample.name == KV_USAGE else MAX_COUNT
+                if not 0 <= sample.value <= bound:  # NaN fails it too
                     raise ValueError(f"/metrics gives {sample.name} = {sample.value}")
                 gauges[sample.name][engine] = sample.value
     missing = [name for name in (RUNNING, WAITING, KV_USAGE) if not gauges[name]]
@@ -76,8 +78,8 @@ def parse_load(text: str, model: str, taken_at: float) -> ServerLoad:
 
 def _int_label(labels: dict[str, str], name: str) -> int:
     value = labels.get(name, "")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{CACHE_CONFIG} has {name}={value!r}, not a positive integer")
+    if not value.isdigit() or not 1 <= int(value) <= MAX_COUNT:
+        raise ValueError(f"{CACHE_CONFIG} has {name}={value!r}, not a count of a server's")
     return int(value)
 
 

@@ -56,6 +56,7 @@ class Gate:
     # response's body out, chunk by chunk; an exception drops the connection, as a server
     # that dies does
     script: Callable[[dict[str, Any]], AsyncIterator[bytes]] | None = None
+    metrics: bytes | None = None  # `/metrics` answers this instead of the app's text
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -68,6 +69,8 @@ class Gate:
             if status is not None:
                 body = json.dumps({"error": {"message": "it failed", "code": status}})
                 return await _answer(send, status, body.encode())
+            if self.metrics is not None and scope["path"] == "/metrics":
+                return await _answer(send, 200, self.metrics, b"text/plain")
             if self.script is not None and scope["path"] == "/v1/completions":
                 return await _scripted(self.script, receive, send)
         await self.app(scope, receive, _unescaping(send) if self.raw_separators else send)
@@ -117,8 +120,10 @@ def _unescaping(send: Send) -> Send:
     return unescaped
 
 
-async def _answer(send: Send, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json")]
+async def _answer(
+    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+) -> None:
+    headers = [(b"content-type", content_type)]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

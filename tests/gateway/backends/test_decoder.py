@@ -28,7 +28,7 @@ def feed(decoder: CompletionDecoder, *events: str) -> list[TokenDelta]:
 
 
 def test_the_finish_is_held_until_the_usage_which_wins_over_the_count() -> None:
-    decoder = CompletionDecoder("c", prompt_tokens=5)
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
     deltas = feed(decoder, chunk([1, 2]), chunk([3], reason="length"))
     assert [d.token_ids for d in deltas] == [[1, 2]]  # the last waits for the usage
     assert decoder.usage is None
@@ -40,7 +40,7 @@ def test_the_finish_is_held_until_the_usage_which_wins_over_the_count() -> None:
 
 
 def test_a_stream_that_ends_after_the_finish_without_usage_settles_on_the_count() -> None:
-    decoder = CompletionDecoder("c", prompt_tokens=5)
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
     assert feed(decoder, chunk([1]), chunk([2, 3], reason="stop")) != []
     (last,) = decoder.end()
     assert last.finish_reason is FinishReason.STOP
@@ -48,13 +48,13 @@ def test_a_stream_that_ends_after_the_finish_without_usage_settles_on_the_count(
 
 
 def test_an_event_without_data_and_done_make_no_delta() -> None:
-    decoder = CompletionDecoder("c", prompt_tokens=5)
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
     assert decoder.feed("") == [] and not decoder.done  # an event of an id or a retry only
     assert decoder.feed("[DONE]") == [] and decoder.done
 
 
 def test_a_stream_cut_before_the_finish_is_lost_and_counts_what_came() -> None:
-    decoder = CompletionDecoder("c", prompt_tokens=5)
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
     feed(decoder, chunk([1, 2]))
     with pytest.raises(BackendLost, match="before the call finished"):
         decoder.end()
@@ -72,13 +72,13 @@ def test_a_stream_cut_before_the_finish_is_lost_and_counts_what_came() -> None:
     ],
 )
 def test_finish_reasons(reason: str, expected: FinishReason) -> None:
-    decoder = CompletionDecoder("c", 1)
+    decoder = CompletionDecoder("c", 1, 8)
     decoder.feed(chunk([1], reason=reason))
     assert decoder.end()[0].finish_reason is expected
 
 
 def test_empty_chunks_make_no_delta() -> None:
-    decoder = CompletionDecoder("c", 1)
+    decoder = CompletionDecoder("c", 1, 8)
     assert decoder.feed(chunk([], text="")) == []
     assert decoder.feed(json.dumps({"choices": [{"index": 0, "text": "é"}]}))[0].text == "é"
 
@@ -105,7 +105,7 @@ def test_an_error_event_ends_the_call_as_its_code_says(
     error: dict[str, Any], raised: type[Exception], answered: bool | None
 ) -> None:
     """`answered`: the server failed this call itself (it is up: the breaker ignores it)."""
-    decoder = CompletionDecoder("c", 1)
+    decoder = CompletionDecoder("c", 1, 8)
     decoder.feed(chunk([1]))
     with pytest.raises(raised, match=error["message"]) as ended:
         decoder.feed(json.dumps({"error": error}))
@@ -114,9 +114,57 @@ def test_an_error_event_ends_the_call_as_its_code_says(
         assert ended.value.answered is answered
 
 
+@pytest.mark.parametrize(
+    ("reported", "settled"),
+    [(2, 3), (3, 3), (5, 5), (8, 8), (10**9, 8)],
+)
+def test_the_usage_is_settled_within_what_was_streamed_and_max_tokens(
+    reported: int, settled: int
+) -> None:
+    """A server's usage once went to the quota as it said: 10**9 tokens for a 3-token call took
+    the tenant's whole budget, and fewer than it streamed failed the call after its settle."""
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
+    feed(decoder, chunk([1, 2]), chunk([3], reason="length"))
+    decoder.feed(usage(completion=reported))
+    assert decoder.usage == CallUsage(5, settled, reported=True)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        usage(completion=-5),
+        usage(completion=2**31),
+        usage(completion=3, prompt=-1),
+        json.dumps({"choices": [], "usage": {"completion_tokens": True}}),
+        json.dumps({"choices": [], "usage": {"completion_tokens": "3"}}),
+        json.dumps({"choices": [], "usage": {"completion_tokens": 3.0}}),
+    ],
+)
+def test_a_usage_that_is_no_count_is_a_broken_stream(event: str) -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
+    feed(decoder, chunk([1, 2]), chunk([3], reason="length"))
+    with pytest.raises(BackendLost, match="not a completion chunk"):
+        decoder.feed(event)
+
+
+@pytest.mark.parametrize("token", [-1, 2**31, True, "7", 7.0])
+def test_a_token_id_that_is_no_int32_is_a_broken_stream(token: Any) -> None:
+    # the gateway's protocol carries int32 ids: one past it failed the tenant's Generate stream
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
+    with pytest.raises(BackendLost, match="not a completion chunk"):
+        decoder.feed(json.dumps({"choices": [{"index": 0, "text": "x", "token_ids": [1, token]}]}))
+
+
+def test_more_tokens_than_max_tokens_are_a_broken_stream() -> None:
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=3)
+    assert feed(decoder, chunk([1, 2]), chunk([3])) != []
+    with pytest.raises(BackendLost, match="streamed 4 tokens, past its max_tokens of 3"):
+        decoder.feed(chunk([4]))
+
+
 @pytest.mark.parametrize("event", ["not json", chunk([9])])
 def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> None:
-    decoder = CompletionDecoder("c", 1)
+    decoder = CompletionDecoder("c", 1, 8)
     decoder.feed(chunk([1], reason="length"))
     with pytest.raises(BackendLost) as lost:
         decoder.feed(event)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from engine import FinishReason
@@ -342,6 +343,87 @@ async def test_a_stream_cut_after_its_call_finished_spares_the_backend(
             await first._control.ended.wait()  # type: ignore[attr-defined]
         server.gate.script = None
         assert [d async for d in backend.submit(make_call("second"))][-1].finished
+
+
+async def test_metrics_past_any_servers_fail_the_scrape_not_the_backend(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A KV use of 1e308 overflowed the blocks it was multiplied by: the scrape's task raised,
+    and with it the backend's task group and the gateway; a `/metrics` answer of any length was
+    read whole."""
+    text = (await server.http.get("/metrics")).content
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        for hostile in (
+            text.replace(
+                b"vllm:kv_cache_usage_perc{", b'vllm:kv_cache_usage_perc{x="1"} 1e308\n#{'
+            ),
+            text + b"# " + b"x" * (16 << 20) + b"\n",
+        ):
+            server.gate.metrics = hostile
+            await scraped_until(backend, lambda: not backend.capacity().healthy)
+            server.gate.metrics = None
+            await scraped_until(backend, lambda: backend.capacity().healthy)
+            assert [d async for d in backend.submit(make_call())][-1].finished
+
+
+async def test_a_servers_usage_is_settled_within_the_calls_max_tokens(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield chunk([65, 66], "AB")
+        yield chunk([67], "C", finish="length")
+        yield usage_chunk(len(body["prompt"]), 10**9)
+        yield sse("[DONE]")
+
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        stream = backend.submit(make_call(max_tokens=3))
+        assert [d async for d in stream][-1].finished
+    assert stream.usage == CallUsage(prompt_tokens=20, completion_tokens=3, reported=True)
+
+
+async def test_a_whole_answer_frees_its_room_though_the_server_leaves_it_open(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """The call's task read on past `[DONE]` until the server closed the answer: one that left
+    it open held the call's room for the read timeout (120 s), then failed it as lost, opening
+    the breaker over calls that had all succeeded."""
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield chunk([65], "A", finish="length")
+        yield usage_chunk(len(body["prompt"]), 1)
+        yield sse("[DONE]")
+        yield sse("more, after the end")
+        await over.wait()  # (then the test's server stops at once)
+
+    over = anyio.Event()
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir, breaker_failures=1) as backend:
+        idle = backend.capacity()
+        for call_id in ("one", "two"):
+            assert [d async for d in backend.submit(make_call(call_id, max_tokens=1))][-1].finished
+        await scraped_until(backend, lambda: backend.capacity() == idle)
+    over.set()
+
+
+async def test_an_answer_longer_than_a_call_can_make_loses_it(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A line that never ends was kept whole in memory, as long as the server sent it."""
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield b"data: "
+        for _ in range(64):  # 4 MiB, then the line stays open
+            yield b"x" * (1 << 16)
+            await anyio.lowlevel.checkpoint()
+        await over.wait()  # (then the test's server stops at once)
+
+    over = anyio.Event()
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        with anyio.fail_after(10), pytest.raises(BackendLost, match="longer than"):
+            [delta async for delta in backend.submit(make_call(max_tokens=8))]
+    over.set()
 
 
 async def test_a_call_the_server_aborts_is_lost_not_finished(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.backends.server_load import parse_load
@@ -70,12 +72,31 @@ def test_a_text_without_the_load_is_refused_not_read_as_idle(text: str, missing:
 
 @pytest.mark.parametrize(
     ("gauges", "shown"),
-    [({"running": float("inf")}, "inf"), ({"waiting": float("nan")}, "nan"), ({"usage": -1}, "-1")],
+    [
+        ({"running": float("inf")}, "inf"),
+        ({"waiting": float("nan")}, "nan"),
+        ({"usage": -1}, "-1"),
+        ({"running": 1e308}, "1e"),
+        ({"usage": 1.5}, "1.5"),
+        ({"usage": 1e308}, "1e"),
+        ({"blocks": 2**40}, str(2**40)),
+    ],
 )
-def test_a_gauge_that_is_no_count_is_refused_not_read(gauges: dict[str, float], shown: str) -> None:
-    # a misbehaving server's +Inf once overflowed round() and ended the backend's scrapes
+def test_a_gauge_that_is_no_count_is_refused_not_read(gauges: dict[str, Any], shown: str) -> None:
+    # a misbehaving server's +Inf once overflowed round() and ended the backend's scrapes; so
+    # did finite values whose sum or product is not (two engines' 1e308 requests, a KV use of
+    # 1e308 times the blocks), and a block count past what a float holds
     with pytest.raises(ValueError, match=shown):
         parse_load(exposition(**gauges), MODEL, 0.0)
+
+
+def test_engines_whose_counts_add_past_a_float_are_refused() -> None:
+    one = exposition(running=2**31)
+    other = exposition(running=2**31, engine="1").replace("# TYPE", "# IGNORED")
+    load = parse_load(one + other, MODEL, 0.0)  # at the bound: read, and nothing overflows
+    assert load.running == 2**32
+    with pytest.raises(ValueError, match="num_requests_running"):
+        parse_load(exposition(running=2**31 + 1), MODEL, 0.0)
 
 
 def test_other_families_are_skipped_before_parsing() -> None:
