@@ -40,7 +40,7 @@ import anyio
 import httpx
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
-from httpx_sse import EventSource
+from httpx_sse import EventSource, ServerSentEvent
 
 from engine import TokenDelta
 from gateway.backends.base import BackendCall, BackendCapacity, CallStream, Capabilities
@@ -352,12 +352,7 @@ class OpenAIBackend(OwnsTasks):
             _cap(response, _call_bytes(call), f"call {call.call_id}'s answer")
             events = EventSource(response).aiter_sse()
             async with contextlib.aclosing(events):
-                async for event in events:
-                    await attempt.hand_out(attempt.decoder.feed(event.data))
-                    if not attempt.shown:
-                        self._shown(attempt)
-                    if attempt.decoder.done:
-                        break
+                await self._read_events(call, attempt, events)
                 await attempt.hand_out(attempt.decoder.end())
                 # the answer is whole: the body's end (at once, from a server that keeps to
                 # the protocol) is read a moment so that the connection serves the next call;
@@ -365,6 +360,27 @@ class OpenAIBackend(OwnsTasks):
                 with anyio.move_on_after(DRAIN_S), contextlib.suppress(Exception):
                     async for _ in events:
                         pass
+
+    async def _read_events(
+        self, call: BackendCall, attempt: _Attempt, events: AsyncIterator[ServerSentEvent]
+    ) -> None:
+        """Read the answer's events up to `[DONE]`; BackendLost when `read_timeout_s` passes with
+        no token: the read timeout alone never fires while a hung server sends keep-alive
+        comments or empty chunks, and the call would hold its room for ever."""
+        silence = self.settings.read_timeout_s
+        decoder = attempt.decoder
+        with anyio.CancelScope(deadline=anyio.current_time() + silence) as quiet:
+            async for event in events:
+                counted = decoder.counted
+                await attempt.hand_out(decoder.feed(event.data))
+                if not attempt.shown:
+                    self._shown(attempt)
+                if decoder.done:
+                    return
+                if decoder.counted > counted:
+                    quiet.deadline = anyio.current_time() + silence
+        if quiet.cancelled_caught:
+            raise BackendLost(f"call {call.call_id}: no token for {silence:g} s")
 
     def _shown(self, attempt: _Attempt) -> None:
         """The server streamed the call's first event: it works."""

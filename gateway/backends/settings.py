@@ -37,7 +37,8 @@ class BackendSettings(BaseModel):
     # /health is polled with a scrape at most this often while it answers 200, at every scrape
     # while it does not: each poll costs the server and the gateway a request
     health_interval_s: float = Field(default=1.0, ge=0.01, le=60.0)
-    # a stream silent this long is lost (a hung server keeps its connections open)
+    # a call that brings no token this long is lost (a hung server keeps its connections open,
+    # and may keep them busy with keep-alive comments)
     read_timeout_s: float = Field(default=120.0, gt=0.0)
     breaker_failures: int = Field(default=5, ge=1)  # failed calls in a row that open the breaker
     breaker_cooldown_s: float = Field(default=10.0, ge=0.0)  # open this long, then one trial

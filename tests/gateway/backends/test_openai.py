@@ -426,6 +426,27 @@ async def test_an_answer_longer_than_a_call_can_make_loses_it(
     over.set()
 
 
+async def test_a_call_that_brings_no_token_for_the_read_timeout_is_lost(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A hung server that keeps the answer busy with keep-alive comments and empty chunks never
+    let the read timeout fire: the call held its room for ever."""
+
+    async def answer(body: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield chunk([65], "A")
+        while not over.is_set():
+            yield b": keep-alive\n\n" + chunk([], "")
+            await anyio.sleep(0.01)
+
+    over = anyio.Event()
+    server.gate.script = answer
+    async with backend_on(server.url, tokenizer_dir, read_timeout_s=0.3) as backend:
+        stream = backend.submit(make_call(max_tokens=8))
+        with anyio.fail_after(5), pytest.raises(BackendLost, match=r"no token for 0\.3 s"):
+            [delta async for delta in stream]
+    over.set()
+
+
 async def test_a_call_the_server_aborts_is_lost_not_finished(
     server: Remote, tokenizer_dir: Path
 ) -> None:
