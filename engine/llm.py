@@ -197,10 +197,17 @@ class LLMEngine:
             return
         for token in out.new_token_ids:
             out.new_text += detok.push(token)
-        if detok.stopped and out.request_id not in finished:
+        if not detok.stopped:
+            return
+        ended = finished.get(out.request_id)
+        if ended is None:
             finished[out.request_id] = self.scheduler.finish(
                 out.request_id, FinishReason.STOP, self.now()
             )
+        elif ended.finish_reason is FinishReason.LENGTH:
+            # its last allowed token completed a stop string: the text ends at the stop, and a
+            # client reading "length" would ask for the rest (vLLM says "stop" too)
+            ended.finish_reason = FinishReason.STOP
 
     def generate(
         self, prompts: Sequence[list[int]], params: SamplingParams | Sequence[SamplingParams]

@@ -1,4 +1,4 @@
-"""The synchronous core's handling of a runner that raises mid-step."""
+"""The synchronous core: a runner that raises mid-step, stop strings."""
 
 import logging
 
@@ -7,6 +7,7 @@ import pytest
 from engine.request import FinishReason
 from engine.sampling import SamplingParams
 from tests.engine.factories import make_flaky_engine
+from tests.engine.simulated import sim_core
 
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
@@ -39,3 +40,31 @@ def test_a_runner_failure_fails_only_the_requests_of_its_step(
         llm.block_manager.check_invariants()
     assert done == {"waiting": (FinishReason.LENGTH, 6), "after": (FinishReason.LENGTH, 6)}
     assert llm.block_manager.num_free_blocks == llm.block_manager.num_blocks
+
+
+def _run(max_tokens: int, stop: tuple[str, ...] = ()) -> tuple[str, FinishReason | None]:
+    """The simulated engine's text and finish for one request (its tokens depend on its id)."""
+    llm = sim_core()
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop=stop)
+    llm.add_request([5, 6, 7], params, request_id="fixed")
+    text, reason = "", None
+    while llm.has_unfinished:
+        for out in llm.step():
+            text += out.new_text
+            reason = out.finish_reason if out.finished else reason
+    return text, reason
+
+
+def test_a_stop_string_its_last_allowed_token_completes_is_a_stop() -> None:
+    """The text was cut at the stop string but the finish said "length": a client would ask
+    for a continuation of a text that had ended."""
+    for n in range(3, 30):  # a token whose text is a character the text before it lacks
+        before, whole = _run(n - 1)[0], _run(n)[0]
+        last = whole[len(before) :]
+        if whole.startswith(before) and last.isalnum() and last not in before:
+            break
+    else:
+        raise AssertionError("no such token in the simulated engine's first 30")
+    assert _run(n, stop=(last,)) == (before, FinishReason.STOP)
+    assert _run(n + 5, stop=(last,)) == (before, FinishReason.STOP)
+    assert _run(n - 1, stop=(last,)) == (before, FinishReason.LENGTH)
