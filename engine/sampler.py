@@ -129,6 +129,7 @@ def _prefix(values: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, to
     values' own mass reached it (else the kept prefix may continue past them)."""
     cumulative = values.cumsum(-1)
     kept = torch.where(cumulative - values < limit, values, 0.0)
+    kept[:, 0] = values[:, 0]  # the likeliest always: a tiny top_p is 0 in float32
     return kept, cumulative[:, -1] >= limit[:, 0]
 
 

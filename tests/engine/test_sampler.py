@@ -87,6 +87,8 @@ def test_top_p_keeps_the_smallest_set_reaching_p_and_renormalises() -> None:
 def test_top_p_never_empties_the_set() -> None:
     logits = probs_logits([0.9, 0.05, 0.05])
     assert set(draw_many(SamplingParams(temperature=1.0, top_p=0.01, seed=0), logits, 200)) == {0}
+    # a top_p that float32 rounds to 0 kept nothing, and the draw fell on the last token id
+    assert set(draw_many(SamplingParams(temperature=1.0, top_p=1e-50, seed=0), logits, 50)) == {0}
 
 
 def test_top_k_restricts_to_the_k_most_likely() -> None:
