@@ -1,6 +1,9 @@
 """Incremental detokenization and stop strings for one request.
 
-Text is produced with `tokenizers`' DecodeStream (handles tokens that split a UTF-8 character).
+Text is produced with `tokenizers`' DecodeStream (handles tokens that split a UTF-8 character),
+primed with the prompt's last tokens as vLLM primes its own: a decoder that strips the first
+token's leading space (SentencePiece's Metaspace, for one) would otherwise drop the space between
+the prompt and the answer.
 Stop strings are matched on the text so far; text is held back while its tail could still
 become a stop string, so a client never sees part of one. On a match the text is cut at it.
 Before `min_tokens` tokens were pushed no stop string counts: a match must end in the text of the
@@ -9,15 +12,25 @@ Before `min_tokens` tokens were pushed no stop string counts: a match must end i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
+PRIMING_TOKENS = 6  # of the prompt's, the context the first output token is decoded in
+
 
 class Detokenizer:
-    def __init__(self, backend: Any, stop: tuple[str, ...] = (), min_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        stop: tuple[str, ...] = (),
+        min_tokens: int = 0,
+        prompt_ids: Sequence[int] = (),
+    ) -> None:
         self._backend = backend  # a tokenizers.Tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        primer = list(prompt_ids[-PRIMING_TOKENS:])
+        self._stream = DecodeStream(ids=primer, skip_special_tokens=True)
         self._stop = stop
         self._hold = max((len(s) for s in stop), default=1) - 1
         self._min_tokens = min_tokens

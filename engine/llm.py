@@ -111,7 +111,9 @@ class LLMEngine:
         if wants_text and self.tokenizer is not None:
             backend = self.tokenizer.backend_tokenizer
             params = request.params
-            self._detok[request.request_id] = Detokenizer(backend, params.stop, params.min_tokens)
+            self._detok[request.request_id] = Detokenizer(
+                backend, params.stop, params.min_tokens, request.prompt_token_ids
+            )
 
     def add_request(
         self,
