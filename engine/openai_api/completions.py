@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
@@ -62,6 +62,9 @@ class Served:
     vocab_size: int  # prompt token ids must be below it
     metrics: EngineMetrics
     max_prompt_chars: int  # a string prompt longer than this is refused before tokenizing
+    # one large body parsed at a time: parsing holds the GIL (so more at once go no faster) and
+    # each takes several times its body in memory
+    parsing: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     @property
     def max_model_len(self) -> int:
@@ -85,17 +88,17 @@ class EventStream(StreamingResponse):
                 await self._stream.aclose()  # aborts the engine request unless it finished
 
 
-async def parsed(parse: Callable[[bytes], Parsed], body: bytes) -> Parsed:
+async def parsed(served: Served, parse: Callable[[bytes], Parsed], body: bytes) -> Parsed:
     """`parse(body)`: in a worker thread past INLINE_PARSE_BYTES (a body may hold megabytes of
-    token ids: parsed on the event loop, every stream would stop), else on the loop, where a
-    call of a few hundred ids parses faster than a worker thread hands it back."""
+    token ids: parsed on the event loop, every stream would stop), one at a time, else on the
+    loop, where a call of a few hundred ids parses faster than a worker thread hands it back."""
     if len(body) <= INLINE_PARSE_BYTES:
         return parse(body)
-    return await anyio.to_thread.run_sync(parse, body)
+    return await anyio.to_thread.run_sync(parse, body, limiter=served.parsing)
 
 
 async def create_completion(served: Served, http: HttpRequest, body: bytes) -> Response:
-    request = await parsed(parse_request, body)
+    request = await parsed(served, parse_request, body)
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     prompt = await _prompt_ids(served, request)

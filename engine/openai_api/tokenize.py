@@ -20,7 +20,7 @@ from engine.openai_api.protocol import TokenizeResponse, parse_tokenize
 
 
 async def tokenize(served: Served, body: bytes) -> Response:
-    request = await parsed(parse_tokenize, body)
+    request = await parsed(served, parse_tokenize, body)
     if request.model is not None and request.model != served.model_name:
         raise UnknownModel(f"the model `{request.model}` does not exist", "model")
     if len(request.prompt) > served.max_prompt_chars:
