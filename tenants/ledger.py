@@ -186,8 +186,8 @@ class TenantLedger:
 
     def _bucket_add(self, rate: int, now: float, delta: int) -> None:
         level = self._level(rate, now)
-        if level is not None:
-            self._bucket_level = level + delta
+        if level is not None:  # capped as stored: a later, higher rate must not read a burst
+            self._bucket_level = min(float(rate), level + delta)
             self._bucket_ts = now
 
     def _used_on(self, day: int) -> int:

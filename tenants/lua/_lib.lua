@@ -38,10 +38,12 @@ local function bucket_level(now, rate)
   return math.min(rate, tonumber(b[1]) + math.max(0, now - tonumber(b[2])) * rate / 60)
 end
 
+-- A refund never lifts the stored level past capacity: read at a later, higher rate, the excess
+-- would be a burst the tenant never had.
 local function bucket_add(now, rate, delta)
   local level = bucket_level(now, rate)
   if level then
-    redis.call('HSET', KEYS[2], 'level', fmt(level + delta), 'ts', fmt(now))
+    redis.call('HSET', KEYS[2], 'level', fmt(math.min(rate, level + delta)), 'ts', fmt(now))
   end
 end
 

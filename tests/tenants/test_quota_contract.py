@@ -279,6 +279,19 @@ async def test_refunds_never_lift_the_bucket_above_capacity(h: Harness) -> None:
     assert usage.bucket_level == float(rate)
 
 
+async def test_a_refund_at_a_full_bucket_is_no_burst_once_the_rate_rises(h: Harness) -> None:
+    """A refund was stored on top of a full bucket (200 of a capacity of 100): every read capped
+    it, until a higher rate read it and let the tenant take 200 at once."""
+    clock = h.need_clock("refills over a minute")
+    await make_tenant(h, tokens_per_minute=100)
+    await h.store.reserve("acme", "c1", 100, ttl_s=120.0)
+    clock.advance(60)  # full again by refill
+    assert await h.store.release("acme", "c1") is True
+    await h.store.update_tenant("acme", quota=TenantQuota(tokens_per_minute=1000))
+    assert (await h.store.usage("acme")).bucket_level == 100.0
+    assert (await refused(h, "acme", "c2", 101)).limit is QuotaLimit.TOKEN_RATE
+
+
 async def test_daily_budget(h: Harness) -> None:
     await make_tenant(h, daily_token_budget=1000)
     await h.store.reserve("acme", "c1", 600, TTL)
