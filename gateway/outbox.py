@@ -76,6 +76,7 @@ class Outbox(OwnsTasks):
         # in the file the rewrite replaces, and be lost to a crash
         self._writing = anyio.Lock()
         self._stale = 0  # lines of the file that name no pending close
+        self._torn = False  # a write failed: the file is rewritten whole before it is written
 
     async def _open(self, stack: contextlib.AsyncExitStack) -> None:
         if self.path is not None:
@@ -167,8 +168,12 @@ class Outbox(OwnsTasks):
             return
         async with self._writing:
             try:
-                await anyio.to_thread.run_sync(write)
+                # after a failed write the file may end in part of a line: the next line
+                # appended would join it, and both be unreadable at the next start
+                await anyio.to_thread.run_sync(self._compact if self._torn else write)
+                self._torn = False
             except OSError:
+                self._torn = True
                 log.exception("cannot write the outbox file %s", self.path)
 
     def _compact(self) -> None:

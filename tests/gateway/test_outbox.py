@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -150,3 +151,28 @@ async def test_the_file_holds_what_is_pending_not_every_close_since_the_store_fa
         await outbox.wait_drained()
     assert (await store.usage("acme")).active_reservations == 0
     assert store.most_lines <= STALE_LINES + 8
+
+
+async def test_a_close_after_a_write_the_disk_cut_short_stays_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk cut a line short; the next close was appended to the fragment, fsynced and
+    reported waiting on disk, yet a restart could not read it: its settle was lost."""
+    store, path = SwitchedStore(), tmp_path / "outbox.jsonl"
+    await reserved(store, "c1", "c2")
+    store.down = True
+    append = Outbox._append
+
+    def cut_short(self: Outbox, line: str) -> None:
+        with path.open("a", encoding="utf-8") as out:
+            out.write(line[:20])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async with Outbox(store, path) as outbox:
+        monkeypatch.setattr(Outbox, "_append", cut_short)
+        assert await outbox.send(Close("settle", "acme", "c1", 1, 1)) is None
+        monkeypatch.setattr(Outbox, "_append", append)  # room again
+        assert await outbox.send(Close("settle", "acme", "c2", 7, 3)) is None
+        assert sorted(c.subject for c in _read_pending(path)) == ["c1", "c2"]
+        store.down = False
+        await outbox.wait_drained()
