@@ -7,10 +7,15 @@ taken as it ends: `JobRun.retained_bytes`), then dropped, oldest first, with the
 keys, though never the newest (its client may still ask for it): one tenant's churn never evicts
 another's jobs, and one tenant's large jobs are held in bounded memory. A deleted tenant's jobs are
 forgotten at once, so a tenant created again under the same id never sees them.
+Job ids are minted here (`new_job_id`); an id of another shape names no job (`check_job_id`),
+which is answered before any lookup: a 10,000-character id quoted back overflowed the reply's
+metadata, and one naming a journal key that is not a job's (`<job>:log`) made the journal fail.
 """
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections import Counter, OrderedDict, defaultdict
 
 from gateway.errors import NotFound
@@ -18,6 +23,17 @@ from gateway.job_run import JobRun
 
 MAX_ENDED_PER_TENANT = 1000
 MAX_ENDED_BYTES_PER_TENANT = 64 << 20
+JOB_ID = re.compile(r"job-[0-9a-f]{16}")
+
+
+def new_job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:16]}"
+
+
+def check_job_id(job_id: str) -> None:
+    """NotFound for an id no job of this gateway's can have."""
+    if not JOB_ID.fullmatch(job_id):
+        raise NotFound("no such job: a job id is `job-` and 16 hex digits")
 
 
 class JobRegistry:

@@ -27,7 +27,6 @@ import dataclasses
 import hashlib
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -78,7 +77,7 @@ from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
 from gateway.keyed_locks import KeyedLocks
 from gateway.overload import ShedJob
-from gateway.registry import JobRegistry
+from gateway.registry import JobRegistry, check_job_id, new_job_id
 from gateway.revocations import STAMP, Revocations
 from gateway.spans import add_shed_event
 from gateway.streams import OpenStreams, Stream
@@ -197,7 +196,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         active = self.dispatcher.active_jobs(tenant_id)
         if 0 < quota.max_queued_jobs <= active:
             raise refusals.queued_jobs(tenant_id, quota.max_queued_jobs, active)
-        run = JobRun(f"job-{uuid.uuid4().hex[:16]}", tenant_id, spec, self.clock())
+        run = JobRun(new_job_id(), tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         self.dispatcher.refuse_if_down(run)
         async with self._slots(run):
@@ -284,6 +283,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
 
     async def _find(self, tenant_id: str, job_id: str) -> JobRun:
         """The caller's job: the one this replica runs, else as the journal has it."""
+        check_job_id(job_id)
         try:
             run = self.jobs.get(tenant_id, job_id)
         except NotFound:
@@ -329,16 +329,21 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         async for events in self._history(view, seen, view.last_sequence, stop):
             seen = events[-1].sequence
             yield view, events
+        # read on from the view's own place, not the watcher's: a watcher asking from past the
+        # job's last event must still see it end (read from there, its end never came)
         while not view.ended and not stop():
-            events = await journal.read(run.tenant_id, run.job_id, seen, READ_BLOCK_S, READ_PAGE)
+            at = view.last_sequence
+            events = await journal.read(run.tenant_id, run.job_id, at, READ_BLOCK_S, READ_PAGE)
             if not events:
                 if not await journal.exists(run.tenant_id, run.job_id):
                     raise NotFound(f"job {run.job_id!r} is no longer kept")
                 continue
             for event in events:
                 view.replay(event)
-            seen = events[-1].sequence
-            yield view, events
+            fresh = [event for event in events if event.sequence > seen]
+            if fresh:
+                seen = fresh[-1].sequence
+                yield view, fresh
 
     async def _history(
         self, run: JobRun, after: int, until: int, stop: Callable[[], bool]

@@ -422,6 +422,18 @@ async def test_generate_streams_text_then_usage(harness: Harness) -> None:
     assert responses[-1].usage.prompt_tokens == len(prompt_ids)
 
 
+async def test_an_id_no_job_can_have_is_not_found_before_any_lookup(harness: Harness) -> None:
+    """A 10,000-character id was quoted back in full: the reply's metadata overflowed, and the
+    caller got RESOURCE_EXHAUSTED instead of NOT_FOUND."""
+    for job_id in ("x" * 10_000, "job-0123456789abcdef:log", "job-0123456789ABCDEF", ""):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.stub.GetJob(
+                pb.GetJobRequest(job_id=job_id), metadata=harness.auth("alpha")
+            )
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "16 hex digits" in (caught.value.details() or "")
+
+
 async def test_a_one_token_generate_is_one_response(harness: Harness) -> None:
     request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
     responses = [r async for r in harness.stub.Generate(request, metadata=harness.auth("alpha"))]

@@ -117,6 +117,28 @@ async def test_a_long_job_reads_the_same_on_the_replica_that_does_not_run_it(
     assert on_b == on_a == final
 
 
+async def test_a_watch_from_past_a_jobs_end_ends_with_it_on_the_replica_that_does_not_run_it(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Read on from the watcher's sequence, the job's end never came: the stream stayed open
+    for the journal's retention (a day), holding one of the replica's shared blocking reads."""
+    seen: list[pb.JobEvent] = []
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await a.tenant("t1")
+        job_id = (await a.submit("t1", roots(2, 200))).job_id  # 2 s of steps
+
+        async def from_afar() -> None:
+            request = pb.WatchJobRequest(job_id=job_id, from_sequence=10**6)
+            async for event in b.stub.WatchJob(request, metadata=b.auth("t1")):
+                seen.append(event)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(from_afar)
+                final = await a.finished("t1", job_id)
+    assert final.state == pb.JOB_STATE_SUCCEEDED and seen == []
+
+
 async def test_a_job_taken_over_from_its_snapshot_is_watched_from_its_first_event(
     redis: RedisServer, tmp_path: Path
 ) -> None:
