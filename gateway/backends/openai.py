@@ -416,7 +416,9 @@ def _cap(response: httpx.Response, limit: int, what: str) -> None:
 
 
 class _Capped(httpx.AsyncByteStream):
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream, limit: int, what: str):
+    def __init__(
+        self, stream: httpx.SyncByteStream | httpx.AsyncByteStream, limit: int, what: str
+    ) -> None:
         assert isinstance(stream, httpx.AsyncByteStream), "an async client's response"
         self._stream, self._limit, self._what = stream, limit, what
 
