@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -215,7 +216,9 @@ class RedisJournal(RedisClient):
                 *fields,
             ],
         )
-        if reply[0] == "exists":
+        # the key naming this very job: the script ran, its reply was lost, and this is the
+        # client's retry of it (job ids are never reused)
+        if reply[0] == "exists" and reply[1] != run.job_id:
             raise KeyTaken(reply[1])
         return Owned(run.tenant_id, run.job_id, 1)
 
@@ -228,7 +231,7 @@ class RedisJournal(RedisClient):
     @_fails_closed
     async def append(self, batches: Sequence[Batch]) -> list[bool]:
         """Write each job's batch of events, all in one round trip; False for a job another
-        replica owns now."""
+        replica owns now, or whose journal lost events this replica wrote (a gap: logged)."""
         replies = await self._each(
             "append",
             [
@@ -256,8 +259,18 @@ class RedisJournal(RedisClient):
             ],
         )
         for b, reply in zip(batches, replies, strict=True):
-            if reply[0] == "gap":  # a bug, not a state: the writer sends every event in order
-                raise RuntimeError(f"{b.owned.job_id}: journal at {reply[1]}, batch {b.events[0]}")
+            if reply[0] == "gap":
+                # the writer sends every event in order, so Redis lost writes it acknowledged (a
+                # failover to a lagging replica, a restart that lost its last second): this copy
+                # is ahead of the journal, and the job is lost here as if fenced (whoever claims
+                # it next restores it from the journal)
+                log.error(
+                    "job %s: the journal lost its events after sequence %s (this batch starts "
+                    "at %d): the job is given up here, to be taken over from the journal",
+                    b.owned.job_id,
+                    reply[1],
+                    b.events[0].sequence,
+                )
         return [reply[0] == "ok" for reply in replies]
 
     @_fails_closed
@@ -304,9 +317,11 @@ class RedisJournal(RedisClient):
         """Take over an orphan: its ownership, the job as its journal has it and whether a
         cancel was asked; None when another replica claimed it first, its lease still runs,
         or it has ended (an unreadable one ends here: `_end_unreadable`)."""
+        # names this claim, so that the client's retry of it (its reply lost) gets its token
+        nonce = secrets.token_hex(8)
         token = await self._scripts["claim"](
             keys=self._lease_keys(tenant_id, job_id),
-            args=[self.replica_id, self._ttl_ms, _member(tenant_id, job_id)],
+            args=[self.replica_id, self._ttl_ms, _member(tenant_id, job_id), nonce],
         )
         if token is None:
             return None

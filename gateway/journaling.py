@@ -3,14 +3,17 @@
 Each journaled job's events are written in order, one batch per job per pass (all jobs' batches
 in one round trip), and only then marked durable, so watchers hear only of what a replica's
 death cannot undo. While Redis cannot be reached the batches wait and are sent again with capped
-backoff (watchers wait too: nothing fails open). Every `lease_ttl_s / 3` the replica renews the
-leases of the jobs it owns; a job another replica took over (its lease ran out while this one
-could not renew, or its token was fenced off at a write) is handed to `on_lost`, a cancel asked
-on another replica to `on_cancel`. As often, in a loop of its own (a slow take-over must not
-hold the renewals back, or this replica's own jobs would lapse), it looks for orphans (open jobs
-whose owner's lease ran out: the replica died) and claims up to `scan_limit` of them, journaled
-from then on, for `on_orphan`; one that cannot run here now (`give_back`) goes back to the
-journal at once.
+backoff (watchers wait too: nothing fails open); a batch the journal refuses for good (another
+replica owns the job, or the journal lost events it had acknowledged: a gap) loses its job here,
+and whatever else one pass raises is logged and the pass tried again. Every `lease_ttl_s / 3`,
+counted from when the last renewal was sent (not answered: one still unanswered then is cut off
+and sent again), the replica renews the leases of the jobs it owns; a job another replica took
+over (its lease ran out while this one could not renew, or its token was fenced off at a write)
+is handed to `on_lost`, a cancel asked on another replica to `on_cancel`. As often, in a loop of
+its own (a slow take-over must not hold the renewals back, or this replica's own jobs would
+lapse), it looks for orphans (open jobs whose owner's lease ran out: the replica died) and claims
+up to `scan_limit` of them, journaled from then on, for `on_orphan`; one that cannot run here
+now (`give_back`) goes back to the journal at once.
 
 With a batch now and then the writer sends the job's state as of its last event (a snapshot):
 once the events since the last one pass `SNAPSHOT_MIN_EVENTS`, or the last one's size over
@@ -37,6 +40,7 @@ a call aborted here runs again there, and one that ended here was journaled as e
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -66,7 +70,7 @@ SNAPSHOT_MIN_EVENTS = 256
 SNAPSHOT_BYTES_PER_EVENT = 512
 # of `lease_ttl_s`: a job is fenced this long before its lease can lapse in Redis, so that a
 # call settled just before has its end journaled in time; below a third (a renewal tick), so one
-# missed renewal never fences (the next is sent by then)
+# missed renewal never fences (the next is sent by then, however long the missed one hung)
 LEASE_MARGIN = 1 / 6
 
 
@@ -133,8 +137,10 @@ class Journaling(OwnsTasks):
     def _start_tasks(self, tg: TaskGroup) -> None:
         tg.start_soon(self._write_loop)
         tg.start_soon(self._fences.run)
-        tg.start_soon(self._lease_loop, self._renew)
-        tg.start_soon(self._lease_loop, self._adopt)
+        tg.start_soon(functools.partial(self._lease_loop, self._renew, cut_off=True))
+        # a claim cut off on its way would hold a job nobody here knows of until its lease ran
+        # out, and a take-over cut off would leave it half done
+        tg.start_soon(functools.partial(self._lease_loop, self._adopt, cut_off=False))
 
     @property
     def owned(self) -> int:
@@ -181,7 +187,9 @@ class Journaling(OwnsTasks):
             self._wake = anyio.Event()
             try:
                 await self._write()
-            except JournalUnavailable:
+            except Exception as exc:  # the loop writes every job: it must go on
+                if not isinstance(exc, JournalUnavailable):
+                    log.exception("writing the job journal")
                 self._wake.set()
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -195,13 +203,17 @@ class Journaling(OwnsTasks):
 
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, {}
-        owned = self._owned
-        batches = [owned[j].batch(events) for j, events in pending.items() if j in owned]
+        jobs = {job_id: self._owned.get(job_id) for job_id in pending}
         try:
+            batches = [job.batch(pending[j]) for j, job in jobs.items() if job is not None]
             written = await self.journal.append(batches)
         except BaseException:  # unavailable, or cancelled on its way: sent again later
             for job_id, events in pending.items():
-                self._pending[job_id] = events + self._pending.get(job_id, [])
+                # only to the copy they came from: one given back or lost meanwhile (and perhaps
+                # claimed again, a new copy from the journal) is past them
+                job = jobs[job_id]
+                if job is not None and self._owned.get(job_id) is job:
+                    self._pending[job_id] = events + self._pending.get(job_id, [])
             raise
         for batch, ok in zip(batches, written, strict=True):
             job = self._owned.get(batch.owned.job_id)
@@ -226,15 +238,23 @@ class Journaling(OwnsTasks):
     def _only_deltas_pending(self) -> bool:
         return all(isinstance(e.body, TokensAdded) for b in self._pending.values() for e in b)
 
-    async def _lease_loop(self, tick: Callable[[], Awaitable[None]]) -> None:
+    async def _lease_loop(self, tick: Callable[[], Awaitable[None]], *, cut_off: bool) -> None:
+        """`tick` every third of the lease by `clock`, counted from when the last one started,
+        however long it took; with `cut_off`, a tick still under way when the next is due is
+        cancelled (a renewal hung on a silent connection) and the next sent on time."""
+        period = self.journal.lease_ttl_s / 3
         while True:
-            try:
-                await tick()
-            except JournalUnavailable:
-                pass  # tried again next tick; a lease outlives two missed ticks
-            except Exception:  # the loop serves every job: it must go on
-                log.exception("journal lease tick")
-            await anyio.sleep(self.journal.lease_ttl_s / 3)
+            started = self.clock()
+            with anyio.move_on_after(period if cut_off else None) as scope:
+                try:
+                    await tick()
+                except JournalUnavailable:
+                    pass  # tried again next tick; a lease outlives two missed ticks
+                except Exception:  # the loop serves every job: it must go on
+                    log.exception("journal lease tick")
+            if scope.cancelled_caught:
+                log.warning("a lease renewal unanswered after %.1f s: cut off, sent again", period)
+            await anyio.sleep(max(0.0, started + period - self.clock()))
 
     async def _renew(self) -> None:
         owned = [job.owned for job in self._owned.values()]

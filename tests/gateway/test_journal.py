@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -16,6 +19,7 @@ from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
 from gateway.journal import BLOCKING_READS, POOL_SIZE, Batch, KeyTaken, RedisJournal
 from tests.conftest import REDIS_URL
+from tests.gateway.backends.proxy import CuttableProxy, cuttable_proxy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -335,3 +339,48 @@ async def test_the_decoded_spec_cache_counts_what_its_specs_hold(
     finally:
         tracemalloc.stop()
     assert 0 < held <= two._specs.currsize - counted
+
+
+@asynccontextmanager
+async def through_proxy(redis_prefix: str) -> AsyncIterator[tuple[CuttableProxy, RedisJournal]]:
+    """A replica's journal whose connections to the local Redis run through a proxy."""
+    async with cuttable_proxy(urlsplit(REDIS_URL).port or 6379) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}/0"
+        journal = RedisJournal(url, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+        try:
+            yield proxy, journal
+        finally:
+            await journal.aclose()
+
+
+async def test_a_keyed_create_whose_reply_was_lost_owns_its_job(redis_prefix: str) -> None:
+    """The client sends a script again when its connection drops: the create that ran finds its
+    own key (it raised KeyTaken naming the job itself, which its own replica never ran)."""
+    async with through_proxy(redis_prefix) as (proxy, journal):
+        await journal.create(JobRun("job-0", "acme", two_calls(), 100.0))  # the script loaded
+        proxy.lose_reply_to(b"acme/job-1")
+        run = JobRun("job-1", "acme", two_calls("k"), 100.0)
+        owned = await journal.create(run)
+        assert proxy.replies_lost == 1
+        run.start(101.0)
+        assert await journal.append([Batch(owned, run.events)]) == [True]  # the owner's token
+        with pytest.raises(KeyTaken):  # the key still names it
+            await journal.create(JobRun("job-2", "acme", two_calls("k"), 100.0))
+
+
+async def test_a_claim_whose_reply_was_lost_gets_the_token_it_took(
+    redis_prefix: str, journals: tuple[RedisJournal, ...]
+) -> None:
+    """The claim that ran finds its own lease, and answers with its token (it answered None:
+    the job owned by a replica that did not know it, run by nobody until its lease ran out)."""
+    dead, other = journals
+    await dead.hand_back([await dead.create(JobRun("job-1", "acme", two_calls(), 100.0))])
+    async with through_proxy(redis_prefix) as (proxy, journal):
+        assert await journal.claim("acme", "job-0") is None  # none such; the script loaded
+        proxy.lose_reply_to(b"acme/job-1")
+        claimed = await journal.claim("acme", "job-1")
+        assert proxy.replies_lost == 1
+        assert claimed is not None
+        owned, _, _ = claimed
+        assert (await journal.renew([owned])).lost == []
+        assert await other.claim("acme", "job-1") is None  # its lease runs

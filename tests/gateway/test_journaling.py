@@ -6,6 +6,7 @@ bound what another replica replays to answer for the job."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -355,3 +356,215 @@ async def test_a_job_another_replica_took_over_is_fenced(redis_prefix: str) -> N
     assert lost == [run] and journaling.fenced(run)
     await journal.aclose()
     await other.aclose()
+
+
+async def written(run: JobRun) -> None:
+    """Until every event the run has is in the journal (its watchers see only those)."""
+    with anyio.fail_after(5):
+        async for event in run.watch():
+            if event.sequence == run.last_sequence:
+                return
+    raise AssertionError(f"{run.job_id} detached with events unwritten")
+
+
+async def test_a_gap_in_the_journal_loses_the_job_here_and_the_writer_goes_on(
+    redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis lost writes it had acknowledged (a failover to a lagging replica): the owner's next
+    batch starts past the journal's last event. The job is lost here, as one taken over is, with
+    an error logged; the writer goes on with the other jobs (it raised, and its task group took
+    the whole gateway down)."""
+    journal = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    gapped, kept = (JobRun(f"job-{i}", "acme", two_calls(), 100.0) for i in (1, 2))
+    lost: list[JobRun] = []
+    lost_one = anyio.Event()
+
+    def on_lost(run: JobRun) -> None:
+        lost.append(run)
+        lost_one.set()
+
+    async with Journaling(journal, no_orphan, on_lost, no_loss) as journaling:
+        for run in (gapped, kept):
+            journaling.attach(await journal.create(run), run, time.monotonic())
+        gapped.start(101.0)
+        gapped.mark_running("a", 7, 102.0)
+        await written(gapped)
+        await journal._redis.hset(journal._job("acme", "job-1"), "seq", 1)  # event 2 lost
+        await journal._redis.xdel(journal._log("acme", "job-1"), "0-2")
+        gapped.add_tokens("a", "hi", (1,), 103.0)
+        with anyio.fail_after(5):
+            await lost_one.wait()
+        kept.start(104.0)
+        await written(kept)
+        assert lost == [gapped] and journaling.owned == 1
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "job-1" in error.getMessage()
+    await journal.aclose()
+
+
+class RaisesOnce(RedisJournal):
+    """Its first append raises what no Redis error is."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.raised = False
+
+    async def append(self, batches: Sequence[Batch]) -> list[bool]:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("unexpected")
+        return await super().append(batches)
+
+
+async def test_a_write_that_raises_is_logged_and_sent_again(
+    redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = RaisesOnce(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
+    owned = await journal.create(run)
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        journaling.attach(owned, run, sent)
+        run.start(101.0)
+        await written(run)
+    assert journal.raised
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+        "writing the job journal"
+    ]
+    assert [e.sequence for e in await journal.read("acme", "job-1", 0)] == [1]
+    await journal.aclose()
+
+
+class NotedRenewals(SlowRenewals):
+    """Notes when each renewal was sent, by the test's clock; only the first is slow."""
+
+    def __init__(self, url: str, replica_id: str, clock: FakeClock, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, clock, **kwargs)
+        self.sent: list[float] = []
+        self.renewed_twice = anyio.Event()
+
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        self.sent.append(self.clock())
+        renewed = await super().renew(owned)
+        self.round_trip_s = 0.0
+        if len(self.sent) == 2:
+            self.renewed_twice.set()
+        return renewed
+
+
+async def test_renewals_keep_their_cadence_however_long_each_takes(redis_prefix: str) -> None:
+    """Every third of the lease from when the last renewal was sent: one that took its whole
+    third is followed at once (the next waited a third after it was answered: a job's deadline
+    passed with its renewal not yet sent when one was slow)."""
+    clock = FakeClock(100.0)
+    journal = NotedRenewals(REDIS_URL, "one", clock, lease_ttl_s=60.0, prefix=redis_prefix)
+    journal.round_trip_s = 20.0
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await journal.create(run)
+    fenced: list[JobRun] = []
+    journaling = Journaling(
+        journal, no_orphan, no_loss, no_loss, clock=clock, on_fenced=fenced.append
+    )
+    journaling.attach(owned, run, 100.0)
+    async with journaling:
+        with anyio.fail_after(5):
+            await journal.renewed_twice.wait()
+        assert journal.sent == [100.0, 120.0] and clock() == 120.0
+        assert not journaling.fenced(run) and fenced == []  # deadline 120 + 50
+    await journal.aclose()
+
+
+class HungRenewal(RedisJournal):
+    """Its first renewal hangs until cancelled (a silent connection); the second is noted."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.renewals = 0
+        self.cut_off = False
+        self.renewed = anyio.Event()
+
+    async def renew(self, owned: Sequence[Owned]) -> Renewed:
+        self.renewals += 1
+        if self.renewals == 1:
+            try:
+                await anyio.sleep_forever()
+            except anyio.get_cancelled_exc_class():
+                self.cut_off = True
+                raise
+        renewed = await super().renew(owned)
+        self.renewed.set()
+        return renewed
+
+
+async def test_a_renewal_that_hangs_is_cut_off_when_the_next_is_due(redis_prefix: str) -> None:
+    """The first renewal is never answered: at the next tick, a third of the lease after it was
+    sent, it is cut off and the next sent, which lands before the job's deadline (half a third
+    later), so the job is never fenced. (The hung one held every later renewal back.)"""
+    journal = HungRenewal(REDIS_URL, "one", lease_ttl_s=1.5, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    sent = time.monotonic()  # by the Journaling's clock
+    owned = await journal.create(run)
+    fenced: list[JobRun] = []
+    journaling = Journaling(journal, no_orphan, no_loss, no_loss, on_fenced=fenced.append)
+    async with journaling:
+        journaling.attach(owned, run, sent)
+        with anyio.fail_after(5):
+            await journal.renewed.wait()
+        assert journal.cut_off and journal.renewals == 2
+        assert not journaling.fenced(run) and fenced == []
+    await journal.aclose()
+
+
+class AppendsHeld(RedisJournal):
+    """While `held`, its next append waits for the test to let it go, and then fails."""
+
+    def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
+        super().__init__(url, replica_id, **kwargs)
+        self.held = False
+        self.sending, self.go = anyio.Event(), anyio.Event()
+
+    async def append(self, batches: Sequence[Batch]) -> list[bool]:
+        if self.held:
+            self.held = False
+            self.sending.set()
+            await self.go.wait()
+            raise JournalUnavailable("job journal unavailable")
+        return await super().append(batches)
+
+
+async def test_events_of_a_copy_given_back_never_join_the_copy_claimed_again(
+    redis_prefix: str,
+) -> None:
+    """A batch fails on its way after its job was given back; claimed again here before the
+    next write, the new copy (from the journal) is written as it ran. (The old copy's events
+    were put back under the job's id and written ahead of the new copy's, under its token:
+    the journal misnumbered, a node's end written as its start.)"""
+    dead = RedisJournal(REDIS_URL, "dead", lease_ttl_s=60.0, prefix=redis_prefix)
+    journal = AppendsHeld(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    first = JobRun("job-1", "acme", two_calls(), 100.0)
+    owned = await dead.create(first)
+    first.start(101.0)
+    first.mark_running("a", 7, 102.0)
+    await dead.append([Batch(owned, first.events)])
+    await dead.hand_back([owned])  # an orphan with its node a running
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        claimed = await journal.claim("acme", "job-1")
+        assert claimed is not None
+        journaling.attach(claimed[0], claimed[1], time.monotonic())
+        journal.held = True
+        claimed[1].retry_node("a", 103.0, "running again")
+        await journal.sending.wait()
+        await journaling.give_back("job-1")  # the quota store away: it cannot run here now
+        journal.go.set()  # the batch on its way fails
+        await anyio.wait_all_tasks_blocked()
+        claimed = await journal.claim("acme", "job-1")
+        assert claimed is not None
+        _, run, _ = claimed
+        journaling.attach(claimed[0], run, time.monotonic())
+        run.retry_node("a", 104.0, "running again")
+        run.mark_running("a", 7, 105.0)
+        run.finish_node("a", NodeState.SUCCEEDED, 106.0)
+        await written(run)
+        assert await journal.read("acme", "job-1", 0) == run.events
+    await journal.aclose()
+    await dead.aclose()

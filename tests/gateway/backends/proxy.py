@@ -3,12 +3,14 @@
 Connections are forwarded byte for byte to the upstream address. `cut()` closes the listener
 and every open connection, so clients see a dropped stream and then a refused connection.
 `freeze()` forwards nothing more either way and closes nothing, as a lost host or a network cut
-does: only a client's own timeout or keepalive can tell.
+does: only a client's own timeout or keepalive can tell. `lose_reply_to(marker)` lets the next
+request holding `marker` through but drops its connection instead of its reply: the upstream
+acted on it, the client never heard (`replies_lost` counts them).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -21,6 +23,8 @@ class CuttableProxy:
         self._upstream_port = upstream_port
         self._scope = anyio.CancelScope()
         self._frozen = anyio.Event()
+        self._lose_reply_to: bytes | None = None
+        self.replies_lost = 0
         self.port = 0
 
     @property
@@ -40,9 +44,21 @@ class CuttableProxy:
     async def _forward(self, client: SocketStream) -> None:
         async with client:
             upstream = await anyio.connect_tcp("127.0.0.1", self._upstream_port)
+            losing = anyio.Event()  # a request whose reply is to be lost went up
+
+            def request(chunk: bytes) -> bool:
+                if self._lose_reply_to is not None and self._lose_reply_to in chunk:
+                    self._lose_reply_to = None
+                    losing.set()
+                return True
+
+            def reply(chunk: bytes) -> bool:
+                self.replies_lost += losing.is_set()
+                return not losing.is_set()
+
             async with upstream, anyio.create_task_group() as tg:
-                tg.start_soon(_pump, client, upstream, tg, self._frozen)
-                tg.start_soon(_pump, upstream, client, tg, self._frozen)
+                tg.start_soon(_pump, client, upstream, tg, self._frozen, request)
+                tg.start_soon(_pump, upstream, client, tg, self._frozen, reply)
 
     def cut(self) -> None:
         self._scope.cancel()
@@ -50,12 +66,23 @@ class CuttableProxy:
     def freeze(self) -> None:
         self._frozen.set()
 
+    def lose_reply_to(self, marker: bytes) -> None:
+        self._lose_reply_to = marker
 
-async def _pump(source: ByteStream, sink: ByteStream, tg: TaskGroup, frozen: anyio.Event) -> None:
+
+async def _pump(
+    source: ByteStream,
+    sink: ByteStream,
+    tg: TaskGroup,
+    frozen: anyio.Event,
+    forwards: Callable[[bytes], bool],
+) -> None:
     try:
         async for chunk in source:
             if frozen.is_set():
                 await anyio.sleep_forever()  # read no more: the sender's buffers fill, unacked
+            if not forwards(chunk):
+                break
             await sink.send(chunk)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
