@@ -4,8 +4,12 @@ Every handler first checks that the caller is the admin (the auth interceptor al
 tenant keys; the check keeps the service safe if it is ever served without it). ListTenants
 pages by key: the page token is the last tenant id of the previous page (base64url), so a page
 never repeats or skips a tenant that existed throughout the listing, whatever is created or
-deleted between pages. Quota updates read the tenant's quota, apply the set fields and write
-the result; concurrent updates of one tenant's quota are last-writer-wins. GetStatus reports
+deleted between pages. Every tenant id and key id a request names is checked before the store
+sees it (it names Redis keys and is quoted back): a bad one is INVALID_ARGUMENT, quoted no
+further than its start. Quota updates read the tenant's quota, apply the set fields and write
+the result; concurrent updates of one tenant's quota are last-writer-wins. RevokeKey and
+DeleteTenant of what is gone already answer NOT_FOUND after running their clean-up again: the
+call that removed it may have failed before its clean-up, or lost its reply. GetStatus reports
 what the gateway's `status` source answers (`gateway.status.snapshot` over its dispatcher); a
 service without one (the tenant registry alone) runs nothing and reports an empty status.
 """
@@ -34,7 +38,17 @@ from gateway.auth import ADMIN, CALLER
 from gateway.errors import FieldsInvalid, NotFound, PermissionDenied, grpc_edge
 from gateway.jobs.errors import FieldViolation
 from gateway.status import Status, clamp_limit
-from tenants import ApiKey, QuotaStore, Tenant, TenantInvalid, TenantNotFound, TenantQuota
+from tenants import (
+    ApiKey,
+    KeyOfAnotherTenant,
+    QuotaStore,
+    RequestInvalid,
+    Tenant,
+    TenantInvalid,
+    TenantNotFound,
+    TenantQuota,
+)
+from tenants.api_keys import check_key_id
 from tenants.models import check_display_name, check_tenant_id
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -43,6 +57,7 @@ KeyRevoked = Callable[[str, str], Awaitable[None]]
 StatusSource = Callable[[int], Status]  # the status now, at most that many tenants listed
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+MAX_QUOTED = 200  # characters of a refusal's reason: a bad id is quoted no further
 
 
 async def _nothing(*ids: str) -> None:
@@ -74,18 +89,17 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @grpc_edge
     async def CreateTenant(self, request: pb.CreateTenantRequest, context: Context) -> pb.Tenant:
         _require_admin()
-        with field("tenant_id"):
-            check_tenant_id(request.tenant_id)
+        tenant_id = _valid_tenant_id(request.tenant_id)
         with field("display_name"):
             check_display_name(request.display_name)
         quota = quota_from_proto(request.quota, self.default_quota)
-        tenant = await self.store.create_tenant(request.tenant_id, request.display_name, quota)
+        tenant = await self.store.create_tenant(tenant_id, request.display_name, quota)
         return tenant_to_proto(tenant, [])
 
     @grpc_edge
     async def GetTenant(self, request: pb.GetTenantRequest, context: Context) -> pb.Tenant:
         _require_admin()
-        return await self._view(await self.store.get_tenant(request.tenant_id))
+        return await self._view(await self.store.get_tenant(_valid_tenant_id(request.tenant_id)))
 
     @grpc_edge
     async def ListTenants(
@@ -107,17 +121,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     @grpc_edge
     async def UpdateTenant(self, request: pb.UpdateTenantRequest, context: Context) -> pb.Tenant:
         _require_admin()
+        tenant_id = _valid_tenant_id(request.tenant_id)
         display_name = request.display_name if request.HasField("display_name") else None
         if display_name is not None:
             with field("display_name"):
                 check_display_name(display_name)
         quota = None
         if request.HasField("quota"):
-            current = await self.store.get_tenant(request.tenant_id)
+            current = await self.store.get_tenant(tenant_id)
             quota = quota_from_proto(request.quota, current.quota)
-        tenant = await self.store.update_tenant(
-            request.tenant_id, display_name=display_name, quota=quota
-        )
+        tenant = await self.store.update_tenant(tenant_id, display_name=display_name, quota=quota)
         return await self._view(tenant)
 
     @grpc_edge
@@ -125,20 +138,22 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self, request: pb.DeleteTenantRequest, context: Context
     ) -> pb.DeleteTenantResponse:
         _require_admin()
+        tenant_id = _valid_tenant_id(request.tenant_id)
         try:
-            await self.store.delete_tenant(request.tenant_id)
+            await self.store.delete_tenant(tenant_id)
         except TenantNotFound:
             # perhaps deleted by a call whose clean-up failed (the journal away): it runs again
-            await self.on_tenant_deleted(request.tenant_id)
+            await self.on_tenant_deleted(tenant_id)
             raise
-        await self.on_tenant_deleted(request.tenant_id)
+        await self.on_tenant_deleted(tenant_id)
         return pb.DeleteTenantResponse()
 
     @grpc_edge
     async def IssueKey(self, request: pb.IssueKeyRequest, context: Context) -> pb.IssueKeyResponse:
         _require_admin()
-        key_id, plaintext = await self.store.issue_key(request.tenant_id)
-        key = _find_key(await self.store.list_keys(request.tenant_id), key_id, request.tenant_id)
+        tenant_id = _valid_tenant_id(request.tenant_id)
+        key_id, plaintext = await self.store.issue_key(tenant_id)
+        key = _find_key(await self.store.list_keys(tenant_id), key_id, tenant_id)
         # The store keeps no labels yet: the label is echoed here and not listed later.
         return pb.IssueKeyResponse(key=key_to_proto(key, request.label), plaintext=plaintext)
 
@@ -147,27 +162,35 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self, request: pb.RevokeKeyRequest, context: Context
     ) -> pb.RevokeKeyResponse:
         _require_admin()
-        _find_key(await self.store.list_keys(request.tenant_id), request.key_id, request.tenant_id)
-        if not await self.store.revoke_key(request.key_id):
-            raise NotFound(f"key {request.key_id!r} of tenant {request.tenant_id!r} not found")
-        await self.on_key_revoked(request.tenant_id, request.key_id)
+        tenant_id, key_id = _valid_tenant_id(request.tenant_id), _valid_key_id(request.key_id)
+        try:
+            revoked = await self.store.revoke_key(tenant_id, key_id)
+        except KeyOfAnotherTenant:  # left alone, its jobs and streams too
+            raise _key_not_found(key_id, tenant_id) from None
+        # gone already: perhaps revoked by a call whose clean-up failed or whose reply was lost
+        await self.on_key_revoked(tenant_id, key_id)
+        if not revoked:
+            raise _key_not_found(key_id, tenant_id)
         return pb.RevokeKeyResponse()
 
     @grpc_edge
     async def SetWeight(self, request: pb.SetWeightRequest, context: Context) -> pb.Tenant:
         _require_admin()
+        tenant_id = _valid_tenant_id(request.tenant_id)
         change = pb.TenantQuota(weight=request.weight)
-        return await self._set_quota(request.tenant_id, change, path="weight")
+        return await self._set_quota(tenant_id, change, path="weight")
 
     @grpc_edge
     async def SetQuota(self, request: pb.SetQuotaRequest, context: Context) -> pb.Tenant:
         _require_admin()
-        return await self._set_quota(request.tenant_id, request.quota, path="quota")
+        tenant_id = _valid_tenant_id(request.tenant_id)
+        return await self._set_quota(tenant_id, request.quota, path="quota")
 
     @grpc_edge
     async def GetUsage(self, request: pb.GetUsageRequest, context: Context) -> pb.Usage:
         _require_admin()
-        return usage_to_proto(request.tenant_id, await self.store.usage(request.tenant_id))
+        tenant_id = _valid_tenant_id(request.tenant_id)
+        return usage_to_proto(tenant_id, await self.store.usage(tenant_id))
 
     @grpc_edge
     async def GetStatus(self, request: pb.GetStatusRequest, context: Context) -> pb.Status:
@@ -190,11 +213,34 @@ def _require_admin() -> None:
         raise PermissionDenied("the Admin service needs the admin key")
 
 
+def _valid_tenant_id(tenant_id: str) -> str:
+    with field("tenant_id"):
+        try:
+            return check_tenant_id(tenant_id)
+        except TenantInvalid as exc:  # its reason quotes the id
+            raise TenantInvalid(_cut(str(exc))) from None
+
+
+def _valid_key_id(key_id: str) -> str:
+    try:
+        return check_key_id(key_id)
+    except RequestInvalid as exc:
+        raise FieldsInvalid([FieldViolation("key_id", str(exc))]) from None
+
+
+def _cut(reason: str) -> str:
+    return reason if len(reason) <= MAX_QUOTED else reason[: MAX_QUOTED - 3] + "..."
+
+
 def _find_key(keys: list[ApiKey], key_id: str, tenant_id: str) -> ApiKey:
     for key in keys:
         if key.key_id == key_id:
             return key
-    raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found")
+    raise _key_not_found(key_id, tenant_id)
+
+
+def _key_not_found(key_id: str, tenant_id: str) -> NotFound:
+    return NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found")
 
 
 def _page_size(requested: int) -> int:

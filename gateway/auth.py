@@ -18,7 +18,10 @@ so guessing keys is slow and costs the store nothing. A key that passed within t
 is not a guess: it is checked as usual whatever its peer's bucket holds, so a caller guessing
 from a shared address (a load balancer, a NAT) does not lock out the tenants behind it (a key
 never seen before waits for the bucket there). Known keys are cached for `cache_ttl_s`;
-`forget_key` and `forget_tenant` drop them at once when a key is revoked or a tenant deleted.
+`forget_key` and `forget_tenant` drop them at once when a key is revoked or a tenant deleted. A
+lookup that was under way across such a withdrawal (its `Revocations` stamp, taken as the RPC's
+authentication began, older than the withdrawal) is refused and cached nowhere: the store may
+have answered before the key went, and caching that answer would let the key work on.
 """
 
 from __future__ import annotations
@@ -142,9 +145,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._forget(lambda caller: caller.tenant_id == tenant_id)
 
     def _forget(self, whose: Callable[[Caller], bool]) -> None:
-        for digest in [d for d, c in self._passed.items() if whose(c)]:
-            self._known.pop(digest, None)
-            self._passed.pop(digest, None)
+        for cache in (self._known, self._passed):
+            for digest in [d for d, c in cache.items() if whose(c)]:
+                cache.pop(digest, None)
 
     async def intercept_service(
         self,
@@ -161,10 +164,18 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         credential = str(metadata.get("authorization", ""))
         admin = method.startswith(ADMIN_PREFIX)
         return _wrap(
-            handler, lambda peer: self._caller(credential, admin, peer), self.revocations.stamp
+            handler,
+            lambda peer, began: self._caller(credential, admin, peer, began),
+            self.revocations.stamp,
         )
 
-    async def _caller(self, credential: str, admin: bool, peer: str) -> Caller:
+    async def _caller(
+        self, credential: str, admin: bool, peer: str, began: int | None = None
+    ) -> Caller:
+        """The caller whose credential this is; `began` is the RPC's stamp (taken now if not
+        given): a key or tenant withdrawn after it is refused, however the store answered."""
+        if began is None:
+            began = self.revocations.stamp()
         try:  # the key itself, however its header is spelled, so that one key is one entry
             digest = hash_key(bearer_token(credential))
         except AuthFailed:
@@ -175,7 +186,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if retry is not None:
                 raise AuthThrottled(retry)
         try:
-            caller = await self._check(credential, admin)
+            caller = await self._check(credential, admin, began)
         except Unauthenticated:
             self._passed.pop(digest, None)
             raise
@@ -188,7 +199,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._passed[digest] = caller
         return caller
 
-    async def _check(self, credential: str, admin: bool) -> Caller:
+    async def _check(self, credential: str, admin: bool, began: int) -> Caller:
         if not credential:
             raise Unauthenticated("missing 'authorization: Bearer <key>' metadata")
         try:
@@ -203,7 +214,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         digest = hash_key(key)
         caller = self._known.get(digest)
         if caller is None:
-            caller = self._known[digest] = await self._tenant_of(key)
+            caller = await self._tenant_of(key)
+            if self.revocations.since(began, caller.tenant_id, caller.key_id):
+                raise Unauthenticated("the API key was revoked")
+            self._known[digest] = caller
         return caller
 
     async def _tenant_of(self, key: str) -> Caller:
@@ -230,9 +244,10 @@ def _bounded(handler: Handler) -> Handler:
     return handler._replace(request_deserializer=bounded)  # type: ignore[attr-defined,no-any-return]
 
 
-def _wrap(
-    handler: Handler, caller: Callable[[str], Awaitable[Caller]], stamp: Callable[[], int]
-) -> Handler:
+_CallerOf = Callable[[str, int], Awaitable[Caller]]  # (peer, stamp) -> the caller
+
+
+def _wrap(handler: Handler, caller: _CallerOf, stamp: Callable[[], int]) -> Handler:
     parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
@@ -270,13 +285,13 @@ _Tokens = tuple[contextvars.Token[str], contextvars.Token[str], contextvars.Toke
 
 
 async def _authenticate(
-    caller: Callable[[str], Awaitable[Caller]],
+    caller: _CallerOf,
     stamp: Callable[[], int],
     context: grpc.aio.ServicerContext[Any, Any],
 ) -> _Tokens:
     began = stamp()  # before the key is looked up: a revocation meanwhile comes after it
     try:
-        found = await caller(_peer_host(context.peer()))
+        found = await caller(_peer_host(context.peer()), began)
     except Exception as exc:  # refusals and the store failing: translated once, at the edge
         await abort_with(context, exc)
     return CALLER.set(found.tenant_id), CALLER_KEY.set(found.key_id), STAMP.set(began)

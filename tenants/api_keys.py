@@ -14,10 +14,11 @@ import hmac
 import re
 import secrets
 
-from tenants.errors import AuthFailed
+from tenants.errors import AuthFailed, RequestInvalid
 
 TENANT_KEY_PREFIX = "fg_"
-_TENANT_KEY = re.compile(TENANT_KEY_PREFIX + r"([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
+_KEY_ID = r"[0-9a-f]{16}"
+_TENANT_KEY = re.compile(TENANT_KEY_PREFIX + rf"({_KEY_ID})_([A-Za-z0-9_-]{{43}})")
 _BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +(\S+) *")
 
 
@@ -46,6 +47,13 @@ def key_id_of(plaintext: str) -> str:
     if match is None:
         raise AuthFailed("malformed API key")
     return match.group(1)
+
+
+def check_key_id(key_id: str) -> str:
+    """A key id as `new_key` makes them; RequestInvalid (quoting none of it) otherwise."""
+    if not isinstance(key_id, str) or re.fullmatch(_KEY_ID, key_id) is None:
+        raise RequestInvalid("key id must be 16 hex digits (0-9, a-f)")
+    return key_id
 
 
 def key_matches(plaintext: str, key_hash: str) -> bool:

@@ -36,6 +36,10 @@ class RequestInvalid(TenantsError, ValueError):
     """An argument no store call accepts (negative tokens, a non-positive TTL, an empty id)."""
 
 
+class KeyOfAnotherTenant(TenantsError):
+    """The key id names a live key of another tenant than the one named with it."""
+
+
 class AuthFailed(TenantsError):
     """The presented API key is malformed, unknown, revoked or wrong."""
 

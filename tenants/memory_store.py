@@ -19,6 +19,7 @@ from tenants import api_keys
 from tenants.errors import (
     AuthFailed,
     CallClosed,
+    KeyOfAnotherTenant,
     QuotaExceeded,
     QuotaUnavailable,
     TenantExists,
@@ -117,9 +118,15 @@ class MemoryQuotaStore(ClosesOnExit):
         found = [rec.info for rec in self._keys.values() if rec.info.tenant_id == tenant_id]
         return sorted(found, key=lambda info: (info.created_at, info.key_id))
 
-    async def revoke_key(self, key_id: str) -> bool:
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
         await self._enter()
-        return self._keys.pop(key_id, None) is not None
+        record = self._keys.get(api_keys.check_key_id(key_id))
+        if record is None:
+            return False
+        if record.info.tenant_id != tenant_id:
+            raise KeyOfAnotherTenant(f"key {key_id!r} is not tenant {tenant_id!r}'s")
+        del self._keys[key_id]
+        return True
 
     async def authenticate(self, plaintext: str) -> str:
         await self._enter()

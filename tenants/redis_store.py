@@ -6,13 +6,13 @@ share one clock and one bucket. A tenant's keys carry the tenant as a hash tag
 (`<prefix>:{<tenant>}:...`) and the quota scripts touch only keys passed in KEYS, so one tenant's
 quota state lives in one cluster slot. The registry (`<prefix>:tenants`) and the key records
 (`<prefix>:key:<id>`, looked up by key id at authentication) live outside that slot;
-create_tenant.lua, delete_tenant.lua and issue_key.lua change them in the same atomic step as the
-tenant's own keys, and delete_tenant.lua derives the names of the tenant's key records from its
-key set. Those scripts need a single Redis instance (or a deployment that keeps every key of the
-store in one slot), not a sharded cluster. Every Redis error, unreachable server or timeout
-leaves as QuotaUnavailable with a generic message (the detail goes to the log, never to
-callers): budgets fail closed. Scripts are idempotent by call id and job id, which makes one
-retry on a dropped connection safe.
+create_tenant.lua, delete_tenant.lua, issue_key.lua and revoke_key.lua change them in the same
+atomic step as the tenant's own keys, and delete_tenant.lua derives the names of the tenant's
+key records from its key set. Those scripts need a single Redis instance (or a deployment that
+keeps every key of the store in one slot), not a sharded cluster. Every Redis error, unreachable
+server or timeout leaves as QuotaUnavailable with a generic message (the detail goes to the log,
+never to callers): budgets fail closed. Scripts are idempotent by call id and job id, which
+makes one retry on a dropped connection safe.
 """
 
 from __future__ import annotations
@@ -23,7 +23,13 @@ from importlib import resources
 from typing import Any
 
 from tenants import api_keys
-from tenants.errors import AuthFailed, QuotaUnavailable, TenantExists, TenantNotFound
+from tenants.errors import (
+    AuthFailed,
+    KeyOfAnotherTenant,
+    QuotaUnavailable,
+    TenantExists,
+    TenantNotFound,
+)
 from tenants.models import (
     CLOSED_CALL_MEMORY_S,
     ApiKey,
@@ -61,6 +67,7 @@ _SCRIPTS = (
     "update_tenant",
     "delete_tenant",
     "issue_key",
+    "revoke_key",
 )
 # KEYS[1..9] of the quota scripts, in the order tenants/lua/_lib.lua names them
 _TENANT_KEYS = ("tenant", "bucket", "day", "open", "expiry", "closed", "usage", "jobs", "reclaimed")
@@ -177,13 +184,14 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
         return sorted(found, key=lambda info: (info.created_at, info.key_id))
 
     @_fails_closed
-    async def revoke_key(self, key_id: str) -> bool:
-        tenant_id = await self._redis.hget(self._key_record(key_id), "tenant_id")
-        if tenant_id is None:
-            return False
-        await self._redis.delete(self._key_record(key_id))
-        await self._redis.srem(self._key_set(decoded(tenant_id)), key_id)
-        return True
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
+        revoked = await self._scripts["revoke_key"](
+            keys=[self._key_record(api_keys.check_key_id(key_id)), self._key_set(tenant_id)],
+            args=[tenant_id, key_id],
+        )
+        if revoked == -1:
+            raise KeyOfAnotherTenant(f"key {key_id!r} is not tenant {tenant_id!r}'s")
+        return bool(revoked)
 
     @_fails_closed
     async def authenticate(self, plaintext: str) -> str:

@@ -82,8 +82,12 @@ class QuotaStore(Protocol):
         """The tenant's live keys, sorted by creation time."""
         ...
 
-    async def revoke_key(self, key_id: str) -> bool:
-        """True when the key existed."""
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
+        """Revoke the tenant's key (its record and its place in the tenant's key set) in one
+        atomic step. True when this revoked it; False when no key of that id is live (revoked
+        already, perhaps by a call whose reply was lost, or never issued): what follows a
+        revocation may still be owed. KeyOfAnotherTenant when the live key of that id is another
+        tenant's: it is left alone. RequestInvalid for an id no key has."""
         ...
 
     async def authenticate(self, plaintext: str) -> str:

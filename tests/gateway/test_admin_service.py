@@ -14,21 +14,36 @@ from fairgate import (
     NotFound,
     PermissionDenied,
     Unauthenticated,
+    Unavailable,
 )
 from fairgate.v1 import admin_pb2, admin_pb2_grpc
 from gateway.admin_service import AdminService
-from tenants import MemoryQuotaStore, TenantQuota
+from tenants import MemoryQuotaStore, QuotaUnavailable, TenantQuota
 from tests.serving import ADMIN_KEY, serving
 
 pytestmark = pytest.mark.anyio
 DEFAULTS = TenantQuota()
 
 
+class LosesRevokeReply(MemoryQuotaStore):
+    """The memory store, whose revocations once `lose` is set are done and then reported
+    failed, as when Redis ran the script and its reply was lost (redis-py's one retry too)."""
+
+    lose = False
+
+    async def revoke_key(self, *ids: str) -> bool:
+        revoked = await super().revoke_key(*ids)
+        if self.lose:
+            raise QuotaUnavailable("quota store unavailable")
+        return revoked
+
+
 class Server:
-    def __init__(self, store: MemoryQuotaStore, target: str, deleted: list[str]) -> None:
+    def __init__(self, store: LosesRevokeReply, target: str) -> None:
         self.store = store
         self.target = target
-        self.deleted = deleted  # tenants the service reported deleted
+        self.deleted: list[str] = []  # tenants the service reported deleted
+        self.revoked: list[tuple[str, str]] = []  # (tenant, key) it reported revoked
 
     def admin(self, key: str = ADMIN_KEY) -> AdminClient:
         return AdminClient(self.target, key)
@@ -36,17 +51,20 @@ class Server:
 
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
-    store = MemoryQuotaStore()
-    deleted: list[str] = []
+    store = LosesRevokeReply()
 
     async def on_deleted(tenant_id: str) -> None:
-        deleted.append(tenant_id)
+        made.deleted.append(tenant_id)
 
-    service = AdminService(store, on_tenant_deleted=on_deleted)
+    async def on_revoked(tenant_id: str, key_id: str) -> None:
+        made.revoked.append((tenant_id, key_id))
+
+    service = AdminService(store, on_tenant_deleted=on_deleted, on_key_revoked=on_revoked)
     async with serving(
         store, lambda s: admin_pb2_grpc.add_AdminServicer_to_server(service, s)
     ) as t:
-        yield Server(store, t, deleted)
+        made = Server(store, t)
+        yield made
 
 
 async def test_tenant_lifecycle(server: Server) -> None:
@@ -126,13 +144,30 @@ async def test_revoked_key_stops_working_and_is_scoped_to_its_tenant(server: Ser
         with pytest.raises(NotFound):
             await admin.revoke_key("globex", acme_key.key.key_id)
         assert await server.store.authenticate(acme_key.plaintext) == "acme"
+        assert server.revoked == []  # its jobs and streams left alone too
         await admin.revoke_key("acme", acme_key.key.key_id)
         assert (await admin.get_tenant("acme")).keys == ()
-        with pytest.raises(NotFound):
-            await admin.revoke_key("acme", acme_key.key.key_id)
+        assert server.revoked == [("acme", acme_key.key.key_id)]
     async with server.admin(acme_key.plaintext) as revoked:
         with pytest.raises(Unauthenticated):
             await revoked.get_usage("acme")
+
+
+async def test_a_revocation_that_failed_is_finished_by_its_retry(server: Server) -> None:
+    """Done in the store, its reply lost: the retry found no key and answered NOT_FOUND without
+    the clean-up (the key's jobs ran on, its streams stayed open, the auth cache kept it)."""
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        key_id = (await admin.issue_key("acme")).key.key_id
+        server.store.lose = True
+        with pytest.raises(Unavailable):
+            await admin.revoke_key("acme", key_id)
+        server.store.lose = False
+        assert server.revoked == []  # owed
+        with pytest.raises(NotFound):  # gone already; the clean-up runs now
+            await admin.revoke_key("acme", key_id)
+        assert server.revoked == [("acme", key_id)]
+        assert (await admin.get_tenant("acme")).keys == ()
 
 
 async def test_not_found_and_already_exists(server: Server) -> None:
@@ -174,6 +209,55 @@ async def test_invalid_argument_names_the_field(
         assert caught.value.field_violations[0].description
         assert await admin.get_tenant("acme") == before
         assert [t.tenant_id async for t in admin.list_tenants()] == ["acme"]
+
+
+HUGE = "a" * 1_000_000  # shaped like an id, a million characters long
+BAD_TENANT_IDS = ["", "not ok!", "-acme", "a" * 65, HUGE, HUGE + "!"]
+KEY_ID = "0123456789abcdef"
+BAD_KEY_IDS = ["", "0123456789ABCDEF", "0123456789abcde", "0123456789abcdef0", "../key", HUGE]
+NAMING_A_TENANT: dict[str, Callable[[AdminClient, str], Awaitable[object]]] = {
+    "CreateTenant": lambda a, t: a.create_tenant(t),
+    "GetTenant": lambda a, t: a.get_tenant(t),
+    "UpdateTenant(name)": lambda a, t: a.update_tenant(t, display_name="x"),
+    "UpdateTenant(quota)": lambda a, t: a.update_tenant(t, max_queued_jobs=1),
+    "DeleteTenant": lambda a, t: a.delete_tenant(t),
+    "IssueKey": lambda a, t: a.issue_key(t),
+    "RevokeKey": lambda a, t: a.revoke_key(t, KEY_ID),
+    "SetWeight": lambda a, t: a.set_weight(t, 2.0),
+    "SetQuota": lambda a, t: a.set_quota(t, max_queued_jobs=1),
+    "GetUsage": lambda a, t: a.get_usage(t),
+}
+
+
+@pytest.mark.parametrize("call", NAMING_A_TENANT.values(), ids=NAMING_A_TENANT.keys())
+async def test_every_tenant_id_is_checked_before_the_store_and_quoted_short(
+    server: Server, call: Callable[[AdminClient, str], Awaitable[object]]
+) -> None:
+    """Only CreateTenant checked: the others sent any id to the store (whose Redis key names
+    each is cached under) and quoted it whole in NOT_FOUND."""
+    async with server.admin() as admin:
+        for tenant_id in BAD_TENANT_IDS:
+            with pytest.raises(InvalidArgument) as caught:
+                await call(admin, tenant_id)
+            (violation,) = caught.value.field_violations
+            assert violation.field == "tenant_id"
+            assert len(violation.description) <= 200
+            assert len(str(caught.value)) < 1_000
+    assert (server.deleted, server.revoked) == ([], [])
+    assert await server.store.list_tenants() == []
+
+
+@pytest.mark.parametrize("key_id", BAD_KEY_IDS)
+async def test_a_key_id_no_key_has_is_refused_before_the_store(server: Server, key_id: str) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        key = await admin.issue_key("acme")
+        with pytest.raises(InvalidArgument) as caught:
+            await admin.revoke_key("acme", key_id)
+        assert [v.field for v in caught.value.field_violations] == ["key_id"]
+        assert len(str(caught.value)) < 1_000
+        assert server.revoked == []
+        assert await server.store.authenticate(key.plaintext) == "acme"
 
 
 async def test_tenant_key_is_refused_on_admin(server: Server) -> None:

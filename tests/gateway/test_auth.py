@@ -110,3 +110,44 @@ async def test_a_revoked_key_is_exempt_no_more() -> None:
     with pytest.raises(AuthThrottled):
         await auth._caller(key, False, PEER)
     assert store.authentications == asked
+
+
+class Held(CountingStore):
+    """A store whose lookups answer only when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.looked_up, self.answer = anyio.Event(), anyio.Event()
+
+    async def authenticate(self, plaintext: str) -> str:
+        tenant = await super().authenticate(plaintext)
+        self.looked_up.set()
+        await self.answer.wait()
+        return tenant
+
+
+@pytest.mark.parametrize("withdrawn", ["key", "tenant"])
+async def test_a_lookup_under_way_across_a_withdrawal_is_refused_and_cached_nowhere(
+    withdrawn: str,
+) -> None:
+    """The store found the key before it was withdrawn and answered after: cached then, the key
+    worked on for the cache's life (for a tenant made again under the id: as the new one)."""
+    store = Held()
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key_id, plaintext = await store.issue_key("acme")
+    auth = AuthInterceptor(store, ADMIN_KEY)
+
+    async def look_up() -> None:
+        with pytest.raises(Unauthenticated):
+            await auth._caller("Bearer " + plaintext, False, PEER)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(look_up)
+        with anyio.fail_after(5):
+            await store.looked_up.wait()
+        if withdrawn == "key":
+            auth.forget_key(key_id)
+        else:
+            auth.forget_tenant("acme")
+        store.answer.set()
+    assert (len(auth._known), len(auth._passed)) == (0, 0)

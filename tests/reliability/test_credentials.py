@@ -151,6 +151,55 @@ async def test_a_key_revoked_while_it_is_looked_up_admits_no_job() -> None:
         assert (await h.usage("acme")).queued_jobs == 0
 
 
+async def refused_code(call: grpc.aio.UnaryUnaryCall[object, object]) -> grpc.StatusCode:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call
+    return refused.value.code()
+
+
+async def test_a_key_revoked_while_it_is_looked_up_is_not_cached_again() -> None:
+    """The store found the key valid before the revocation and answered after it: that answer,
+    cached after the revocation had dropped the cache, let the revoked key work on."""
+    store = HeldAuthentication()
+    async with reliable_gateway(store=store) as h:
+        await h.tenant("acme")
+        store.armed = True
+        racing = h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=h.auth("acme"))
+        with anyio.fail_after(5):
+            await store.looked_up.wait()
+        (key,) = await store.list_keys("acme")
+        revoke = admin_pb2.RevokeKeyRequest(tenant_id="acme", key_id=key.key_id)
+        await h.admin.RevokeKey(revoke, metadata=h.admin_auth)
+        store.answer.set()
+        raced = await refused_code(racing)
+        later = h.stub.SubmitJob(pb.SubmitJobRequest(job=roots(1)), metadata=h.auth("acme"))
+        assert await refused_code(later) == grpc.StatusCode.UNAUTHENTICATED
+        assert raced == grpc.StatusCode.UNAUTHENTICATED
+        assert (await h.usage("acme")).queued_jobs == 0
+
+
+async def test_a_deleted_tenants_key_looked_up_meanwhile_never_acts_for_its_successor() -> None:
+    """The old key's lookup answered after the tenant was deleted and created again under its
+    id: cached, the deleted customer's key submitted into the new customer's tenant."""
+    store = HeldAuthentication()
+    async with reliable_gateway(store=store) as h:
+        await h.tenant("acme")
+        old_key = h.auth("acme")
+        store.armed = True
+        racing = h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=old_key)
+        with anyio.fail_after(5):
+            await store.looked_up.wait()
+        delete = admin_pb2.DeleteTenantRequest(tenant_id="acme")
+        await h.admin.DeleteTenant(delete, metadata=h.admin_auth)
+        await h.tenant("acme")  # a new customer under the id, with a new key
+        store.answer.set()
+        raced = await refused_code(racing)
+        later = h.stub.SubmitJob(pb.SubmitJobRequest(job=roots(1)), metadata=old_key)
+        assert await refused_code(later) == grpc.StatusCode.UNAUTHENTICATED
+        assert raced == grpc.StatusCode.UNAUTHENTICATED
+        assert (await h.usage("acme")).queued_jobs == 0
+
+
 async def test_failed_authentications_are_throttled_per_peer() -> None:
     store = CountingStore()
     async with reliable_gateway(store=store, auth_failures_per_minute=5) as h:

@@ -8,6 +8,7 @@ from redis import Redis as SyncRedis
 from tenants import (
     AuthFailed,
     CallClosed,
+    KeyOfAnotherTenant,
     QuotaExceeded,
     QuotaLimit,
     QuotaUnavailable,
@@ -20,6 +21,7 @@ from tenants import (
     hash_key,
 )
 from tenants.models import BUSY_RETRY_S, DAY_S
+from tenants.redis_client import round_trips
 from tests.tenants.conftest import REDIS_URL, TTL, Harness, make_tenant
 
 pytestmark = pytest.mark.anyio
@@ -118,12 +120,27 @@ async def test_keys_authenticate_until_revoked(h: Harness) -> None:
         with pytest.raises(AuthFailed):
             await h.store.authenticate(bad)
 
-    assert await h.store.revoke_key(key_id) is True
-    assert await h.store.revoke_key(key_id) is False
+    assert await h.store.revoke_key("acme", key_id) is True
+    assert await h.store.revoke_key("acme", key_id) is False
     with pytest.raises(AuthFailed):
         await h.store.authenticate(plaintext)
     assert await h.store.list_keys("acme") == []
     assert await h.store.authenticate(other) == "beta"
+
+
+async def test_a_key_is_revoked_only_with_its_own_tenant(h: Harness) -> None:
+    await make_tenant(h)
+    await make_tenant(h, "beta")
+    key_id, plaintext = await h.store.issue_key("acme")
+    with pytest.raises(KeyOfAnotherTenant):
+        await h.store.revoke_key("beta", key_id)
+    assert await h.store.authenticate(plaintext) == "acme"
+    assert [k.key_id for k in await h.store.list_keys("acme")] == [key_id]
+    assert await h.store.revoke_key("ghost", "0123456789abcdef") is False
+    for bad in ("", "0123456789ABCDEF", "0123456789abcdef0", "x" * 100_000):
+        with pytest.raises(RequestInvalid):
+            await h.store.revoke_key("acme", bad)
+    assert await h.store.authenticate(plaintext) == "acme"
 
 
 # Reservations
@@ -539,6 +556,34 @@ async def test_redis_issue_key_for_a_missing_tenant_writes_nothing(redis_prefix:
         with pytest.raises(TenantNotFound):
             await store.issue_key("ghost")
     assert stored_keys(redis_prefix) == {}
+
+
+@pytest.mark.redis
+async def test_redis_revokes_a_key_in_one_step(redis_prefix: str) -> None:
+    """Three round trips once (read the record, delete it, take it off the key set): a failure
+    after the delete left a revocation that its retry, finding no key, never finished."""
+    async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
+        await store.create_tenant("acme", "Acme", TenantQuota())
+        key_id, _ = await store.issue_key("acme")
+        assert await store.revoke_key("acme", "0123456789abcdef") is False  # the script loaded
+        before = round_trips()
+        assert await store.revoke_key("acme", key_id) is True
+        assert round_trips() == before + 1
+    left = {f"{redis_prefix}:{{acme}}:tenant", f"{redis_prefix}:tenants"}  # no record, no set
+    assert set(stored_keys(redis_prefix)) == left
+
+
+@pytest.mark.redis
+async def test_redis_revoke_finishes_a_revocation_left_half_done(redis_prefix: str) -> None:
+    """The record deleted, the key set still naming it (what a failure part-way through the
+    earlier three round trips left): the retry answers False and takes the name off."""
+    async with RedisQuotaStore(REDIS_URL, prefix=redis_prefix) as store:
+        await store.create_tenant("acme", "Acme", TenantQuota())
+        key_id, _ = await store.issue_key("acme")
+        with SyncRedis.from_url(REDIS_URL) as client:
+            client.delete(f"{redis_prefix}:key:{key_id}")
+        assert await store.revoke_key("acme", key_id) is False
+    assert f"{redis_prefix}:{{acme}}:keys" not in stored_keys(redis_prefix)
 
 
 @pytest.mark.redis

@@ -38,7 +38,7 @@ OPERATIONS: dict[str, Op] = {
     "delete_tenant": lambda s: s.delete_tenant("acme"),
     "issue_key": lambda s: s.issue_key("acme"),
     "list_keys": lambda s: s.list_keys("acme"),
-    "revoke_key": lambda s: s.revoke_key("0123456789abcdef"),
+    "revoke_key": lambda s: s.revoke_key("acme", "0123456789abcdef"),
     "authenticate": lambda s: s.authenticate(KEY),
     "admit_job": lambda s: s.admit_job("acme", "j1", 1),
     "admit_job_and_reserve": lambda s: s.admit_job_and_reserve("acme", "j1", 1, "c1", 10, 30.0),
