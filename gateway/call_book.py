@@ -89,10 +89,21 @@ class CallBook(Generic[T]):
         """The tenants with a ready call that their own quota does not hold back now."""
         return [t for t in self.ready.tenants() if not self.quota_holds(t, now)]
 
-    def waiting_since(self, tenant_id: str, ready_at: float) -> float:
-        """When a call of the tenant's that became ready at `ready_at` began to wait for the
-        gateway: once ready and no longer held back by its tenant's own quota."""
-        return max(ready_at, self.quota_until.get(tenant_id, -math.inf))
+    def waiting_since(self, entry: CoreCall[T], ready_at: float) -> float:
+        """When the call, ready since `ready_at`, began to wait for the gateway: once ready and
+        no longer held back by its tenant's own quota. A ready call reads its tenant's hold as
+        it is now (it may be in the future: held still); a call taken or sent, the hold it left
+        the ready calls under, so that a later refusal of another of its tenant's calls does
+        not move the start of a wait that goes on."""
+        if entry.call.call_id in self.ready:
+            return max(ready_at, self.quota_until.get(entry.call.tenant_id, -math.inf))
+        return max(ready_at, entry.quota_hold)
+
+    def leave_ready(self, entry: CoreCall[T], now: float) -> None:
+        """The call leaves the ready calls to be taken or sent: the quota hold it waited under
+        is fixed (none lasts past `now`: it is sent)."""
+        del self.ready[entry.call.call_id]
+        entry.quota_hold = min(self.quota_until.get(entry.call.tenant_id, -math.inf), now)
 
     def sendable(self, tenant_id: str) -> int:
         """The tenant's ready calls but those of its held jobs (which send nothing until let

@@ -7,6 +7,7 @@ Plain data: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
@@ -40,6 +41,9 @@ class CoreCall(Generic[T]):
     granted: float = 0.0  # its attempt's charge in the pool's share (per unit of weight)
     key: float = 0.0  # where its grant put it in the pool's order: its priority once sent
     produced: int = 0  # output tokens its attempt has streamed so far
+    # until when its tenant's own quota held it back, as of when it last left the ready calls:
+    # its wait for the gateway began no sooner (`CallBook.waiting_since`)
+    quota_hold: float = -math.inf
 
     @property
     def kv_tokens(self) -> int:

@@ -602,23 +602,34 @@ class Dispatcher(OwnsTasks):
         self._finish_node(ticket.run, entry.call.node_id, NodeState.FAILED, reason)
         self._call_ended(ticket, 0)
 
-    def _first_token(self, ticket: Ticket) -> None:
+    def _first_token(self, entry: Entry) -> None:
         """The SLO monitor judges the call's wait for the gateway, from ready (or from its
-        tenant's quota releasing it) to its first token."""
+        tenant's quota releasing it, as it was when the call was sent) to its first token."""
+        ticket = entry.payload
         ready_at = ticket.run.nodes[ticket.call.node_id].ready_at
         if self.overload is not None and ready_at is not None:
-            since = self._lane(ticket).core.book.waiting_since(ticket.call.tenant_id, ready_at)
-            self.overload.first_token(ticket, self.clock() - since)
+            since = self._lane(ticket).core.book.waiting_since(entry, ready_at)
+            self.overload.first_token(ticket, max(self.clock() - since, 0.0))
 
-    def _call_ended(self, ticket: Ticket, produced: int, settled: int | None = None) -> None:
-        """`settled`: the output tokens its quota settled (None: released)."""
+    def _call_ended(
+        self,
+        ticket: Ticket,
+        produced: int,
+        settled: int | None = None,
+        last_token_at: float | None = None,
+    ) -> None:
+        """`settled`: the output tokens its quota settled (None: released); `last_token_at`:
+        when a finished call's last tokens came, where its per-token time and run time end
+        (its node ends after the settle: the store's round trip is no backend's time)."""
         node = ticket.run.nodes[ticket.call.node_id]
         if self.overload is not None and node.started_at is not None:  # it held a slot
-            self.overload.ended(ticket, node.time_per_output_token(produced))
+            self.overload.ended(ticket, node.time_per_output_token(produced, last_token_at))
         if self.metrics is not None:
             tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative
             model = ticket.model_name
-            self.metrics.call_ended(tenant, node, produced, conservative, model, settled)
+            self.metrics.call_ended(
+                tenant, node, produced, conservative, model, settled, last_token_at
+            )
 
     def _start(self, entry: Entry) -> None:
         """Send a dispatched call to its backend; a call the backend refuses fails alone, one
@@ -694,7 +705,7 @@ class Dispatcher(OwnsTasks):
             try:
                 async for delta in stream:
                     if not produced and delta.token_ids:
-                        self._first_token(ticket)
+                        self._first_token(entry)
                     produced += len(delta.token_ids)
                     last_at = self.clock()
                     if not delta.finished:  # the last tokens join the job with the call's end
@@ -802,7 +813,7 @@ class Dispatcher(OwnsTasks):
         if cost.finished:
             assert last is not None
             run.add_tokens(call.node_id, last.text, tuple(last.token_ids), last_at)
-            self._observe(entry, produced)
+            self._observe(entry, produced, last_at)
             hit_length = last.finish_reason is FinishReason.LENGTH
             run.nodes[call.node_id].hit_length = hit_length
             if hit_length and ticket.plan.cap_reason:
@@ -813,17 +824,18 @@ class Dispatcher(OwnsTasks):
             engine_error = last is not None and last.finish_reason is FinishReason.ERROR
             reason = failure or ("engine error" if engine_error else "call aborted by the engine")
             self._finish_node(run, call.node_id, NodeState.FAILED, reason)
-        self._call_ended(ticket, produced, cost.settled)
+        self._call_ended(ticket, produced, cost.settled, last_at if cost.finished else None)
         self._wake.set()
 
-    def _observe(self, entry: Entry, produced: int) -> None:
-        """A call finished: the predictor learns its length (its kind may turn conservative),
-        the router its backend's speed."""
+    def _observe(self, entry: Entry, produced: int, last_at: float) -> None:
+        """A call finished, its last tokens at `last_at` (its node ends after its settle): the
+        predictor learns its length (its kind may turn conservative), the router its backend's
+        speed."""
         ticket = entry.payload
         if self.planner.observe(ticket.plan, produced, ticket.overran):
             self.replanning.widen_kind(ticket)
         node = ticket.run.nodes[ticket.call.node_id]
-        ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced)
+        ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced, last_at)
         if ttft is not None and tpot is not None:
             self._lane(ticket).core.router.observe(entry.backend, ttft, tpot)
 

@@ -247,7 +247,7 @@ class DispatchCore(Generic[T]):
             self._starved = not entry.sheddable
             return None
         entry.backend = backend
-        del self.ready[entry.call.call_id]
+        self.book.leave_ready(entry, now)
         if entry.reserved and not self.gated:
             self._dispatched(entry, now)
             return Dispatch(entry, needs_reserve=False)

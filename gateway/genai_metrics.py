@@ -46,8 +46,11 @@ class GenAiMetrics:
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
 
-    def call_ended(self, node: NodeRun, produced: int, model: str) -> None:
-        duration = node.run_time
+    def call_ended(
+        self, node: NodeRun, produced: int, model: str, last_token_at: float | None = None
+    ) -> None:
+        """`last_token_at`: when a finished call's last tokens came (its durations end there)."""
+        duration = node.run_time(last_token_at)
         if duration is None:
             return  # it never ran on a backend
         base: dict[str, str] = {
@@ -64,7 +67,7 @@ class GenAiMetrics:
         self.tokens.record(produced, {**base, "gen_ai.token.type": "output"})
         for histogram, seconds in (
             (self.ttft, node.time_to_first_token),
-            (self.tpot, node.time_per_output_token(produced)),
+            (self.tpot, node.time_per_output_token(produced, last_token_at)),
         ):
             if seconds is not None:
                 histogram.record(seconds, attributes)

@@ -81,12 +81,14 @@ class NodeRun:
             return None
         return max(self.started_at - self.ready_at, 0.0)
 
-    @property
-    def run_time(self) -> float | None:
-        """From running to its end, once it ran and ended."""
-        if self.started_at is None or self.finished_at is None:
+    def run_time(self, last_token_at: float | None = None) -> float | None:
+        """From running to its end, once it ran and ended: to `last_token_at` where given (a
+        finished call's last tokens, known before its node ends: the settle after them is the
+        quota store's time, not the backend's)."""
+        end = self.finished_at if last_token_at is None else last_token_at
+        if self.started_at is None or end is None:
             return None
-        return max(self.finished_at - self.started_at, 0.0)
+        return max(end - self.started_at, 0.0)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -116,11 +118,15 @@ class NodeRun:
         self.output += text
         self.output_tokens += count
 
-    def time_per_output_token(self, produced: int) -> float | None:
-        """Between the `produced` tokens after the first, once it ended."""
-        if self.first_token_at is None or self.finished_at is None or produced < 2:
+    def time_per_output_token(
+        self, produced: int, last_token_at: float | None = None
+    ) -> float | None:
+        """Between the `produced` tokens after the first, once it ended: to `last_token_at`
+        where given (then known before the node ends), as `run_time`."""
+        end = self.finished_at if last_token_at is None else last_token_at
+        if self.first_token_at is None or end is None or produced < 2:
             return None
-        return max(self.finished_at - self.first_token_at, 0.0) / (produced - 1)
+        return max(end - self.first_token_at, 0.0) / (produced - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,10 +170,12 @@ class GatewayMetrics:
         conservative: bool = False,
         model: str = "",
         settled: int | None = None,
+        last_token_at: float | None = None,
     ) -> None:
-        """`settled`: the output tokens its quota settled (None: released)."""
+        """`settled`: the output tokens its quota settled (None: released); `last_token_at`:
+        when a finished call's last tokens came (its per-token time ends there)."""
         if self.genai is not None:
-            self.genai.call_ended(node, produced, model)
+            self.genai.call_ended(node, produced, model, last_token_at)
         if tenant_id not in self._gone:
             self.recent.call_ended(tenant_id, node, produced)
         tenant = self.tenant(tenant_id)
@@ -188,7 +190,7 @@ class GatewayMetrics:
         for histogram, seconds in (
             (self.queue_wait, node.queue_wait),
             (self.ttft, node.time_to_first_token),
-            (self.tpot, node.time_per_output_token(produced)),
+            (self.tpot, node.time_per_output_token(produced, last_token_at)),
         ):
             if seconds is not None:
                 histogram.labels(tenant).observe(seconds)

@@ -151,8 +151,8 @@ class OverloadControl:
 
     def ended(self, ticket: Ticket, tpot_s: float | None) -> None:
         tenant, sheddable = ticket.call.tenant_id, ticket.run.spec.sheddable
-        now = self._clock()
-        self._apply(self.monitor.ended(ticket.call.call_id, tenant, sheddable, tpot_s, now))
+        now, call_id, pool = self._clock(), ticket.call.call_id, ticket.model_name
+        self._apply(self.monitor.ended(call_id, tenant, sheddable, tpot_s, now, pool))
 
     async def until(self, done: Callable[[int], bool]) -> None:
         """Return once the level satisfies `done` (now or after a change)."""
@@ -173,11 +173,14 @@ class OverloadControl:
         calls stop coming back. A call its tenant's own quota holds back is not waiting for
         the gateway: it is not judged, nor counted as taking a slot, until released."""
         now = self._clock()
-        waiting = list(self._waiting())
-        self.monitor.still_waiting({ticket.call.call_id for ticket, _, _ in waiting})
-        for ticket, wait in self._expected_waits(waiting, now):
-            call = ticket.call
-            self.monitor.overdue(call.call_id, call.tenant_id, ticket.run.spec.sheddable, wait, now)
+        still: set[str] = set()
+        for lane in self._lanes:
+            waiting = list(self._waiting(lane))
+            still.update(ticket.call.call_id for ticket, _, _ in waiting)
+            for ticket, wait in self._expected_waits(waiting, now, lane.model):
+                call, sheddable = ticket.call, ticket.run.spec.sheddable
+                self.monitor.overdue(call.call_id, call.tenant_id, sheddable, wait, now)
+        self.monitor.still_waiting(still)
         # holding work back acts only for protected calls being judged: with too few of them
         # to tell, a sheddable backlog alone would hold its level (and its reserve) for good
         judged = self.monitor.violation_rate(now) is not None
@@ -186,12 +189,12 @@ class OverloadControl:
         self._apply(self.monitor.update(now))
 
     def _expected_waits(
-        self, waiting: list[tuple[Ticket, float, bool]], now: float
+        self, waiting: list[tuple[Ticket, float, bool]], now: float, pool: str
     ) -> Iterator[tuple[Ticket, float]]:
-        """Each call without a token yet, with the wait it can expect in all: a call sent to
-        its backend what it has waited; a protected call waiting for room that, plus a slot's
-        turn (at the rate calls end) for itself and each protected call that became ready
-        before it."""
+        """Each call of `pool` without a token yet, with the wait it can expect in all: a call
+        sent to its backend what it has waited; a protected call waiting for room that, plus a
+        slot's turn (at the rate the pool's calls end) for itself and each protected call of
+        the pool that became ready before it."""
         queue = []
         for ticket, since, queued in waiting:
             if since > now:
@@ -202,36 +205,43 @@ class OverloadControl:
                 yield ticket, now - since
         queue.sort(key=lambda item: item[0])
         ready_ats = [since for since, _ in queue]
-        waits = expected_waits(ready_ats, now, self.monitor.ends_per_s(now))
+        waits = expected_waits(ready_ats, now, self.monitor.ends_per_s(now, pool))
         yield from zip((ticket for _, ticket in queue), waits, strict=True)
 
-    def _waiting(self) -> Iterator[tuple[Ticket, float, bool]]:
-        """The calls without a token yet (ready, being taken, or sent and not streaming), each
-        with when it began to wait for the gateway (`CallBook.waiting_since`) and whether
-        it is queued for a slot: ready, protected, and never held back by its tenant's own
-        quota while it waited (how many of its tenant's calls the quota lets run once released
-        is the quota's to say, a concurrency limit one at a time: such a call is judged by
-        what it waits after, never by a place in the queue)."""
-        for lane in self._lanes:
-            core = lane.core
-            for entries in (core.ready, core.taking, core.running):
-                for entry in entries.values():
-                    node = entry.payload.run.nodes[entry.call.node_id]
-                    if node.first_token_at is None and node.ready_at is not None:
-                        since = core.book.waiting_since(entry.call.tenant_id, node.ready_at)
-                        queued = entries is core.ready and not entry.sheddable
-                        yield entry.payload, since, queued and since == node.ready_at
+    def _waiting(self, lane: Lane) -> Iterator[tuple[Ticket, float, bool]]:
+        """The pool's calls without a token yet (ready, being taken, or sent and not
+        streaming), each with when it began to wait for the gateway (`CallBook.waiting_since`)
+        and whether it is queued for a slot: ready, protected, and never held back by its
+        tenant's own quota while it waited (how many of its tenant's calls the quota lets run
+        once released is the quota's to say, a concurrency limit one at a time: such a call is
+        judged by what it waits after, never by a place in the queue)."""
+        core = lane.core
+        for entries in (core.ready, core.taking, core.running):
+            for entry in entries.values():
+                node = entry.payload.run.nodes[entry.call.node_id]
+                if node.first_token_at is None and node.ready_at is not None:
+                    since = core.book.waiting_since(entry, node.ready_at)
+                    queued = entries is core.ready and not entry.sheddable
+                    yield entry.payload, since, queued and since == node.ready_at
 
     def _apply(self, level: int) -> None:
-        if level == self._applied:
-            return
+        """Apply the monitor's level. Whether the batch is shrunk is decided every time, not
+        only on a change: the level may hold (at the top, for good) while what misses turns
+        from first tokens to per-token times, or back."""
         shrink = level >= 2 and self.monitor.tokens_slow(self._clock())
+        batch = SHRUNK_BATCH if shrink else 1.0
+        resized = any(lane.core.batch_fraction != batch for lane in self._lanes)
+        for lane in self._lanes:
+            lane.core.batch_fraction = batch
+        if level == self._applied:
+            if resized:
+                self._on_change()  # a batch grown back is room for the dispatch loop
+            return
         reserve = 0.0 if level == 0 else SHEDDABLE_RESERVE
         if level >= REFUSE_LEVEL:
             reserve = max(reserve, 1 - SHRUNK_BATCH)
         for lane in self._lanes:
             lane.core.sheddable_reserve = reserve
-            lane.core.batch_fraction = SHRUNK_BATCH if shrink else 1.0
         self._applied = level
         log.warning("overload level %d: %s", level, LEVEL_NAMES[level])
         if self._metrics is not None:

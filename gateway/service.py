@@ -156,8 +156,13 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         `streamed`: the caller is a RunJob or Generate, which owns a job it creates."""
         limit = self.max_admissions_per_tenant
         # waiting for a key's lock counts too
-        with self._admitting.holding(tenant_id, limit, refusals.admissions):
-            return await self._submit(tenant_id, spec, fingerprint, streamed)
+        try:
+            with self._admitting.holding(tenant_id, limit, refusals.admissions):
+                return await self._submit(tenant_id, spec, fingerprint, streamed)
+        except Overloaded as refusal:  # whichever part of the gateway had no room for it
+            span = trace.get_current_span()
+            add_shed_event(span, refusal.reason, retry_after_s=refusal.retry_after_s)
+            raise
 
     async def _submit(
         self, tenant_id: str, spec: JobSpec, fingerprint: str, streamed: bool
@@ -219,7 +224,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                 self.dispatcher.metrics.shed(run.tenant_id)
             message = "the gateway misses its latency targets: new jobs are refused; retry later"
             retry = overload.monitor.config.hold_s
-            add_shed_event(trace.get_current_span(), "SLO_SHED", retry_after_s=retry)
             raise Overloaded(message, retry, reason="SLO_SHED") from None
 
     async def _admit_run(self, run: JobRun, quota: TenantQuota, key_id: str) -> JobRun:

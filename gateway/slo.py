@@ -7,10 +7,11 @@ output token. A call still waiting past its target is judged a miss at once (`ov
 only when its first token comes: under overload that may be many seconds late, and the monitor
 must see the queue grow while it grows. Better still, a call waiting for room is judged by the
 wait it can expect: what it has waited plus one slot's turn for each protected call ahead of it
-and itself, at the rate calls ended over the window (`ends_per_s`); so the level rises while
-the queue that will miss is still forming, not a target's length after. A call is judged
-against the target of its tenant (or the `*` target); calls of sheddable jobs (negative
-priority) are not judged: they give way.
+in its pool and itself, at the rate its pool's calls ended over the window (`ends_per_s`: pools
+serve different models on different backends, and one's queue is no wait in another); so the
+level rises while the queue that will miss is still forming, not a target's length after. A
+call is judged against the target of its tenant (or the `*` target); calls of sheddable jobs
+(negative priority) are not judged: they give way.
 The monitor keeps the verdicts of the last `window_s` seconds and, once `min_calls` of them are
 in, compares the share that missed with `threshold`:
 
@@ -81,7 +82,7 @@ class SloMonitor:
         self._missed = 0
         self._slow_tokens = 0  # misses of per-token targets
         self._overdue: set[str] = set()  # calls judged before their first token
-        self._ends: deque[float] = deque()  # when calls ended, over the window
+        self._ends: dict[str, deque[float]] = {}  # by pool, when calls ended over the window
         self.level = 0
         self._changed_at = now - max(config.hold_s, config.rise_s)
         self._acted_at = self._changed_at
@@ -117,20 +118,28 @@ class SloMonitor:
         return len(self._overdue)
 
     def ended(
-        self, call_id: str, tenant: str, sheddable: bool, tpot_s: float | None, now: float
+        self,
+        call_id: str,
+        tenant: str,
+        sheddable: bool,
+        tpot_s: float | None,
+        now: float,
+        pool: str = "",
     ) -> int:
-        """A call ended streaming one token per `tpot_s`; returns the level."""
+        """A call of `pool` ended streaming one token per `tpot_s`; returns the level."""
         self._overdue.discard(call_id)
-        self._ends.append(now)
+        self._ends.setdefault(pool, deque()).append(now)
         target = self._target(tenant, sheddable)
         if target is not None and target.tpot_s is not None and tpot_s is not None:
             self._judge(tpot_s > target.tpot_s, now, per_token=True)
         return self.update(now)
 
-    def ends_per_s(self, now: float) -> float:
-        """How many calls ended per second over the window: the rate room comes free."""
+    def ends_per_s(self, now: float, pool: str | None = None) -> float:
+        """How many calls of `pool` (None: of every pool) ended per second over the window:
+        the rate room comes free there."""
         self._expire(now)
-        return len(self._ends) / self.config.window_s
+        pools = self._ends.values() if pool is None else [self._ends.get(pool, ())]
+        return sum(map(len, pools)) / self.config.window_s
 
     def violation_rate(self, now: float) -> float | None:
         """The share of the window's verdicts that missed; None with too few of them."""
@@ -177,8 +186,11 @@ class SloMonitor:
 
     def _expire(self, now: float) -> None:
         horizon = now - self.config.window_s
-        while self._ends and self._ends[0] < horizon:
-            self._ends.popleft()
+        for pool, ends in list(self._ends.items()):
+            while ends and ends[0] < horizon:
+                ends.popleft()
+            if not ends:
+                del self._ends[pool]
         while self._verdicts and self._verdicts[0][0] < horizon:
             _, missed, per_token = self._verdicts.popleft()
             self._missed -= missed

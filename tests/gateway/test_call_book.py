@@ -29,7 +29,9 @@ def test_a_tenant_s_entries_go_with_its_last_job_but_a_quota_hold_in_force_stays
     assert book.weight("t") == 1.0 and not book.remove_job("b", now=1.0)
 
     book.add_job(info("c", "t"))
-    assert book.quota_holds("t", 5.0) and book.waiting_since("t", 2.0) == 10.0
+    book.ready["c/n"] = ready = entry("c", "t")
+    assert book.quota_holds("t", 5.0) and book.waiting_since(ready, 2.0) == 10.0
+    del book.ready["c/n"]
     assert book.remove_job("c", now=11.0) and book.quota_until == {}  # lapsed: forgotten
 
 

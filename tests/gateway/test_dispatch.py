@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -13,14 +14,26 @@ from typing import Any
 
 import anyio
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from engine import AsyncEngine, LLMEngine, RequestStream, SamplingParams, SimulatedRunner
+from engine import (
+    AsyncEngine,
+    LLMEngine,
+    RequestStream,
+    SamplingParams,
+    SimulatedRunner,
+    TokenDelta,
+)
 from gateway.backends import LocalBackend
+from gateway.backends.base import BackendCall, BackendCapacity, CallStream, CallUsage
 from gateway.calls import CallDefaults, CallPlan, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
+from gateway.genai_metrics import GenAiMetrics
 from gateway.job_run import JobRun, JobState, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, NodeSpec, SamplingSpec
 from gateway.lanes import make_lane
+from gateway.metrics import GatewayMetrics
 from gateway.server import LENGTH_PRIOR
 from gateway.share import RedisShare
 from gateway.slo import SloConfig, SloTarget
@@ -1007,3 +1020,129 @@ async def test_a_job_cancelled_while_it_is_taken_over_leaves_nothing_admitted(
     usage = await store.usage("acme")
     assert (usage.queued_jobs, usage.active_reservations) == (0, 0)
     assert env.dispatcher.active_jobs("acme") == 0
+
+
+class SlowSettle(MemoryQuotaStore):
+    """A store whose settle takes `delay_s` on the dispatcher's clock (a round trip under
+    load, or a failover)."""
+
+    def __init__(self, clock: FakeClock, delay_s: float) -> None:
+        super().__init__()
+        self.clock, self.delay_s = clock, delay_s
+
+    async def settle(self, *args: Any, **kwargs: Any) -> bool:
+        self.clock.advance(self.delay_s)
+        return await super().settle(*args, **kwargs)
+
+
+async def test_per_token_and_run_times_end_at_the_last_token_not_after_the_settle(
+    make_env: MakeEnv,
+) -> None:
+    """A finished call's node ends once the quota store has settled it; its per-token time (in
+    the metrics and the SLO monitor's verdict) and its run time ran to that end, so a slow store
+    made every call look slow to stream: a settle of 60 s, 3 s a token over 20 tokens."""
+    clock = FakeClock()
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    metrics = GatewayMetrics(genai=GenAiMetrics(meters.get_meter("test")))
+    slo = SloConfig((SloTarget("*", ttft_s=1.0, tpot_s=0.1),), min_calls=1)
+
+    class Timed(Dispatcher):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs, slo=slo, clock=clock, metrics=metrics)
+
+    env = await make_env(SlowSettle(clock, 60.0), dispatcher_type=Timed)
+    run = job("j", ("a", 21), created_at=clock())
+    await admit(env.dispatcher, run)
+    with anyio.fail_after(10):
+        async for _ in run.watch():
+            pass
+    node = run.nodes["a"]
+    assert run.state is JobState.SUCCEEDED and node.output_tokens >= 2
+    assert node.finished_at == clock() and node.first_token_at == clock() - 60.0
+    # the engine streamed every token at one instant of the test's clock
+    tpot = metrics.registry.get_sample_value(
+        "fairgate_time_per_output_token_seconds_sum", {"tenant": "acme"}
+    )
+    assert tpot == 0.0
+    data = reader.get_metrics_data()
+    assert data is not None
+    durations = [
+        point.sum
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "gen_ai.server.request.duration"
+        for point in metric.data.data_points  # type: ignore[attr-defined]
+    ]
+    assert durations == [0.0]
+    overload = env.dispatcher.overload
+    assert overload is not None and overload.monitor.violation_rate(clock()) == 0.0
+    meters.shutdown()
+
+
+class _Ticking:
+    """A backend's stream each of whose tokens takes `tick_s` of the dispatcher's clock."""
+
+    def __init__(self, stream: CallStream, clock: FakeClock, tick_s: float) -> None:
+        self._stream, self._clock, self._tick_s = stream, clock, tick_s
+
+    @property
+    def usage(self) -> CallUsage | None:
+        return self._stream.usage
+
+    def __aiter__(self) -> _Ticking:
+        return self
+
+    async def __anext__(self) -> TokenDelta:
+        delta = await self._stream.__anext__()
+        self._clock.advance(self._tick_s * len(delta.token_ids))
+        return delta
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class _Paced(LocalBackend):
+    """A local backend that streams a token every `tick_s` of the test's clock, and that the
+    test can close to new calls (no free slot)."""
+
+    def __init__(self, engine: AsyncEngine, name: str, clock: FakeClock, tick_s: float) -> None:
+        super().__init__(engine, "sim", name)
+        self.clock, self.tick_s, self.closed = clock, tick_s, False
+
+    def capacity(self) -> BackendCapacity:
+        room = super().capacity()
+        return dataclasses.replace(room, free_slots=0) if self.closed else room
+
+    def submit(self, call: BackendCall) -> CallStream:
+        return _Ticking(super().submit(call), self.clock, self.tick_s)
+
+
+async def test_the_router_learns_each_backends_speed_from_the_calls_that_finish() -> None:
+    """A finished call's per-token time was read before its node ended (None until then), so
+    the router never learned a backend's speed: a pool of a slow and a fast backend, both idle,
+    sent the next call to the slow one (the tie going to the name)."""
+    clock = FakeClock()
+    store = MemoryQuotaStore()
+    await store.create_tenant("acme", "Acme", QUOTA)
+    async with contextlib.AsyncExitStack() as stack:
+        engines, backends = {}, {}
+        for name, tick_s in (("a", 1.0), ("b", 0.01)):
+            engine = await stack.enter_async_context(RecordingEngine(sim_core()))
+            engines[name], backends[name] = engine, _Paced(engine, name, clock, tick_s)
+        planner = RecordingPlanner(HistoryPredictor(LENGTH_PRIOR), AnomalyGuard(), CallDefaults())
+        tokenizer = engines["a"].core.tokenizer
+        lane = make_lane("sim", list(backends.values()), tokenizer, RecordingJustitia(), planner)
+        dispatcher = Dispatcher([lane], store, planner, DispatchConfig(), clock=clock)
+        await stack.enter_async_context(dispatcher)
+        for i, only in enumerate(("a", "b", None)):  # one call on each alone, then a choice
+            for name, backend in backends.items():
+                backend.closed = only is not None and name != only
+            run = job(f"j{i}", ("x", 16), created_at=clock())
+            await admit(dispatcher, run)
+            with anyio.fail_after(10):
+                async for _ in run.watch():
+                    pass
+            assert run.state is JobState.SUCCEEDED
+    assert "j2/x" in engines["b"].reserved and "j2/x" not in engines["a"].reserved

@@ -91,17 +91,42 @@ def test_a_quota_refusal_holds_the_tenant_until_its_retry_time() -> None:
 def test_a_call_waits_for_the_gateway_only_once_its_tenant_s_quota_releases_it() -> None:
     core = make_core()
     add_job(core, "a", nodes=3, tenant="t")
+    add_job(core, "b", tenant="other")
     snapshot = {"x": room()}
     first = core.next(0.0, snapshot)
     assert first is not None and core.launched("a/n0", 0.0) is not None
     assert core.next(1.0, snapshot) is not None
     core.retry_later("a/n1", until=30.0)  # say, its concurrency limit
-    assert core.book.quota_holds("t", 2.0) and core.book.waiting_since("t", 0.0) == 30.0
+    held, other = core.ready["a/n1"], core.ready["b/n0"]
+    assert core.book.quota_holds("t", 2.0) and core.book.waiting_since(held, 0.0) == 30.0
     core.finished("a/n0", 16, 16, 5.0)  # a slot of its own comes free: released early
     assert not core.book.quota_holds("t", 5.0)
-    assert core.book.waiting_since("t", 0.0) == 5.0  # ready before: waits from the release
-    assert core.book.waiting_since("t", 7.0) == 7.0  # ready after: from ready
-    assert core.book.waiting_since("other", 0.0) == 0.0
+    assert core.book.waiting_since(held, 0.0) == 5.0  # ready before: waits from the release
+    assert core.book.waiting_since(held, 7.0) == 7.0  # ready after: from ready
+    assert core.book.waiting_since(other, 0.0) == 0.0
+
+
+def test_a_refusal_of_one_call_does_not_move_the_wait_of_its_tenant_s_calls_sent_before() -> None:
+    """A tenant at its concurrency limit has a call refused every second while its call sent
+    at 0.1 s waits for its first token: every call of the tenant read the tenant's newest hold,
+    the sent one's wait began at each hold's end (never judged overdue; at its first token a
+    TTFT from the last hold's end, or negative while a hold was still in force)."""
+    core = make_core()
+    add_job(core, "a", nodes=2, tenant="t")
+    snapshot = {"x": room()}
+    sent = core.next(0.1, snapshot)
+    assert sent is not None and core.launched(sent.entry.call.call_id, 0.1) is not None
+    for t in (1.0, 2.0, 3.0):
+        taken = core.next(t, snapshot)
+        assert taken is not None and taken.entry is not sent.entry
+        core.retry_later(taken.entry.call.call_id, until=t + 1.0)
+        assert core.book.waiting_since(sent.entry, 0.0) == 0.0
+    refused = core.ready[taken.entry.call.call_id]
+    assert core.book.waiting_since(refused, 0.0) == 4.0  # still ready: held till 4
+    again = core.next(4.0, snapshot)  # released: sent, its wait fixed from the release
+    assert again is not None and again.entry is refused
+    core.book.quota_until["t"] = 9.0  # another refusal of the tenant's
+    assert core.book.waiting_since(refused, 0.0) == 4.0
 
 
 def test_a_dropped_call_leaves_the_policy_unserved() -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from gateway.backends import BackendCapacity
 from gateway.dispatch_core import DispatchCore
 from gateway.lanes import Lane
-from gateway.overload import TICK_S, OverloadControl, ShedJob, tick_interval
+from gateway.overload import SHRUNK_BATCH, TICK_S, OverloadControl, ShedJob, tick_interval
 from gateway.slo import SloConfig, SloTarget
 from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
 
@@ -82,6 +83,22 @@ def overloaded(room: BackendCapacity | None = None) -> tuple[OverloadControl, La
         first_token(control, f"late{i}", 5.0, now[0])
     assert control.level == 3
     return control, lane, now
+
+
+def test_the_batch_shrinks_once_per_token_times_miss_at_a_level_that_holds() -> None:
+    """Level 3 reached on late first tokens (no shrink: it would only lengthen their queue),
+    then held while the misses turn to per-token ones: whether to shrink was decided only when
+    the level changed, so the batch stayed full for as long as the level held."""
+    control, lane, now = overloaded()
+    assert lane.core.batch_fraction == 1.0
+    for k in range(100):  # 5 s: 3 calls in 10 stream too slowly, first tokens on time
+        now[0] = 3.0 + 0.05 * k
+        first_token(control, f"c{k}", 0.05, now[0])
+        tpot = 0.5 if k % 10 < 3 else 0.01
+        control._apply(control.monitor.ended(f"c{k}", "t", False, tpot, now[0]))
+        control.tick()
+    assert control.monitor.tokens_slow(now[0])
+    assert control.level == 3 and lane.core.batch_fraction == SHRUNK_BATCH
 
 
 def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
@@ -169,3 +186,73 @@ def test_a_job_too_wide_for_two_shrunk_backends_does_not_hold_the_refusing_level
         control.tick()
     assert refused > 0  # on an idle pool (6 spare < 7): no load explains it
     assert control.level == 0, f"level held at {control.level} by an unadmittable job's retries"
+
+
+def ready_calls(lane: Lane, job: str, tenant: str, n: int, ready_at: float) -> list[Any]:
+    """`n` protected ready calls of one job in the lane, ready since `ready_at`."""
+    nodes = {f"n{i}": SimpleNamespace(first_token_at=None, ready_at=ready_at) for i in range(n)}
+    run = SimpleNamespace(nodes=nodes, spec=SimpleNamespace(sheddable=False))
+    costs = tuple(NodeCost(f"n{i}", (), 16, 16.0, 64) for i in range(n))
+    lane.core.add_job(JobInfo(job, tenant, 1.0, ready_at, costs), ready_at)
+    tickets = []
+    for i in range(n):
+        call = ReadyCall(f"{job}/n{i}", job, tenant, f"n{i}", 16, 16.0, 64)
+        ticket = SimpleNamespace(run=run, call=call, model_name=lane.model)
+        lane.core.add_ready(call, 16, ticket, ready_at)  # type: ignore[arg-type]
+        tickets.append(ticket)
+    return tickets
+
+
+def test_a_quota_refusal_of_one_call_does_not_hide_the_wait_of_a_call_sent_before() -> None:
+    """A tenant's call sent at 0.1 s waits for its first token while its other call is refused
+    by its concurrency quota every second: the wait of every call of the tenant began at the
+    newest hold's end, so the sent call, 4.4 s without a token (target 2 s), was never judged
+    overdue."""
+    config = SloConfig((SloTarget("*", ttft_s=2.0),), window_s=10.0, threshold=0.2, min_calls=5)
+    now = [0.0]
+    idle = BackendCapacity(1000, 16, free_slots=16, running=0, waiting=0, healthy=True)
+    lane = Lane("m", {"x": Serving(idle)}, DispatchCore(make_policy("justitia")), None)  # type: ignore[dict-item]
+    control = OverloadControl(config, [lane], lambda: now[0], lambda: None)
+    ready_calls(lane, "j", "t", 2, ready_at=0.0)
+    sent = lane.core.next(0.1, lane.capacities())
+    assert sent is not None and lane.core.launched(sent.entry.call.call_id, 0.1) is not None
+    for t in (1.0, 2.0, 3.0, 4.0):
+        refused = lane.core.next(t, lane.capacities())
+        assert refused is not None and refused.entry is not sent.entry
+        lane.core.retry_later(refused.entry.call.call_id, t + 1.0)  # QUOTA_CONCURRENT_CALLS
+        for k in range(10):
+            now[0] = t + 0.1 * k
+            control.tick()
+    # the sent call is overdue; the refused one, its quota holding it, is not judged
+    assert control.monitor.overdue_calls == 1
+
+
+def ended_call(control: OverloadControl, pool: str, call_id: str) -> None:
+    """A protected call of `pool` ended, as the dispatcher reports it."""
+    call = SimpleNamespace(call_id=call_id, tenant_id="x")
+    run = SimpleNamespace(spec=SimpleNamespace(sheddable=False))
+    control.ended(SimpleNamespace(call=call, run=run, model_name=pool), None)  # type: ignore[arg-type]
+
+
+def test_a_pool_s_queue_is_no_wait_for_another_pool_s_calls() -> None:
+    """Pools serve different models on different backends, yet every pool's waiting calls made
+    one queue, turned at the rate calls ended in all of them: a call alone in its pool's queue
+    for 0.1 s (a turn of 1 s there) was judged behind another pool's backlog of 20, a miss at
+    once."""
+    config = SloConfig((SloTarget("*", ttft_s=2.0),), window_s=10.0, threshold=0.2, min_calls=5)
+    now = [0.0]
+    full = BackendCapacity(1000, 16, free_slots=0, running=16, waiting=0, healthy=True)
+    lanes = [
+        Lane(m, {m: Named(m, full)}, DispatchCore(make_policy("justitia")), None)  # type: ignore[dict-item]
+        for m in ("a", "b")
+    ]
+    control = OverloadControl(config, lanes, lambda: now[0], lambda: None)
+    for i in range(10):  # each pool: a call ended every second over the window
+        now[0] = float(i)
+        ended_call(control, "a", f"a{i}")
+        ended_call(control, "b", f"b{i}")
+    ready_calls(lanes[0], "ja", "ta", 20, ready_at=0.0)  # pool a's backlog, queued since 0
+    ready_calls(lanes[1], "jb", "tb", 1, ready_at=9.9)  # alone in pool b's queue
+    now[0] = 10.0
+    control.tick()
+    assert control.monitor.overdue_calls == 20  # pool a's, and not pool b's

@@ -121,6 +121,8 @@ def test_calls_queued_for_room_expect_a_turn_each_at_the_rate_calls_end() -> Non
         m.ended(f"c{i}", "t", False, None, now=0.25 * i)  # 8 ends in 2 s: 4 a second
     assert m.ends_per_s(2.0) == 4.0
     assert m.ends_per_s(3.0) == 2.0  # the first four have left the window
+    m.ended("d", "t", False, None, now=3.0, pool="b")  # another pool's: a rate of its own
+    assert (m.ends_per_s(3.0, "b"), m.ends_per_s(3.0, ""), m.ends_per_s(3.0)) == (0.5, 2.0, 2.5)
     # three calls queued, ready 0.3, 0.1 and 0 s ago: each waits a quarter second a turn
     assert expected_waits([9.7, 9.9, 10.0], 10.0, 4.0) == pytest.approx([0.55, 0.6, 0.75])
     assert expected_waits([9.5], 10.0, 0.0) == [0.5]  # no rate known: only what it waited

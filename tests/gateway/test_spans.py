@@ -6,8 +6,10 @@ checks that its calls' spans are CLIENT spans naming the server's address and po
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
+import grpc
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -33,9 +35,9 @@ from gateway.tickets import Ticket
 from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
 from tenants.policies import ReadyCall
-from tests.gateway.conftest import Spans
+from tests.gateway.conftest import Spans, sim_core
 from tests.gateway.engine_servers import MODEL, backend_of, engine_servers
-from tests.reliability.harness import node, reliable_gateway
+from tests.reliability.harness import node, reliable_gateway, roots
 
 
 @pytest.fixture
@@ -68,7 +70,7 @@ def make_ticket(run: JobRun, node_id: str, cap_reason: str = "") -> Ticket:
     features = CallFeatures(run.tenant_id, node_id, 5, 16, "go", "m")
     plan = CallPlan(params, features, 7.0, 9, cap_reason, LengthDistribution(7, 6, 9, 12))
     call = ReadyCall(f"{run.job_id}/{node_id}", run.job_id, run.tenant_id, node_id, 5, 7.0, 16)
-    return Ticket(call, run, [1, 2, 3, 4, 5], plan, "m")
+    return Ticket(call, run, array("i", [1, 2, 3, 4, 5]), plan, "m")
 
 
 def test_an_attempt_lost_with_its_backend_is_an_error_of_its_own(
@@ -192,6 +194,28 @@ def test_a_shed_event_says_why_and_what_was_done(
     assert dict(refused.attributes or {}) == {
         "fairgate.shed.reason": "OVERLOADED",
         "fairgate.shed.action": "refused",
+    }
+
+
+@pytest.mark.anyio
+async def test_a_job_refused_at_max_active_jobs_has_a_shed_event(spans: Spans) -> None:
+    """docs/OPERATIONS.md: a refusal OVERLOADED puts `fairgate.shed` on the refused RPC's span,
+    as SLO_SHED does; one for the gateway holding `max_active_jobs` jobs had none."""
+    async with reliable_gateway(
+        core=sim_core(0.01), tracer_provider=spans.provider, max_active_jobs=1
+    ) as h:
+        await h.tenant("a")
+        await h.submit("a", roots(1, 400))  # still running when the next comes
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await h.submit("a", roots(1, 8))
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    submits = [s for s in spans.finished() if s.name.endswith("SubmitJob")]
+    assert len(submits) == 2
+    [shed] = [event for span in submits for event in span.events if event.name == "fairgate.shed"]
+    assert dict(shed.attributes or {}) == {
+        "fairgate.shed.reason": "OVERLOADED",
+        "fairgate.shed.action": "refused",
+        "fairgate.shed.retry_after_s": 1.0,
     }
 
 
