@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -156,7 +156,7 @@ class AsyncEngine:
 
     def add_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         params: SamplingParams,
         *,
         request_id: str | None = None,

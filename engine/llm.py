@@ -81,7 +81,7 @@ class LLMEngine:
 
     def make_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         params: SamplingParams,
         *,
         request_id: str | None = None,
@@ -117,7 +117,7 @@ class LLMEngine:
 
     def add_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int],
         params: SamplingParams,
         *,
         request_id: str | None = None,

@@ -157,6 +157,7 @@ class Dispatcher(OwnsTasks):
         self.streams: dict[str, CallStream] = {}  # running call id -> its backend's stream
         self.runs: dict[str, JobRun] = {}  # active jobs
         self._active: Counter[str] = Counter()  # per tenant, its jobs in `runs`
+        self._chars: Counter[str] = Counter()  # per tenant, its jobs' `chars` in `runs`
         self._quotas: dict[str, TenantQuota] = {}
         self._wake = anyio.Event()
         self._tracer = tracer  # None: no spans
@@ -386,6 +387,7 @@ class Dispatcher(OwnsTasks):
             self.metrics.admitted(run.tenant_id)
         self.runs[run.job_id] = run
         self._active[run.tenant_id] += 1
+        self._chars[run.tenant_id] += run.chars
         self.leases.hold_job(run.tenant_id, run.job_id)
         if run.spec.deadline_unix_s is not None:
             self._deadlines.add(run.job_id, run.spec.deadline_unix_s)
@@ -396,6 +398,10 @@ class Dispatcher(OwnsTasks):
         """The tenant's jobs this replica holds (at most its admitted ones, which the store
         counts across replicas)."""
         return self._active[tenant_id]
+
+    def held_chars(self, tenant_id: str) -> int:
+        """The characters the tenant's jobs this replica holds hold (`JobRun.chars`)."""
+        return self._chars[tenant_id]
 
     def running_jobs(self) -> list[JobRun]:
         """Jobs that have not ended."""
@@ -870,8 +876,9 @@ class Dispatcher(OwnsTasks):
         if self.runs.pop(run.job_id, None) is None:
             return
         self._active[run.tenant_id] -= 1
+        self._chars[run.tenant_id] -= run.chars
         if not self._active[run.tenant_id]:
-            del self._active[run.tenant_id]
+            del self._active[run.tenant_id], self._chars[run.tenant_id]
         for lane in self.intake.lanes_of(run):
             self._release_held(lane.core.remove_job(run.job_id, now))
         self._deadlines.discard(run.job_id)

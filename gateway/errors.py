@@ -6,7 +6,8 @@ Anything unexpected is INTERNAL "internal error", logged here, with no internals
 
 ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota ones
 (`QUOTA_TOKEN_RATE`, `QUOTA_CONCURRENT_CALLS`, `QUOTA_DAILY_BUDGET`, `QUOTA_QUEUED_JOBS`,
-`QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`; RESOURCE_EXHAUSTED),
+`QUOTA_QUEUED_CHARS`, `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`;
+RESOURCE_EXHAUSTED),
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
 `OVERLOADED` (the gateway holds as much work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the
 quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE),

@@ -192,6 +192,9 @@ class JobRun:
     charge_cut_short: bool = False
     epoch: int = 1  # the fencing token this replica owns it under (a later owner's is higher)
     log_start: int = 0  # the log holds events after this sequence (restored from a snapshot)
+    # the characters it holds (`job_chars`), counted against its tenant's limit while it runs
+    # here: set by whoever admits it or takes it over
+    chars: int = 0
 
     def __post_init__(self) -> None:
         self.nodes = {n.id: NodeRun(n) for n in self.spec.nodes}

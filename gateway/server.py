@@ -459,6 +459,7 @@ def _build_server(
         streams,
         max_active_jobs=settings.max_active_jobs,
         max_admissions_per_tenant=settings.max_admissions_per_tenant,
+        max_queued_chars=settings.max_queued_chars_per_tenant,
         revocations=auth.revocations,
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)

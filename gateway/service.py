@@ -8,10 +8,14 @@ no tenant's admission waits for another's. The gateway holds at most `max_active
 (beyond: UNAVAILABLE, OVERLOADED). A tenant has at most `max_admissions_per_tenant` submissions
 under way at once (beyond: RESOURCE_EXHAUSTED, QUOTA_ADMISSIONS): its admissions render and
 encode one at a time, and more waiting would only hold the server's RPC slots, which every
-tenant shares. Streams count against the tenant's `max_streams`. RunJob and
-Generate cancel a job they created when the last client running it goes away; WatchJob only
-stops watching. A stream whose key is revoked (or whose tenant is deleted) ends with
-UNAUTHENTICATED, and an admission under way when that happens is undone.
+tenant shares. Its admitted, unfinished jobs on this replica hold at most `max_queued_chars`
+characters together (`job_chars`: inputs and prompts; beyond: RESOURCE_EXHAUSTED,
+QUOTA_QUEUED_CHARS), counted before anything is rendered: a job of a few kilobytes can repeat a
+large input into every node's prompt, and its ready calls hold their prompts' token ids.
+Streams count against the tenant's `max_streams`. RunJob and Generate cancel a job they created
+when the last client running it goes away; WatchJob only stops watching. A stream whose key is
+revoked (or whose tenant is deleted) ends with UNAUTHENTICATED, and an admission under way when
+that happens is undone.
 
 With a journal (the redis store, docs/REPLICAS.md) a job is journaled before its submitter
 hears of it, idempotency keys hold across replicas, and any replica answers GetJob, WatchJob and
@@ -63,6 +67,7 @@ from gateway.gateway_protos import (
 )
 from gateway.job_run import JobEnded, JobEvent, JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs import (
+    MAX_QUEUED_CHARS,
     PLACEHOLDERS_PER_NODE,
     ChatMessage,
     JobLimits,
@@ -71,6 +76,7 @@ from gateway.jobs import (
     check_counts,
     check_node_count,
     check_templates,
+    job_chars,
     validate_job,
 )
 from gateway.journal import KeyTaken, Owned
@@ -124,6 +130,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         quota_ttl_s: float = 1.0,
         max_active_jobs: int = MAX_ACTIVE_JOBS,
         max_admissions_per_tenant: int = MAX_ADMISSIONS_PER_TENANT,
+        max_queued_chars: int = MAX_QUEUED_CHARS,
         *,
         revocations: Revocations,
         journaling: Journaling | None = None,
@@ -138,6 +145,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_active_jobs = max_active_jobs
         self.max_admissions_per_tenant = max_admissions_per_tenant
         self._admitting = TenantCounts()  # per tenant, submissions under way
+        self.max_queued_chars = max_queued_chars
+        # per tenant, the characters of its jobs being admitted (the dispatcher counts the rest)
+        self._admitting_chars = TenantCounts()
         self._key_locks = KeyedLocks()  # idempotency keys: check-and-add is one step
         # a tenant's reads of jobs another replica runs, one at a time: each takes the loop for
         # up to tens of ms, and one tenant's many must not queue ahead of every other tenant
@@ -203,9 +213,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             raise refusals.queued_jobs(tenant_id, quota.max_queued_jobs, active)
         run = JobRun(new_job_id(), tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
+        run.chars = job_chars(spec)
+        held = self.dispatcher.held_chars(tenant_id) + self._admitting_chars[tenant_id]
+        if 0 < self.max_queued_chars < held + run.chars:
+            raise refusals.queued_chars(tenant_id, self.max_queued_chars, held, run.chars)
         self.dispatcher.refuse_if_down(run)
-        async with self._slots(run):
-            return await self._admit_run(run, quota, key_id)
+        with self._admitting_chars.adding(tenant_id, run.chars):
+            async with self._slots(run):
+                return await self._admit_run(run, quota, key_id)
 
     @asynccontextmanager
     async def _slots(self, run: JobRun) -> AsyncIterator[None]:
@@ -263,6 +278,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         journaled from then on)."""
         assert self.journaling is not None
         self.jobs.add(run, keyed=False)  # a submission with its key asks the journal
+        # counted as held, never refused: a claimed job runs here or is handed on
+        run.chars = job_chars(run.spec)
         try:
             quota = await self._quota(run.tenant_id)
             await self.dispatcher.resume(run, quota)

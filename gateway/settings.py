@@ -22,6 +22,7 @@ from pydantic_settings import (
 from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
 from gateway.backends.settings import BackendSettings
+from gateway.jobs import MAX_QUEUED_CHARS
 from gateway.metrics import MAX_TENANTS
 from gateway.share import SLACK_CALLS
 from gateway.slo import SloConfig, SloTarget
@@ -67,6 +68,10 @@ class Settings(BaseSettings):
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
     max_admissions_per_tenant: int = Field(default=256, ge=1)
+    # the characters one tenant's admitted, unfinished jobs on this replica hold together (their
+    # inputs and prompts, `gateway.jobs.job_chars`; 0: no limit): what bounds one tenant's
+    # share of the gateway's memory, at about 3 bytes a character
+    max_queued_chars_per_tenant: int = Field(default=MAX_QUEUED_CHARS, ge=0)
     auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
     # Prometheus /metrics over HTTP on this port (0: any free one); off when unset. Bound to
     # metrics_host, loopback unless said otherwise: never a tenant-facing port

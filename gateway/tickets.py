@@ -15,6 +15,7 @@ one node at a time: the dispatcher yields to the loop between nodes.
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,11 @@ from tenants.policies import JobInfo, NodeCost, ReadyCall
 
 @dataclass(frozen=True, slots=True)
 class Blank:
-    """A node's rendered prompt and its token ids."""
+    """A node's rendered prompt and its token ids, as int32: a ready call holds them until it
+    runs, and a tenant's many ready calls would hold 36 bytes a token as a list of ints."""
 
     prompt: Prompt
-    ids: list[int]
+    ids: array[int]
 
 
 @dataclass(slots=True)
@@ -42,7 +44,7 @@ class Ticket:
 
     call: ReadyCall
     run: JobRun
-    prompt_ids: list[int]
+    prompt_ids: array[int]
     plan: CallPlan
     model_name: str
     held: bool = False  # reserved in the quota store with its job's admission
@@ -83,13 +85,13 @@ class Tickets:
         for node_id in node_ids:
             outputs = dict.fromkeys(run.dag.ancestors(node_id), "")
             prompt = render_node(run.nodes[node_id].spec, run.spec.inputs, outputs)
-            blanks[node_id] = Blank(prompt, self.encode(prompt))
+            blanks[node_id] = Blank(prompt, array("i", self.encode(prompt)))
         return blanks
 
     def encode_node(self, run: JobRun, node_id: str) -> Blank:
         """A ready node's prompt, rendered from its ancestors' outputs and encoded."""
         prompt = run.prompt(node_id)
-        return Blank(prompt, self.encode(prompt))
+        return Blank(prompt, array("i", self.encode(prompt)))
 
     def make(self, run: JobRun, node_id: str, quota: TenantQuota, encoded: Blank) -> Ticket:
         """The node's call from its encoded prompt; raises CallRefused when it breaks the

@@ -2,8 +2,9 @@
 
 Retry hints: the token bucket refills at `tokens_per_minute / 60` per second, so a call of `t`
 tokens fits again after `(t - level) * 60 / rate` seconds; the daily budget frees at the next UTC
-midnight; count limits (concurrent calls, queued jobs, open streams, submissions under way) free
-when someone finishes, which nobody can predict, so they hint `BUSY_RETRY_S`. A request larger
+midnight; count limits (concurrent calls, queued jobs and their characters, open streams,
+submissions under way) free when someone finishes, which nobody can predict, so they hint
+`BUSY_RETRY_S`. A request larger
 than the limit itself gets no hint (`retry_after_s=None`): waiting cannot help.
 """
 
@@ -61,6 +62,22 @@ def token_rate(tenant_id: str, rate: int, level: float, tokens: int) -> QuotaExc
 def queued_jobs(tenant_id: str, limit: int, queued: int) -> QuotaExceeded:
     description = f"at most {limit} queued jobs; {queued} are queued"
     return _count(tenant_id, QuotaLimit.QUEUED_JOBS, limit, queued, description)
+
+
+def queued_chars(tenant_id: str, limit: int, held: int, chars: int) -> QuotaExceeded:
+    """A job whose characters would take its tenant's queued jobs past `limit`: it fits once
+    some of them end, unless it is larger than the limit itself."""
+    return QuotaExceeded(
+        tenant_id=tenant_id,
+        limit=QuotaLimit.QUEUED_CHARS,
+        allowed=limit,
+        requested=held + chars,
+        description=(
+            f"at most {limit:,} characters in queued jobs (inputs and prompts); {held:,} are"
+            f" queued and this job holds {chars:,}"
+        ),
+        retry_after_s=None if chars > limit else BUSY_RETRY_S,
+    )
 
 
 def nodes_per_job(tenant_id: str, limit: int, num_nodes: int) -> QuotaExceeded:

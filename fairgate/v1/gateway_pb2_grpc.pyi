@@ -12,8 +12,8 @@ RetryInfo and ErrorInfo when overloaded or when the quota store is unreachable (
 refused: fail closed); ALREADY_EXISTS for an idempotency key reused with another job;
 UNAUTHENTICATED, PERMISSION_DENIED and NOT_FOUND as usual. ErrorInfo.reason (domain
 fairgate.dev) is one of QUOTA_TOKEN_RATE, QUOTA_CONCURRENT_CALLS, QUOTA_DAILY_BUDGET,
-QUOTA_QUEUED_JOBS, QUOTA_NODES_PER_JOB, QUOTA_STREAMS, QUOTA_ADMISSIONS, AUTH_RATE_LIMITED,
-OVERLOADED, STORE_UNAVAILABLE, SHUTTING_DOWN (docs/OPERATIONS.md).
+QUOTA_QUEUED_JOBS, QUOTA_QUEUED_CHARS, QUOTA_NODES_PER_JOB, QUOTA_STREAMS, QUOTA_ADMISSIONS,
+AUTH_RATE_LIMITED, OVERLOADED, STORE_UNAVAILABLE, SHUTTING_DOWN (docs/OPERATIONS.md).
 """
 
 from collections import abc as _abc

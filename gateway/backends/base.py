@@ -11,7 +11,7 @@ the call is lost, not failed, and the gateway may run it again elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,7 +72,7 @@ class BackendCall:
     """One call as a backend receives it: token ids in, the gateway's limits applied."""
 
     call_id: str  # the call's id with the backend: abort and priority name it
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     params: SamplingParams  # max_tokens is the gateway's enforced cap
     priority: float = 0.0  # lower runs first; only for backends with the capability
     predicted_output: int = 0  # KV the backend should set aside for the output, when it can

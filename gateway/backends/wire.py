@@ -39,7 +39,7 @@ def completion_body(call: BackendCall, model: str, send_priority: bool) -> dict[
     params = call.params
     body: dict[str, Any] = {
         "model": model,
-        "prompt": call.prompt_ids,
+        "prompt": list(call.prompt_ids),
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,

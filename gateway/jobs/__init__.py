@@ -21,6 +21,7 @@ from gateway.jobs.template import (
     rendered_chars,
 )
 from gateway.jobs.validation import (
+    MAX_QUEUED_CHARS,
     PLACEHOLDERS_PER_NODE,
     JobCounts,
     JobLimits,
@@ -29,11 +30,13 @@ from gateway.jobs.validation import (
     check_node_count,
     check_templates,
     input_sizes,
+    job_chars,
     oversized_prompt,
     validate_job,
 )
 
 __all__ = [
+    "MAX_QUEUED_CHARS",
     "PLACEHOLDERS_PER_NODE",
     "ChatMessage",
     "Dag",
@@ -54,6 +57,7 @@ __all__ = [
     "check_node_count",
     "check_templates",
     "input_sizes",
+    "job_chars",
     "oversized_prompt",
     "references",
     "render",

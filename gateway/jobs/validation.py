@@ -145,6 +145,19 @@ def input_sizes(inputs: Mapping[str, str]) -> dict[str, int]:
     return {name: len(value) for name, value in inputs.items()}
 
 
+# what one tenant's admitted, unfinished jobs on one replica hold together (`job_chars`) by
+# default: 16 jobs of the most a job may hold, at about 3 bytes a character as they run
+MAX_QUEUED_CHARS = 64 << 20
+
+
+def job_chars(spec: JobSpec) -> int:
+    """The characters a job holds while it runs, from value sizes alone: its inputs and its
+    nodes' prompts rendered with empty outputs (its ready calls hold their prompts' token ids,
+    so a job of a few kilobytes that repeats a large input into every node holds megabytes)."""
+    inputs = input_sizes(spec.inputs)
+    return sum(inputs.values()) + sum(rendered_chars(node, inputs, {}) for node in spec.nodes)
+
+
 def oversized_prompt(size: int, limit: int) -> str | None:
     """Why a prompt of `size` characters (at least) breaks `limit`, or None when it does not:
     checked at submission and again before a node with parents is rendered."""

@@ -255,6 +255,60 @@ async def test_a_tenant_at_its_queued_jobs_is_refused_before_its_job_is_encoded(
         await stub.CancelJob(pb.CancelJobRequest(job_id=held.job_id), metadata=auth)
 
 
+async def test_a_tenants_unfinished_jobs_hold_at_most_their_characters_and_others_go_on() -> None:
+    """A job of a few kilobytes that repeats a large input into every node holds megabytes of
+    prompt token ids while its calls wait: a tenant's unfinished jobs hold at most
+    `max_queued_chars_per_tenant` characters (inputs and prompts), counted before anything is
+    rendered; room frees as its jobs end, and other tenants are not held back."""
+    settings = Settings(
+        port=0, admin_key=ADMIN_KEY, max_model_len=4096, max_queued_chars_per_tenant=20_000
+    )
+    store = _WatchedAdmissions("alpha", expected=2)
+    auth = {}
+    for tenant in ("alpha", "beta"):
+        await store.create_tenant(tenant, tenant.title(), TenantQuota(max_tokens_ceiling=2048))
+        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    # 1,000 characters of input, and 8 prompts of 1,002 that repeat it: 9,016 in all
+    nodes = [node(f"n{i}", f"{{{{inputs.doc}}}} {i}", 2000) for i in range(8)]
+    fat = pb.SubmitJobRequest(job=pb.JobSpec(nodes=nodes, inputs={"doc": "x" * 1000}))
+    huge = pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "hi")], inputs={"y": "y" * 20_000}))
+    async with (
+        running_gateway(settings, core=sim_core(0.002), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        admitted: list[pb.Job] = []
+
+        async def submit() -> None:
+            admitted.append(await stub.SubmitJob(fat, metadata=auth["alpha"]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(submit)
+            tg.start_soon(submit)
+            with anyio.fail_after(10):  # two admissions under way count as much as two jobs
+                await store.all_arrived.wait()
+            with anyio.fail_after(5), pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.SubmitJob(fat, metadata=auth["alpha"])
+            store.open.set()
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "QUOTA_QUEUED_CHARS" in str(caught.value.trailing_metadata())
+        assert error_details_pb2.RetryInfo in {type(d) for d in status_of(caught.value)[1]}
+        first = admitted[0]
+        await stub.SubmitJob(fat, metadata=auth["beta"])  # another tenant's room is its own
+        with pytest.raises(grpc.aio.AioRpcError) as caught:  # past the limit alone: no retry
+            await stub.SubmitJob(huge, metadata=auth["beta"])
+        assert "QUOTA_QUEUED_CHARS" in str(caught.value.trailing_metadata())
+        assert error_details_pb2.RetryInfo not in {type(d) for d in status_of(caught.value)[1]}
+        cancel = pb.CancelJobRequest(job_id=first.job_id)
+        await stub.CancelJob(cancel, metadata=auth["alpha"])
+        watch = pb.WatchJobRequest(job_id=first.job_id)
+        with anyio.fail_after(10):
+            async for _ in stub.WatchJob(watch, metadata=auth["alpha"]):
+                pass  # to the job's end
+        again = await stub.SubmitJob(fat, metadata=auth["alpha"])
+        assert again.state != pb.JOB_STATE_UNSPECIFIED
+
+
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
     harness: Harness,
 ) -> None:

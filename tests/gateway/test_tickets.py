@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import pytest
 
 from gateway.calls import CallDefaults, CallPlanner
@@ -39,7 +41,7 @@ def test_a_kind_of_call_in_conservative_mode_is_costed_so_on_its_jobs_arrival() 
     planner = CallPlanner(HistoryPredictor(LENGTH_PRIOR), None, CallDefaults(), None, tracker)
     quota = TenantQuota(max_tokens_ceiling=1024, default_max_tokens=1024)
     spec = JobSpec(nodes=(NodeSpec(id="a", prompt_template="x", name="summarise"),))
-    blanks = {"a": Blank("x", [1, 2, 3])}
+    blanks = {"a": Blank("x", array("i", [1, 2, 3]))}
 
     def costed(tenant: str) -> float:
         run = JobRun(f"{tenant}-job", tenant, spec, 0.0)

@@ -12,6 +12,7 @@ def test_reasons_are_one_set() -> None:
         "QUOTA_CONCURRENT_CALLS",
         "QUOTA_DAILY_BUDGET",
         "QUOTA_QUEUED_JOBS",
+        "QUOTA_QUEUED_CHARS",
         "QUOTA_NODES_PER_JOB",
         "QUOTA_STREAMS",
         "QUOTA_ADMISSIONS",
