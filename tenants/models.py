@@ -120,8 +120,9 @@ class Usage:
 
 def check_tenant_id(tenant_id: str) -> str:
     if not isinstance(tenant_id, str) or not _TENANT_ID.fullmatch(tenant_id):
+        shown = repr(tenant_id[:64]) + ("..." if len(tenant_id) > 64 else "")  # its start alone
         raise TenantInvalid(
-            f"tenant id must be 1-64 of [A-Za-z0-9._-], starting alphanumeric; got {tenant_id!r}"
+            f"tenant id must be 1-64 of [A-Za-z0-9._-], starting alphanumeric; got {shown}"
         )
     return tenant_id
 
