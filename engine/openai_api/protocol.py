@@ -1,11 +1,13 @@
 """The OpenAI completions wire format as vLLM serves it: request validation and response shapes.
 
 Pure (no I/O), so every rule is testable without a server. A request is one prompt, a string or a
-list of token ids; OpenAI's fields and vLLM's extensions are accepted where fairgate's engine
-implements them (top_k, min_tokens, ignore_eos, stop_token_ids, priority, request_id, cache_salt,
-return_token_ids), under vLLM's names so one client works against both servers. A field the
-engine does not implement (n > 1, logprobs, echo, penalties, ...) is refused with a 400 naming it
-rather than silently ignored; fields nobody defined are ignored, as OpenAI and vLLM do.
+list of token ids (or a batch of one of them); OpenAI's fields and vLLM's extensions are accepted
+where fairgate's engine implements them (top_k, min_tokens, ignore_eos, stop_token_ids, priority,
+request_id, cache_salt, return_token_ids), under vLLM's names so one client works against both
+servers. A field the engine does not implement (n > 1, logprobs, echo, penalties, ...) is refused
+with a 400 naming it rather than silently ignored; fields nobody defined are ignored, as OpenAI
+and vLLM do. Where vLLM maps what the engine refuses, so does this: a positive temperature under
+the engine's least is raised to it.
 Invariant: a request that validated, with a prompt that passed `check_prompt`, maps to
 `SamplingParams` whose max_tokens fits the context (max_model_len - prompt), or the mapping raises
 the engine's InvalidRequest, which the edge answers with 400 like every other refusal here.
@@ -30,7 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from engine.openai_api.errors import BadRequest
 from engine.request import FinishReason, Request
-from engine.sampling import SEED_LIMIT, SamplingParams
+from engine.sampling import MIN_TEMPERATURE, SEED_LIMIT, SamplingParams
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's (and vLLM's) default for completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default: sampling, not greedy
@@ -110,6 +112,9 @@ class CompletionRequest(BaseModel):
     @field_validator("prompt", mode="before")
     @classmethod
     def _one_prompt(cls, value: Any) -> Any:
+        # a batch of one (vLLM takes lists of prompts) is its prompt
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+            value = value[0]
         if isinstance(value, str) or (
             isinstance(value, list) and all(type(t) is int for t in value)
         ):
@@ -146,7 +151,7 @@ class CompletionRequest(BaseModel):
         return SamplingParams(
             max_tokens=min(requested, max_model_len - prompt_len),
             min_tokens=self.min_tokens,
-            temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+            temperature=_temperature(self.temperature),
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(self.top_k or 0, 0),
             seed=self.seed,
@@ -154,6 +159,14 @@ class CompletionRequest(BaseModel):
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
         )
+
+
+def _temperature(asked: float | None) -> float:
+    """The engine's temperature: a positive one under its least is raised to it, as vLLM does
+    (dividing logits by less overflows them); others are the engine's to accept or refuse."""
+    if asked is None:
+        return DEFAULT_TEMPERATURE
+    return MIN_TEMPERATURE if 0.0 < asked < MIN_TEMPERATURE else asked
 
 
 def parse_request(body: bytes) -> CompletionRequest:

@@ -136,7 +136,7 @@ async def test_a_stop_string_ends_the_text_and_min_tokens_holds_it_back(server: 
         ({"prompt": [5] * MAX_MODEL_LEN}, "prompt", "leaves no room for output"),
         # too long is refused before its ids are scanned
         ({"prompt": [100_000] * MAX_MODEL_LEN}, "prompt", "leaves no room for output"),
-        ({"temperature": 0.001}, None, "temperature must be 0 (greedy) or in"),
+        ({"temperature": -0.5}, None, "temperature must be 0 (greedy) or in"),
         ({"stop": [""]}, "stop", "stop strings must have 1 to"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "needs stream: true"),
         ({"top_p": "high"}, "top_p", "valid number"),

@@ -68,6 +68,8 @@ def test_max_tokens_is_capped_and_min_tokens_must_fit_under_the_cap() -> None:
         # millions of ids in one body would slow every other request's steps
         ({"stop_token_ids": [7] * (MAX_STOP_TOKEN_IDS + 1)}, "stop_token_ids"),
         ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [[1], [2]]}, "prompt"),
+        ({"prompt": [[1, "a"]]}, "prompt"),
         ({"prompt": [1, True]}, "prompt"),
         (
             {"stream": True, "stream_options": {"continuous_usage_stats": True}},
@@ -82,6 +84,17 @@ def test_refusals_name_the_field(fields: dict[str, object], param: str) -> None:
     with pytest.raises(BadRequest) as refused:
         parse(**fields)
     assert refused.value.param == param
+
+
+def test_what_vllm_accepts_of_what_the_engine_refuses_is_mapped_as_vllm_maps_it() -> None:
+    """A batch of one prompt is that prompt; a temperature under the engine's least (which it
+    refuses: logits divided by it overflow) is raised to it, as vLLM raises it, not a 400."""
+    assert parse_request(b'{"prompt": ["hi"]}').prompt == "hi"
+    assert parse_request(b'{"prompt": [[5, 6]]}').prompt == [5, 6]
+    tiny = parse(temperature=0.001).sampling_params(prompt_len=3, max_model_len=100)
+    assert tiny.temperature == 0.01 and not tiny.greedy
+    with pytest.raises(InvalidRequest, match="temperature"):
+        parse(temperature=-0.5).sampling_params(prompt_len=3, max_model_len=100)
 
 
 def test_fields_asking_for_nothing_and_unknown_fields_are_accepted() -> None:
