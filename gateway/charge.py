@@ -24,6 +24,7 @@ class CallCharge:
     close: Close  # the settle or release to send
     finished: bool  # its node ends with the call's output
     settled: int | None  # the output tokens settled; None: released
+    reason: str = ""  # why its node fails, when it did not finish
 
 
 def charge(
@@ -42,8 +43,10 @@ def charge(
     cut_short = node.state in ENDED
     finished = ran and last is not None and last.finished and not cut_short
     made = produced if finished else node.output_tokens
+    reason = failure or ("engine error" if engine_error else "call aborted by the engine")
+    reason = "" if finished else reason
     if not (finished or (ran and cut_short and run.charge_cut_short and made > 0)):
-        return CallCharge(Close("release", call.tenant_id, quota_id), False, None)
+        return CallCharge(Close("release", call.tenant_id, quota_id), False, None, reason)
     ends_job = finished and run.is_last_open(call.node_id)
     close = Close(
         "settle",
@@ -53,4 +56,4 @@ def charge(
         made,
         run.job_id if ends_job else None,
     )
-    return CallCharge(close, finished, made)
+    return CallCharge(close, finished, made, reason)

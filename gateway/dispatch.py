@@ -827,9 +827,7 @@ class Dispatcher(OwnsTasks):
             else:
                 self._finish_node(run, call.node_id, NodeState.SUCCEEDED, "")
         elif not run.ended:
-            engine_error = last is not None and last.finish_reason is FinishReason.ERROR
-            reason = failure or ("engine error" if engine_error else "call aborted by the engine")
-            self._finish_node(run, call.node_id, NodeState.FAILED, reason)
+            self._finish_node(run, call.node_id, NodeState.FAILED, cost.reason)
         self._call_ended(ticket, produced, cost.settled, last_at if cost.finished else None)
         self._wake.set()
 

@@ -35,7 +35,7 @@ def last(reason: FinishReason | None = FinishReason.STOP) -> TokenDelta:
 def test_a_call_that_ran_to_its_end_settles_what_it_produced_and_its_jobs_finish() -> None:
     cost = charge(running("a"), call(), "q", last(), 12, "")
     assert cost.close == Close("settle", "acme", "q", PROMPT, 12, "job")
-    assert cost.finished and cost.settled == 12
+    assert cost.finished and cost.settled == 12 and cost.reason == ""
 
 
 def test_a_job_with_another_open_node_is_not_finished_by_the_settle() -> None:
@@ -44,18 +44,19 @@ def test_a_job_with_another_open_node_is_not_finished_by_the_settle() -> None:
 
 
 def test_the_gateways_failure_or_the_engines_error_is_released() -> None:
-    for cost in (
-        charge(running("a"), call(), "q", last(), 12, "backend lost"),
-        charge(running("a"), call(), "q", last(FinishReason.ERROR), 12, ""),
+    for cost, reason in (
+        (charge(running("a"), call(), "q", last(), 12, "backend lost"), "backend lost"),
+        (charge(running("a"), call(), "q", last(FinishReason.ERROR), 12, ""), "engine error"),
     ):
         assert cost.close == Close("release", "acme", "q")
-        assert not cost.finished and cost.settled is None
+        assert not cost.finished and cost.settled is None and cost.reason == reason
 
 
 def test_a_stream_that_ended_without_its_end_is_released() -> None:
     for end in (None, last(None)):
         cost = charge(running("a"), call(), "q", end, 3, "")
         assert cost.close == Close("release", "acme", "q") and not cost.finished
+        assert cost.reason == "call aborted by the engine"
 
 
 def test_a_tenants_cancel_settles_the_tokens_its_node_took_before_it_ended() -> None:
