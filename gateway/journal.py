@@ -67,6 +67,12 @@ IDEMPOTENCY_TTL_S = 86_400
 # (`JobSpec.held_bytes`, as the registry counts them; a 256-node spec holds ~14x its base64): a
 # job's spec never changes, and decoding it was about 40 % of another replica's read of that job
 SPEC_CACHE_BYTES = 16 * 1024 * 1024
+# a spec holding more than this part of the cache is not kept: one tenant's large job would
+# evict every other tenant's specs, and each of their reads would decode again
+SPEC_CACHE_ENTRY_PART = 4
+# a spec longer than this (base64 characters) is decoded in a worker thread: a 15 MiB spec took
+# ~50 ms, a stall of every other read, renewal and write of the replica's event loop
+INLINE_DECODE_CHARS = 64 * 1024
 _READ_FIELDS = (*SUBMISSION_WITHOUT_SPEC, "snapshot", "cancel")
 
 
@@ -139,6 +145,7 @@ class RedisJournal(RedisClient):
         max_ended_bytes_per_tenant: int = MAX_ENDED_BYTES_PER_TENANT,
         prefix: str = "fg",
         socket_timeout_s: float = 2.0,
+        spec_cache_bytes: int = SPEC_CACHE_BYTES,
     ) -> None:
         super().__init__(url, POOL_SIZE, socket_timeout_s, socket_timeout_s)
         # the slots bound the reads to the client's connections: none waits on its pool
@@ -154,7 +161,7 @@ class RedisJournal(RedisClient):
         self._index = f"{self._base}:open"
         self._scripts = {n: self._redis.register_script(_script_source(n)) for n in _SCRIPTS}
         self._specs: LRUCache[str, tuple[JobSpec, int]] = LRUCache(
-            SPEC_CACHE_BYTES, getsizeof=lambda entry: entry[1]
+            spec_cache_bytes, getsizeof=lambda entry: entry[1]
         )
 
     async def aclose(self) -> None:
@@ -373,10 +380,15 @@ class RedisJournal(RedisClient):
             return None
         with _decoding(job_id, "submission"):
             submission = Submission.from_fields(fields)
-            spec = submission.decoded_spec() if cached is None else cached[0]
+            if cached is not None:
+                spec = cached[0]
+            elif len(submission.spec) <= INLINE_DECODE_CHARS:
+                spec = submission.decoded_spec()
+            else:
+                spec = await anyio.to_thread.run_sync(submission.decoded_spec)
             run = submission.run(spec)
-        if cached is None and (held := spec.held_bytes()) <= SPEC_CACHE_BYTES:
-            self._specs[key] = spec, held
+        if cached is None:
+            self._keep_spec(key, spec)
         run.detached = view
         if "snapshot" in fields:
             with _decoding(job_id, "snapshot"):
@@ -386,6 +398,11 @@ class RedisJournal(RedisClient):
             for event in events:
                 run.replay(event)
         return run, fields
+
+    def _keep_spec(self, key: str, spec: JobSpec) -> None:
+        held = spec.held_bytes()
+        if held <= self._specs.maxsize // SPEC_CACHE_ENTRY_PART:
+            self._specs[key] = spec, held
 
     @_fails_closed
     async def read(

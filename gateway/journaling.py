@@ -35,7 +35,8 @@ no renewal landed to move it, so that its running calls stop then, not when they
 
 `hand_over()` is the graceful end: pending events are written (within `flush_s`), every owned
 job is detached and handed back, so another replica (or this one restarted) claims it at once;
-a call aborted here runs again there, and one that ended here was journaled as ended.
+a call aborted here runs again there, and one that ended here was journaled as ended. A job
+created or claimed once it began is handed back as soon as it is.
 """
 
 from __future__ import annotations
@@ -155,6 +156,16 @@ class Journaling(OwnsTasks):
         since = run.last_sequence - run.log_start
         job = self._owned[run.job_id] = _Job(owned, run, self._fence_at(sent), since)
         self._fences.add(run.job_id, job.fence_at)
+
+    async def attach_created(self, owned: Owned, run: JobRun, sent: float) -> None:
+        """`attach` a job this replica has just created; one created once the hand-over began
+        (a submission on its way at SIGTERM, which the server lets finish) goes straight back,
+        as a claim on its way does: its submitter hears of it as usual, another replica takes
+        it over at once, and nothing this replica does to it as it stops is journaled."""
+        self.attach(owned, run, sent)
+        if self._stopping:
+            with anyio.CancelScope(shield=True):  # else it waits for its lease to lapse
+                await self.give_back(run.job_id)
 
     def _fence_at(self, sent: float) -> float:
         return sent + self.journal.lease_ttl_s * (1 - LEASE_MARGIN)

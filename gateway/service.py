@@ -262,7 +262,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
                     except JournalUnavailable:
                         log.warning("job %s may run though refused: journal away", run.job_id)
                 raise
-            self.journaling.attach(owned, run, sent)
+            await self.journaling.attach_created(owned, run, sent)
         self.jobs.add(run)
         self.dispatcher.submit(run, quota, admitted)
         withdrawn = self.revocations.since(STAMP.get(), tenant_id, key_id)

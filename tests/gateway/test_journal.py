@@ -5,6 +5,7 @@ reply leaves no duplicate, and an idempotency key names one job across replicas.
 from __future__ import annotations
 
 import gc
+import threading
 import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,8 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
+from fairgate.v1 import gateway_pb2 as pb
+from gateway import journal_codec
 from gateway.errors import JournalUnavailable
 from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
@@ -384,3 +387,58 @@ async def test_a_claim_whose_reply_was_lost_gets_the_token_it_took(
         owned, _, _ = claimed
         assert (await journal.renew([owned])).lost == []
         assert await other.claim("acme", "job-1") is None  # its lease runs
+
+
+def large_spec(chars: int) -> JobSpec:
+    """A one-node job whose input holds `chars` characters."""
+    node = NodeSpec(id="a", prompt_template="{{inputs.text}}")
+    return JobSpec(nodes=(node,), inputs={"text": "x" * chars})
+
+
+async def test_a_spec_holding_over_a_quarter_of_the_cache_is_not_kept_and_evicts_nothing(
+    redis_prefix: str,
+) -> None:
+    """A spec all but filling the cache evicted every other tenant's, whose every read then
+    decoded its spec again."""
+    big = large_spec(100_000)
+    one = RedisJournal(REDIS_URL, "one", prefix=redis_prefix)
+    two = RedisJournal(REDIS_URL, "two", prefix=redis_prefix, spec_cache_bytes=big.held_bytes())
+    try:
+        await one.create(JobRun("job-small", "acme", two_calls(), 100.0))
+        await one.create(JobRun("job-big", "bulk", big, 100.0))
+        small = await two.load("acme", "job-small")
+        large = await two.load("bulk", "job-big")
+        small_again = await two.load("acme", "job-small")
+        large_again = await two.load("bulk", "job-big")
+    finally:
+        await one.aclose()
+        await two.aclose()
+    assert small is not None and small_again is not None
+    assert small_again.spec is small.spec  # kept
+    assert large is not None and large_again is not None
+    assert large_again.spec == large.spec and large_again.spec is not large.spec  # decoded again
+
+
+async def test_a_large_spec_is_decoded_off_the_event_loop(
+    journals: tuple[RedisJournal, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding a 15 MiB spec held the event loop ~50 ms: every other read, renewal and write
+    of the replica waited."""
+    one, two = journals
+    decoded_on: list[int] = []
+    from_proto = journal_codec.job_spec_from_proto
+
+    def noted(message: pb.JobSpec) -> JobSpec:
+        decoded_on.append(threading.get_ident())
+        return from_proto(message)
+
+    monkeypatch.setattr(journal_codec, "job_spec_from_proto", noted)
+    spec = large_spec(100_000)  # its base64 past INLINE_DECODE_CHARS
+    await one.create(JobRun("job-1", "acme", spec, 100.0))
+    await one.create(JobRun("job-2", "acme", two_calls(), 100.0))
+    large = await two.load("acme", "job-1")
+    await two.load("acme", "job-2")
+    assert large is not None and large.spec == spec
+    loop = threading.get_ident()
+    assert decoded_on[0] != loop  # in a worker thread
+    assert decoded_on[1] == loop  # a small one where it is: a thread costs more than it

@@ -160,6 +160,27 @@ async def test_a_claim_on_its_way_as_the_hand_over_begins_is_handed_back(
     await dead.aclose()
 
 
+async def test_a_job_created_once_the_hand_over_began_is_handed_back_at_once(
+    redis_prefix: str,
+) -> None:
+    """A submission on its way at SIGTERM creates its job after the hand-over: it stayed here,
+    its lease renewed by a replica going away, and its cancel as the replica stopped was
+    journaled."""
+    journal = RedisJournal(REDIS_URL, "stopping", lease_ttl_s=60.0, prefix=redis_prefix)
+    other = RedisJournal(REDIS_URL, "other", lease_ttl_s=60.0, prefix=redis_prefix)
+    run = JobRun("job-1", "acme", two_calls(), 100.0)
+    async with Journaling(journal, no_orphan, no_loss, no_loss) as journaling:
+        await journaling.hand_over(lambda: True, lambda: None)  # SIGTERM
+        sent = journaling.clock()
+        await journaling.attach_created(await journal.create(run), run, sent)
+        assert journaling.owned == 0 and run.detached  # nothing of it is journaled from here
+    assert await other.orphans(10) == [("acme", "job-1")]  # any replica may claim it now
+    claimed = await other.claim("acme", "job-1")
+    assert claimed is not None and not claimed[1].ended
+    await journal.aclose()
+    await other.aclose()
+
+
 class CountedRenewals(RedisJournal):
     def __init__(self, url: str, replica_id: str, **kwargs: Any) -> None:
         super().__init__(url, replica_id, **kwargs)

@@ -11,13 +11,14 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
 import pytest
 from redis.asyncio import Redis
 
-from fairgate.v1 import admin_pb2
+from fairgate.v1 import admin_pb2, gateway_pb2_grpc
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
@@ -37,16 +38,19 @@ LEASE_TTL_S = 1.5  # a lease tick every 0.5 s: a handed-back job is taken over w
 
 
 def replica(
-    redis: RedisServer, tmp_path: Path, name: str, store: RedisQuotaStore | None = None
+    redis: RedisServer,
+    tmp_path: Path,
+    name: str,
+    store: RedisQuotaStore | None = None,
+    **settings: Any,
 ) -> contextlib.AbstractAsyncContextManager[Reliable]:
     return reliable_gateway(
         core=sim_core(0.01),
         store=store if store is not None else RedisQuotaStore(redis.url),
         store_url=redis.url,
         replica_id=name,
-        lease_ttl_s=LEASE_TTL_S,
-        grace_s=0.1,
         outbox_file=tmp_path / f"outbox-{name}.jsonl",
+        **{"lease_ttl_s": LEASE_TTL_S, "grace_s": 0.1} | settings,
     )
 
 
@@ -90,6 +94,61 @@ async def test_a_stopped_replica_hands_its_jobs_to_the_other(
         and e.node_state_changed.node.state == pb.NODE_STATE_READY
     ]
     assert reruns in ([], ["backend lost with its replica: running again"])
+
+
+async def test_a_submission_on_its_way_at_shutdown_is_handed_over_with_the_rest(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """The server lets a SubmitJob on its way finish after the hand-over: its job was attached
+    to the replica going away and never handed back (taken over only once its lease ran out),
+    or cancelled in the journal as the replica stopped ("server shutting down")."""
+    answered: list[pb.Job] = []
+    # a's lease outlives the test: only a hand-back lets b take the job over
+    async with (
+        anyio.create_task_group() as tg,
+        replica(redis, tmp_path, "a", lease_ttl_s=600.0, grace_s=10.0) as a,
+    ):
+        key = await a.tenant("t1")
+        journaling = a.gateway.journaling
+        assert journaling is not None
+        create, hand_over = journaling.journal.create, journaling.hand_over
+        creating, handed_over = anyio.Event(), anyio.Event()
+
+        async def create_on_its_way(run: JobRun) -> Owned:
+            creating.set()
+            await handed_over.wait()
+            return await create(run)
+
+        async def noted_hand_over(*args: Any) -> None:
+            await hand_over(*args)
+            handed_over.set()
+
+        journaling.journal.create = create_on_its_way  # type: ignore[method-assign]
+        journaling.hand_over = noted_hand_over  # type: ignore[method-assign]
+
+        async def submit() -> None:  # a channel of its own: a's closes before a stops
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{a.gateway.port}") as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                request = pb.SubmitJobRequest(job=roots(1, 20))
+                auth = (("authorization", f"Bearer {key}"),)
+                answered.append(await stub.SubmitJob(request, metadata=auth))
+
+        tg.start_soon(submit)
+        await creating.wait()
+    # a has stopped (SIGTERM) with the submission on its way: it was answered
+    (job,) = answered
+    probe = RedisJournal(redis.url, "probe")
+    try:
+        assert await probe.orphans(10) == [("t1", job.job_id)]  # handed back: open to a claim
+    finally:
+        await probe.aclose()
+    async with replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = key
+        b.jobs["t1"].append(job.job_id)
+        with anyio.fail_after(10):
+            finished = await b.finished("t1", job.job_id)
+        assert finished.state == pb.JOB_STATE_SUCCEEDED
+        await b.unharmed()
 
 
 async def test_a_long_job_reads_the_same_on_the_replica_that_does_not_run_it(
