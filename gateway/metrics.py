@@ -286,9 +286,8 @@ class DispatchCollector(Collector):
             ),
         }
         for name, cap in dispatcher.capacities().items():
-            if cap.total_blocks:
-                used = (cap.total_blocks - cap.free_blocks) / cap.total_blocks
-                gauges["kv_usage_ratio"].add_metric([name], used)
+            if cap.kv_usage is not None:
+                gauges["kv_usage_ratio"].add_metric([name], cap.kv_usage)
             gauges["running"].add_metric([name], cap.running)
             gauges["waiting"].add_metric([name], cap.waiting)
             gauges["healthy"].add_metric([name], float(cap.healthy))

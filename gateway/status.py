@@ -151,10 +151,7 @@ def observe(dispatcher: Dispatcher, tenants: Iterable[str] = ()) -> Observed:
 
 
 def _backend_status(name: str, model: str, cap: BackendCapacity) -> BackendStatus:
-    usage = None
-    if cap.total_blocks:
-        usage = min(max((cap.total_blocks - cap.free_blocks) / cap.total_blocks, 0.0), 1.0)
-    return BackendStatus(name, model, cap.running, cap.waiting, usage, cap.healthy)
+    return BackendStatus(name, model, cap.running, cap.waiting, cap.kv_usage, cap.healthy)
 
 
 def build_status(

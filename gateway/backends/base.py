@@ -57,6 +57,14 @@ class BackendCapacity:
     def free_kv_tokens(self) -> int:
         return self.free_blocks * self.block_size
 
+    @property
+    def kv_usage(self) -> float | None:
+        """The share of its KV blocks in use, in [0, 1] (what it was sent but has not admitted
+        counts, and may pass its pool); None when its pool's size is unknown."""
+        if not self.total_blocks:
+            return None
+        return min(max((self.total_blocks - self.free_blocks) / self.total_blocks, 0.0), 1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
