@@ -11,8 +11,9 @@ caller without a key cannot make the event loop parse a message of up to `max_me
 (a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
 calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT.
 
-Failed authentications are throttled per peer address: each failure takes a token from the
-peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
+Failed authentications are throttled per peer address: each failure (and each lookup the store
+could not answer: a stranger must not hold its connections while it is slow) takes a token from
+the peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
 calls with RESOURCE_EXHAUSTED + RetryInfo (reason AUTH_RATE_LIMITED) before the store is asked,
 so guessing keys is slow and costs the store nothing. A key that passed within the last hour
 is not a guess: it is checked as usual whatever its peer's bucket holds, so a caller guessing
@@ -45,7 +46,7 @@ from gateway.errors import (
     abort_with,
 )
 from gateway.revocations import STAMP, Revocations
-from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
+from tenants import AuthFailed, QuotaStore, QuotaUnavailable, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller")
@@ -190,6 +191,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         except Unauthenticated:
             self._passed.pop(digest, None)
             raise
+        except QuotaUnavailable:  # its token kept: a stranger must not hold the store's
+            raise  # connections while it is slow, as many guesses as it likes
         except BaseException:
             if not exempt:
                 self.throttle.give_back(peer)  # not a failed authentication

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.auth import PASSED_KEYS_KEPT_S, AuthInterceptor, FailureThrottle
 from gateway.errors import AuthThrottled, Unauthenticated
-from tenants import TenantQuota
+from tenants import QuotaUnavailable, TenantQuota
 from tests.fake_clock import FakeClock
 from tests.serving import CountingStore
 
@@ -93,6 +93,28 @@ async def test_guesses_made_at_once_take_their_tokens_before_the_store_answers()
     assert sorted(o.__name__ for o in outcomes) == ["AuthThrottled"] * 8 + ["Unauthenticated"] * 2
     clock.now = 60.0  # the bucket refilled, and was never driven below empty
     assert auth.throttle.take(PEER) is None
+
+
+class Away(CountingStore):
+    """A store that cannot be reached (or answers past its timeout)."""
+
+    async def authenticate(self, plaintext: str) -> str:
+        self.authentications += 1
+        raise QuotaUnavailable("away")
+
+
+async def test_a_strangers_lookups_are_throttled_while_the_store_cannot_answer() -> None:
+    """A lookup the store failed gave its token back, so while the store was slow a stranger's
+    guesses went to it without end, each holding one of the connections the quota scripts need;
+    a key that passed before is still checked, whatever its peer's bucket holds."""
+    store, clock = Away(), FakeClock(0.0)
+    auth = AuthInterceptor(store, ADMIN_KEY, throttle=FailureThrottle(2, clock), clock=clock)
+    for _ in range(2):
+        with pytest.raises(QuotaUnavailable):
+            await auth._caller(GUESS, False, PEER)
+    with pytest.raises(AuthThrottled):
+        await auth._caller(GUESS, False, PEER)
+    assert store.authentications == 2
 
 
 async def test_a_revoked_key_is_exempt_no_more() -> None:
