@@ -6,12 +6,13 @@ and, with a scrape, polls `/health` every `health_interval_s` (every scrape whil
 `capacity()` is the last scrape's other clients' part with this gateway's own calls as they are
 now (own_calls.py), healthy only while that scrape is fresh, `/health` answered 200 and the circuit
 breaker lets calls through. `submit` starts a task per call in the backend's task group: it
-streams one `/v1/completions` request (wire.py), decodes its events into deltas (decoder.py) and
-hands them to the call's stream (call_stream.py). Closing that stream early, `abort`, or closing
-the backend cancels the task, which closes the HTTP response: the disconnect is the abort the
-server understands. A failed connection, a 5xx or a cut stream is `BackendLost` (the call may run
-elsewhere) and counts against the breaker, but for a failure the server answered for this call
-(a 500: errors.py), which counts neither way; a 4xx is `BackendRefused` (the call fails).
+streams one `/v1/completions` request (wire.py), decodes its events into deltas (decoder.py),
+counts its tokens to its room (what it holds on the server) and hands them to the call's stream
+(call_stream.py). Closing that stream early, `abort`, or closing the backend cancels the task,
+which closes the HTTP response: the disconnect is the abort the server understands. A failed
+connection, a 5xx or a cut stream is `BackendLost` (the call may run elsewhere) and counts
+against the breaker, but for a failure the server answered for this call (a 500: errors.py),
+which counts neither way; a 4xx is `BackendRefused` (the call fails).
 Other replicas send calls to the same server, and room they free shows here only with a scrape:
 a call of this replica that ends while the server was full calls `on_freed` (the replicas'
 room news, gateway/room_news.py, tells the others), and `scrape_soon` (news from another
@@ -372,7 +373,9 @@ class OpenAIBackend(OwnsTasks):
         with anyio.CancelScope(deadline=anyio.current_time() + silence) as quiet:
             async for event in events:
                 counted = decoder.counted
-                await attempt.hand_out(decoder.feed(event.data))
+                deltas = decoder.feed(event.data)
+                self._own.streamed(call.call_id, decoder.counted)  # the KV it holds there
+                await attempt.hand_out(deltas)
                 if not attempt.shown:
                     self._shown(attempt)
                 if decoder.done:

@@ -3,23 +3,29 @@
 A server's metrics lag the gateway (vLLM updates its gauges once a step; a call sent a moment
 ago is in nobody's scrape yet), and a scrape does not say which of the requests it counts are
 the gateway's. So the room is split by who holds it. The gateway knows its own calls exactly:
-those sent and not ended, each with its slot and its KV (prompt plus predicted output, in
-blocks). The rest of a scrape is other clients' (replicas of this gateway, or anyone else): what
-it counted beyond the gateway's calls open when it started (a call that ended since still
-counted there). A server only this gateway sends to thus leaves exactly the slots and KV its
-calls do not hold, however far its gauges lag; one shared with others leaves theirs as of the
-last scrape, and this gateway's as they are now.
+those sent and not ended, each with its slot and its KV in blocks: what it holds on the server
+(its prompt and the tokens streamed so far) and what it may grow to (its prompt and the larger of
+its predicted and streamed output). The rest of a scrape is other clients' (replicas of this
+gateway, or anyone else): what it counted beyond the gateway's calls open when it started, as
+they were then (a call that ended since still counted there). A server only this gateway sends to
+thus leaves exactly the slots its calls do not hold, however far its gauges lag, and the KV they
+may not grow to (to a block or so a call: below); one shared with others leaves theirs as of
+the last scrape, and this gateway's as they are now.
 
 A call of the gateway's still on its way to the server when a scrape started is taken to be in
 it: if it was not, the others' part is short by that call until the next scrape lands (one
 slot too many, for a scrape interval at most). Counting each call of the gateway's until a
 scrape was sure to have it (its first event, then a scrape after that) would instead hold its
 slot twice for as long as the server takes to show it, its queueing and prefill: on a saturated
-CPU server, a second or more of every call. KV the same way: the gateway's calls hold what
-they may grow to, so the others' part of the used blocks is the used blocks less that (never
-below zero), conservative for a server of this gateway's alone. Pure: no I/O, no clock.
+CPU server, a second or more of every call. KV the same way, as the server holds it: the others'
+part of the used blocks is the used blocks less what the gateway's calls held when the scrape
+started (never below zero). Their predicted size instead would count its gap to what they hold
+as free room, where other clients' calls may be. What they make between the scrape's start and
+the server's gauge goes to the others' part (or from it, a gauge older than the start) until the
+next scrape: a block or so per call. Pure: no I/O, no clock.
 Invariant: free slots = `max_num_seqs` − others' calls − the gateway's open calls, never below
-zero; likewise blocks.
+zero; free blocks = the server's − others' blocks − what the gateway's open calls may grow to,
+never below zero.
 """
 
 from __future__ import annotations
@@ -33,17 +39,25 @@ from gateway.backends.server_load import ServerLoad
 @dataclass(slots=True)
 class _Call:
     prompt_tokens: int
-    output_tokens: int  # predicted: with the prompt, the KV it will hold
+    output_tokens: int  # predicted
+    streamed: int = 0  # output tokens the server has sent so far
 
     @property
     def tokens(self) -> int:
-        return self.prompt_tokens + self.output_tokens
+        """The KV it may grow to: what the gateway holds for it."""
+        return self.prompt_tokens + max(self.output_tokens, self.streamed)
+
+    @property
+    def held(self) -> int:
+        """The KV it holds on the server now (what a scrape counts)."""
+        return self.prompt_tokens + self.streamed
 
 
 class OwnCalls:
     def __init__(self) -> None:
         self._calls: dict[str, _Call] = {}  # sent, not ended
-        # the tokens of each call open when the last landed scrape started: what it may count
+        # what each call open when the last landed scrape started held then, in tokens: what
+        # that scrape counts of the gateway's
         self._in_scrape: tuple[int, ...] = ()
         # the blocks of both at the block size the room was last asked at, kept as calls come
         # and go: a server running hundreds of the gateway's calls is asked for its room on
@@ -68,6 +82,14 @@ class OwnCalls:
             call.output_tokens = output_tokens
             self._own_blocks += self._blocks(call.tokens)
 
+    def streamed(self, call_id: str, output_tokens: int) -> None:
+        """The server has sent the call's first `output_tokens` tokens."""
+        call = self._calls.get(call_id)
+        if call is not None:
+            self._own_blocks -= self._blocks(call.tokens)
+            call.streamed = output_tokens
+            self._own_blocks += self._blocks(call.tokens)
+
     def ended(self, call_id: str) -> None:
         call = self._calls.pop(call_id, None)
         if call is not None:
@@ -75,7 +97,7 @@ class OwnCalls:
 
     def scrape_started(self) -> tuple[int, ...]:
         """A mark to hand to `scraped` when this scrape lands: the calls it may count."""
-        return tuple(c.tokens for c in self._calls.values())
+        return tuple(c.held for c in self._calls.values())
 
     def scraped(self, mark: tuple[int, ...]) -> None:
         """The scrape that started at `mark` landed: its load is the server's now."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,12 +27,12 @@ def test_a_call_sent_holds_its_slot_and_blocks_beside_what_others_hold() -> None
 
 def test_a_call_the_server_already_runs_is_not_counted_twice() -> None:
     """The server runs the gateway's call (its gauges count it) before the call's first token
-    reaches the gateway: a scrape then must not leave its slot held twice."""
+    reaches the gateway: a scrape then must not leave its slot or its KV held twice."""
     own = OwnCalls()
     for call in ("a", "b", "c"):
-        own.sent(call, prompt_tokens=16, output_tokens=16)  # 2 blocks each
+        own.sent(call, prompt_tokens=16, output_tokens=16)  # 1 block held there, 2 at most
     own.scraped(own.scrape_started())
-    cap = own.capacity(load(running=3, used=6), max_num_seqs=8, healthy=True)
+    cap = own.capacity(load(running=3, used=3), max_num_seqs=8, healthy=True)
     assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (5, 3, 0, 94)
 
 
@@ -48,9 +50,28 @@ def test_other_clients_hold_what_the_scrape_counts_beyond_the_gateways_calls() -
     own.sent("a", 16, 16)
     own.scraped(own.scrape_started())
     own.sent("b", 16, 16)  # after the scrape started: in no scrape yet
-    # 4 running, 2 waiting: "a" and five of others', with 20 blocks used, 2 of them "a"'s
+    # 4 running, 2 waiting: "a" and five of others', with 20 blocks used, 1 of them "a"'s
     cap = own.capacity(load(running=4, waiting=2, used=20), max_num_seqs=8, healthy=True)
-    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (1, 4, 3, 78)
+    assert (cap.free_slots, cap.running, cap.waiting, cap.free_blocks) == (1, 4, 3, 77)
+
+
+def test_the_others_blocks_are_the_used_less_what_the_gateways_calls_hold_there() -> None:
+    """Another replica's calls hold 600 blocks of the server; this one's ten calls have just
+    started and hold their prompts there, not what they may grow to. Taking the latter off the
+    used blocks counted the gap as free room, which the other replica's calls held."""
+    own = OwnCalls()
+    for i in range(10):
+        own.sent(f"a{i}", prompt_tokens=16, output_tokens=640)  # 1 block held, 41 at most
+    own.scraped(own.scrape_started())
+    shared = ServerLoad(20, 0, num_blocks=1200, used_blocks=610, block_size=16, taken_at=0)
+    assert own.capacity(shared, 64, True).free_blocks == 1200 - 600 - 10 * 41
+    for i in range(10):
+        own.streamed(f"a{i}", 32)  # 48 tokens: 3 blocks held each
+    own.scraped(own.scrape_started())
+    grown = replace(shared, used_blocks=630)
+    assert own.capacity(grown, 64, True).free_blocks == 1200 - 600 - 10 * 41
+    own.streamed("a0", 700)  # past its prediction: it may grow to 716 tokens, 45 blocks
+    assert own.capacity(grown, 64, True).free_blocks == 1200 - 600 - 9 * 41 - 45
 
 
 def test_a_call_that_ends_gives_its_room_back_at_once() -> None:
@@ -96,7 +117,7 @@ Op = tuple[str, int, int]  # (what, call, tokens)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["sent", "resized", "ended", "scrape", "landed", "ask"]),
+            st.sampled_from(["sent", "resized", "streamed", "ended", "scrape", "landed", "ask"]),
             st.integers(0, 5),
             st.integers(1, 200),
         ),
@@ -111,31 +132,35 @@ def test_the_room_is_what_summing_the_calls_afresh_gives_after_any_sequence(
     calls, and it is asked for its room on every dispatch): it always equals the sums taken
     afresh, at whichever block size the scrapes report."""
     own = OwnCalls()
-    calls: dict[str, tuple[int, int]] = {}  # call -> (prompt, output), as the gateway sent it
+    calls: dict[str, tuple[int, int, int]] = {}  # call -> (prompt, predicted, streamed)
     started: tuple[int, ...] = ()
     landed: tuple[int, ...] = ()
     for what, n, tokens in ops:
         call = f"c{n}"
         if what == "sent":
             own.sent(call, tokens, n)
-            calls[call] = (tokens, n)
+            calls[call] = (tokens, n, 0)
         elif what == "resized":
             own.resized(call, tokens)
             if call in calls:
-                calls[call] = (calls[call][0], tokens)
+                calls[call] = (calls[call][0], tokens, calls[call][2])
+        elif what == "streamed":
+            own.streamed(call, tokens)
+            if call in calls:
+                calls[call] = (*calls[call][:2], tokens)
         elif what == "ended":
             own.ended(call)
             calls.pop(call, None)
         elif what == "scrape":
             started = own.scrape_started()
-            assert sorted(started) == sorted(p + o for p, o in calls.values())
+            assert sorted(started) == sorted(p + s for p, _, s in calls.values())
         elif what == "landed":
             own.scraped(started)
             landed = started
         block = size if what != "ask" else 1 + tokens % 64  # a server's block size changing
         scraped = ServerLoad(3, 2, num_blocks=10_000, used_blocks=400, block_size=block, taken_at=0)
         cap = own.capacity(scraped, max_num_seqs=8, healthy=True)
-        mine = sum(blocks(p + o, block) for p, o in calls.values())
+        mine = sum(blocks(p + max(o, s), block) for p, o, s in calls.values())
         marked = sum(blocks(t, block) for t in landed)
         assert cap.free_blocks == 10_000 - max(400 - marked, 0) - mine
         assert cap.free_slots == max(8 - max(5 - len(landed), 0) - len(calls), 0)
