@@ -35,9 +35,10 @@ policy does not share by weight), `granted` records it with the call's key in th
 (the priority a shared server is told, so that what several replicas sent it runs in that order;
 not re-keyed later: a server takes a priority once), `retry_later(quota=False)` sends back a
 call the share made wait, and `heads` says which tenants have work here and which could send a
-call now (not held by a quota or with its job). When an attempt that was granted ends, however
-it ends, what it used beyond its grant (all of it back for an attempt that never ran) is `owed`
-to the share, for the caller to pay with its next exchange.
+call now (not held by a quota or with its job; none while no backend of the pool serves here).
+When an attempt that was granted ends, however it ends, what it used beyond its grant (all of
+it back for an attempt that never ran) is `owed` to the share, for the caller to pay with its
+next exchange.
 
 A job the caller holds (`hold_job`: its replica's lease on it may have lapsed) shows no ready
 call, now or later, and is not published as waiting, until `unhold_job`.
@@ -364,11 +365,18 @@ class DispatchCore(Generic[T]):
         else:
             entry.granted, entry.key = charge, key
 
-    def heads(self, now: float) -> tuple[tuple[str, ...], dict[str, float]]:
+    def heads(
+        self, now: float, capacities: Mapping[str, BackendCapacity] | None = None
+    ) -> tuple[tuple[str, ...], dict[str, float]]:
         """The tenants with work here (ready, taken or running calls), and those among them with
         a ready call no quota holds, each with the least offset of its jobs with such a call:
-        what this replica publishes in the pool's share."""
+        what this replica publishes in the pool's share. None waits where no backend of the
+        pool serves in `capacities` (its breaker open, its metrics stale, a partition from this
+        replica alone): this replica could send nothing, and a tenant published waiting here
+        would hold back every other replica's, which may reach the servers."""
         active = self.book.active_tenants()
+        if capacities is not None and not any(c.healthy for c in capacities.values()):
+            return tuple(sorted(active)), {}
         shown = {t: self.book.shown_jobs(t) for t in self.book.unheld_tenants(now)}
         shown = {t: jobs for t, jobs in shown.items() if jobs}
         ready_jobs = {job for jobs in shown.values() for job in jobs}

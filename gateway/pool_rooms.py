@@ -83,12 +83,14 @@ def shrunk_slots(room: BackendCapacity, fraction: float) -> int:
 
 
 def _shrunk(room: BackendCapacity, fraction: float) -> BackendCapacity:
-    """The room left when at most `fraction` of the backend's slots may be busy."""
+    """The room left when at most `fraction` of the backend's slots may be busy: none, not less
+    than none, for a backend past it already (free slots are summed over the pool, where one
+    backend's excess must not hide another's room)."""
     free = min(room.free_slots, shrunk_slots(room, fraction) - room.running - room.waiting)
-    return dataclasses.replace(room, free_slots=free)
+    return dataclasses.replace(room, free_slots=max(free, 0))
 
 
 def _less(room: BackendCapacity, blocks: int) -> BackendCapacity:
     return dataclasses.replace(
-        room, free_blocks=room.free_blocks - blocks, free_slots=room.free_slots - 1
+        room, free_blocks=room.free_blocks - blocks, free_slots=max(room.free_slots - 1, 0)
     )

@@ -5,8 +5,9 @@ happens to own, and orders its calls as one gateway would. Each pool's service c
 Redis: per tenant, the KV token-time its calls took divided by its weight (VTC's counter over
 the cost unit of docs/ARCHITECTURE.md §3). A replica publishes the tenants it has work for
 (`active`: ready, being sent or running) and, among them, those with a call it could send now
-(`waiting`: not held by a quota), each with an offset; each entry lapses `ttl_s` after it was
-published, so a dead replica's tenants stop counting within it.
+(`waiting`: not held by a quota, and some backend of the pool serving in the replica's view),
+each with an offset; each entry lapses `ttl_s` after it was published, so a dead replica's
+tenants stop counting within it.
 
 One order for the pool: a job's *key* is its tenant's counter plus the job's offset (the
 policy's `pool_offsets`: with justitia the predicted cost of its calls not yet granted per unit
@@ -37,13 +38,18 @@ slack each replica's policy keeps its order (justitia's tags, its knee and chain
 jobs it owns.
 
 Redis unreachable: no grant, so no new dispatch (fail closed); a call waits for the store as a
-reserve does (`reserve_deadline_s`) and then fails. Keys carry the pool as hash tag and the
-policy (replicas of different policies do not share an order):
-`<prefix>:{pool:<model>}:<policy>:counters`, `:active`, `:waiting`.
+reserve does (`reserve_deadline_s`) and then fails. A reply lost: the client sends the command
+once more, so each exchange carries a nonce (the replica, its process, a sequence) under which
+the script keeps its reply `REPLY_TTL_S`, and answers the same exchange sent again with it
+instead of charging or paying twice. Keys carry the pool as hash tag and the policy (replicas of
+different policies do not share an order): `<prefix>:{pool:<model>}:<policy>:counters`,
+`:active`, `:waiting`, and `:reply:<nonce>`.
 """
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -53,6 +59,9 @@ from tenants.redis_client import RedisClient, fails_closed
 
 ENTRY_TTL_S = 2.0  # a published tenant counts this long; republished every third of it
 SLACK_CALLS = 1.0  # the lead a tenant may take, in mean charges of a grant
+# how long an exchange's reply is kept for the same exchange sent again (four socket timeouts
+# when that is more: the client's retry reaches the store within about two of the first send)
+REPLY_TTL_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,17 +142,34 @@ class RedisShare(RedisClient):
         self.slack_calls = slack_calls
         self._prefix = prefix
         self._script = self._redis.register_script(_source())
+        self._reply_ttl_ms = int(max(REPLY_TTL_S, 4 * socket_timeout_s) * 1000)
+        # a nonce names one exchange, across replicas and a replica's restarts
+        self._process = uuid.uuid4().hex[:12]
+        self._sequence = itertools.count()
 
     def keys(self, pool: str) -> list[str]:
         base = f"{self._prefix}:{{pool:{pool}}}:{self.policy}"
         return [f"{base}:counters", f"{base}:active", f"{base}:waiting"]
 
+    def nonce(self) -> str:
+        """A name for one exchange of this replica's that no other exchange has."""
+        return f"{self.replica_id}:{self._process}:{next(self._sequence)}"
+
     @_fails_closed
     async def exchange(
-        self, pool: str, heads: Heads, owed: Mapping[str, float], ask: Ask | None = None
+        self,
+        pool: str,
+        heads: Heads,
+        owed: Mapping[str, float],
+        ask: Ask | None = None,
+        nonce: str | None = None,
     ) -> Grant:
         """Publish this replica's heads in the pool, pay what is owed, and answer `ask`: granted
-        (its charge counted) with its key, or not when it must wait (or nothing was asked)."""
+        (its charge counted) with its key, or not when it must wait (or nothing was asked).
+        Under a `nonce` an exchange already made (within `REPLY_TTL_S`) is answered as it was,
+        and does nothing more; by default a fresh one."""
+        nonce = nonce if nonce is not None else self.nonce()
+        keys = [*self.keys(pool), f"{self._prefix}:{{pool:{pool}}}:{self.policy}:reply:{nonce}"]
         args: list[str | float | int] = [
             self.replica_id,
             int(self.ttl_s * 1000),
@@ -151,6 +177,7 @@ class RedisShare(RedisClient):
             ask.tenant_id if ask is not None else "",
             ask.charge if ask is not None else 0.0,
             ask.offset if ask is not None else 0.0,
+            self._reply_ttl_ms,
             len(heads.active),
             *heads.active,
             len(heads.waiting),
@@ -159,7 +186,7 @@ class RedisShare(RedisClient):
             args += [tenant, repr(offset)]
         for tenant, amount in owed.items():
             args += [tenant, repr(amount)]
-        reply = await self._script(keys=self.keys(pool), args=args)
+        reply = await self._script(keys=keys, args=args)
         if int(reply[0]) != 1:
             return Grant(False)
         return Grant(True, float(reply[1]))

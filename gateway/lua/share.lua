@@ -7,10 +7,13 @@
 --                         could send; offset: the least of its jobs' there (gateway/share.py:
 --                         per unit of weight, 0 for a policy that orders tenants only; the
 --                         job's own key for one that charges nothing, fcfs and las)
+-- KEYS[4] reply     string  this exchange's reply, kept ARGV[7] ms under its nonce (replica,
+--                           process, sequence): the same exchange sent again (the client's
+--                           retry once a reply was lost) is answered with it and runs no more
 -- ARGV[1] replica id  ARGV[2] entry ttl ms  ARGV[3] slack, in mean charges
 -- ARGV[4] tenant asking for a grant ('': none)  ARGV[5] its charge (cost / weight)
--- ARGV[6] the offset the tenant asks at (its least there)
--- ARGV[7] a: count of active tenants, then a tenant ids; then w: count of waiting ones, then w
+-- ARGV[6] the offset the tenant asks at (its least there)  ARGV[7] how long the reply is kept, ms
+-- ARGV[8] a: count of active tenants, then a tenant ids; then w: count of waiting ones, then w
 -- pairs of tenant id and offset; then pairs of tenant id, what it owes (charge per unit of
 -- weight; negative: a refund)
 -- A job comes in the pool's order at its key, counter + offset: by weight, the service at which
@@ -18,10 +21,24 @@
 -- Returns {1, key}: granted (charged), at the call's key | {0, lead}: the asking call's key
 -- leads the lowest key of another waiting entry by more than the slack | {2}: nothing asked
 local counters, active, waiting, me = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local MEAN_RATE = 0.05
+local A = 8  -- where the active tenants' count is
+
+-- '<code>[ <number>]' -> the reply it was
+local repeated = redis.call('GET', KEYS[4])
+if repeated then
+  local s = string.find(repeated, ' ', 1, true)
+  if s == nil then return {tonumber(repeated)} end
+  return {tonumber(string.sub(repeated, 1, s - 1)), string.sub(repeated, s + 1)}
+end
+
+local function reply(r)
+  redis.call('SET', KEYS[4], table.concat(r, ' '), 'PX', ARGV[7])
+  return r
+end
+
 local now = now_ms()
 local until_ms = now + tonumber(ARGV[2])
-local MEAN_RATE = 0.05
-local A = 7  -- where the active tenants' count is
 
 local function counter(t)
   return tonumber(redis.call('HGET', counters, t) or '0')
@@ -98,7 +115,7 @@ republish(waiting, published_waiting)
 
 local tenant = ARGV[4]
 if tenant == '' then
-  return {2}
+  return reply({2})
 end
 -- the asking call is this replica's own choice among its tenant's jobs here: only the other
 -- entries (other tenants anywhere, this tenant on other replicas) can come before it
@@ -115,8 +132,8 @@ local mean = tonumber(redis.call('HGET', counters, '~mean') or ARGV[5])
 local key = counter(tenant) + tonumber(ARGV[6])
 local lead = lowest and key - lowest or 0
 if lead > tonumber(ARGV[3]) * mean then
-  return {0, fmt(lead)}
+  return reply({0, fmt(lead)})
 end
 redis.call('HINCRBYFLOAT', counters, tenant, ARGV[5])
 redis.call('HSET', counters, '~mean', fmt(mean + (charge - mean) * MEAN_RATE))
-return {1, fmt(key)}
+return reply({1, fmt(key)})

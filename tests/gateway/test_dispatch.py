@@ -16,6 +16,7 @@ import anyio
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis import Redis as SyncRedis
 
 from engine import (
     AsyncEngine,
@@ -43,7 +44,7 @@ from predictor.error_tracker import ErrorTracker
 from predictor.history import HistoryPredictor
 from predictor.prompt_model import PromptModel
 from tenants import MemoryQuotaStore, QuotaExceeded, QuotaLimit, Reservation, TenantQuota
-from tenants.policies import FcfsPolicy, JobInfo, JustitiaPolicy, Policy
+from tenants.policies import FcfsPolicy, JobInfo, JustitiaPolicy, Policy, VtcPolicy
 from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
 from tests.gateway.conftest import sim_core
@@ -869,6 +870,38 @@ async def test_a_call_whose_job_ends_before_its_take_runs_asks_nothing_and_keeps
         assert await share.counters("sim") == {}  # no grant was asked, so none was charged
         assert not env.engine.core.scheduler.requests
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # nothing failed
+    finally:
+        await share.aclose()
+
+
+@pytest.mark.redis
+async def test_a_replica_shut_down_pays_back_the_grants_of_the_calls_it_aborted(
+    make_env: MakeEnv, redis_prefix: str
+) -> None:
+    """A rolling restart: the calls aborted, the dispatcher closes at once (before its heads'
+    next publish): one last exchange trues each grant up and takes the replica's heads out."""
+    share = RedisShare(REDIS_URL, "r1", "vtc", prefix=redis_prefix)
+    try:
+        env = await make_env(MemoryQuotaStore(), steps=False, policy=VtcPolicy(), share=share)
+        dispatcher = env.dispatcher
+        runs = [job(f"j{i}", ("a", 1000)) for i in range(4)]
+        for run in runs:
+            await admit(dispatcher, run)
+        with anyio.fail_after(5):
+            while len(dispatcher.core.running) < 4:
+                await anyio.wait_all_tasks_blocked()
+        assert (await share.counters("sim"))["acme"] > 0  # each charged its worst case
+        dispatcher.pause()  # what server.py's shutdown does: pause, abort, close
+        for run in runs:
+            dispatcher.cancel(run, "server shutting down")
+        await dispatcher.aclose()
+        assert await share.counters("sim") == {"acme": 0.0}  # none of them ran
+        _, active, waiting = share.keys("sim")
+        redis = SyncRedis.from_url(REDIS_URL)
+        try:
+            assert redis.zcard(active) == redis.zcard(waiting) == 0
+        finally:
+            redis.close()
     finally:
         await share.aclose()
 

@@ -463,6 +463,16 @@ def test_sheddable_calls_leave_the_reserve_of_slots_free_and_protected_ones_take
     assert run_all(core, 2.0, slots=2, running=16) == ["bg/n12", "bg/n13"]
 
 
+def test_a_backend_past_its_shrunk_batch_hides_no_other_s_free_slots_from_sheddable_calls() -> None:
+    core = make_core("fcfs")
+    add_job(core, "bg", tenant="batch", priority=-1)
+    core.batch_fraction = 0.5  # x (8 busy of 8) is past its 4; y has 4 of its 8 free
+    core.sheddable_reserve = 0.1  # 2 of 16 slots kept from sheddable calls: y has more
+    pool = {"x": room(free_slots=0, running=8), "y": room(free_slots=8)}
+    dispatch = core.next(0.0, pool)
+    assert dispatch is not None and dispatch.entry.backend == "y"
+
+
 def test_with_share_slots_a_tenant_over_its_share_yields_to_one_under_it() -> None:
     core = make_core("fcfs", share_slots=True)
     add_job(core, "heavy", nodes=5, tenant="h")
@@ -752,6 +762,15 @@ def test_a_share_refusal_keeps_the_tenant_waiting_and_a_quota_refusal_does_not()
     core.retry_later(second.entry.call.call_id, 1.0)
     assert core.heads(0.5) == (("t1", "t2"), {"t1": 0.0})  # t2 could send nothing now
     assert core.heads(1.0) == (("t1", "t2"), {"t1": 0.0, "t2": 0.0})  # hold over
+
+
+def test_no_tenant_waits_in_the_pool_s_share_while_no_backend_serves_here() -> None:
+    core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
+    add_job(core, "a", tenant="t1")
+    down = {"x": room(healthy=False), "y": room(healthy=False)}
+    assert core.next(0.0, down) is None
+    assert core.heads(0.0, down) == (("t1",), {})  # active still, but it could send nothing
+    assert core.heads(0.0, {**down, "y": room()}) == (("t1",), {"t1": 0.0})
 
 
 def test_justitia_s_heads_give_each_waiting_tenant_its_least_job_offset() -> None:

@@ -34,7 +34,17 @@ def test_a_fraction_cuts_the_slots_that_may_be_busy_the_smaller_of_the_two() -> 
     cut = rooms_left(per_backend, [], {"a": 0.5}, batch_fraction=0.75)
     assert (cut["a"].free_slots, cut["b"].free_slots) == (2, 5)  # b: 9 of 12 may be busy
     full = rooms_left({"a": room(free_slots=2, running=10)}, [], 0.5)
-    assert full["a"].free_slots == -4  # past the cut already: no call fits
+    assert full["a"].free_slots == 0  # past the cut already: no call fits, and none is owed
+
+
+def test_no_backend_s_room_is_less_than_none() -> None:
+    """Free slots are summed over the pool (the sheddable reserve, the overload level): a
+    backend past its shrunk batch, or promised more than it had, must not hide another's."""
+    pool = {"x": room(free_slots=0, running=8), "y": room(free_slots=8)}
+    halved = rooms_left(pool, [taken("x", 20, 40)], batch_fraction=0.5)
+    assert (halved["x"].free_slots, halved["y"].free_slots) == (0, 4)
+    promised = rooms_left({"a": room(free_slots=1)}, [taken("a", 20, 40), taken("a", 20, 40)])
+    assert promised["a"].free_slots == 0
 
 
 def test_shrunk_slots_keep_one_and_lose_none_to_rounding() -> None:

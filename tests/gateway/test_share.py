@@ -8,13 +8,22 @@ weight (fcfs) orders the pool by its jobs' own keys alone, apart from another po
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
+import anyio
 import pytest
 
+from gateway.backends import BackendCapacity
+from gateway.dispatch_core import DispatchCore
 from gateway.errors import ShareUnavailable
+from gateway.lanes import Lane
 from gateway.share import Ask, Grant, Heads, RedisShare
+from gateway.share_exchange import ShareExchange
+from tenants.policies import JobInfo, NodeCost, ReadyCall, make_policy
 from tenants.redis_client import round_trips
 from tests.conftest import REDIS_URL
+from tests.gateway.backends.proxy import cuttable_proxy
+from tests.gateway.factories import room
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 POOL = "m"
@@ -207,3 +216,121 @@ async def test_each_exchange_is_one_round_trip(replicas: tuple[RedisShare, Redis
     for _ in range(5):
         await a.exchange(POOL, waiting("t1"), {"t1": 1.0}, Ask("t1", 1.0))
     assert round_trips() - before == 5
+
+
+class Server:
+    """One server of the pool as one replica sees it (its room, healthy or not)."""
+
+    def __init__(self, healthy: bool = True) -> None:
+        self.room = room(healthy=healthy)
+
+    def capacity(self) -> BackendCapacity:
+        return self.room
+
+
+def gated_lane(server: Server, tenant: str, nodes: int = 4) -> Lane:
+    """A pool of one server shared with other replicas, with one job of `tenant` ready."""
+    core: DispatchCore[str] = DispatchCore(make_policy("vtc"), gated=True)
+    job_id = f"{tenant}-job"
+    costs = tuple(NodeCost(f"n{i}", (), 16, 16.0, 64) for i in range(nodes))
+    core.add_job(JobInfo(job_id, tenant, 1.0, 0.0, costs), 0.0)
+    for i in range(nodes):
+        call = ReadyCall(f"{job_id}/n{i}", job_id, tenant, f"n{i}", 16, 16.0, 64)
+        core.add_ready(call, 16, call.call_id, 0.0)
+    return Lane(POOL, {"srv": server}, core, None)  # type: ignore[dict-item, arg-type]
+
+
+def exchange_of(share: RedisShare) -> ShareExchange:
+    return ShareExchange(share, lambda: 0.0, lambda: False)
+
+
+async def test_a_replica_that_sees_no_server_serve_holds_no_other_replica_back(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    """Its view alone (its breaker open, its scrapes stale, a partition between it and the
+    servers) keeps it from sending: its tenants stay active, but none waits in the pool."""
+    a, b = replicas
+    a_view = Server(healthy=False)
+    lane_a, lane_b = gated_lane(a_view, "t1"), gated_lane(Server(), "t2")
+    exchange_a, exchange_b = exchange_of(a), exchange_of(b)
+    await exchange_a.exchange(lane_a)
+    # t2 leads t1 (at 0) far past the slack of 2 x 10, and is granted: t1 could not go anyway
+    for _ in range(10):
+        assert await exchange_b.exchange(lane_b, Ask("t2", 10.0))
+    assert exchange_a.heads(lane_a) == Heads(("t1",), {})
+    a_view.room = room()  # the server serves again in a's view: t1 waits, t2 waits for it
+    await exchange_a.exchange(lane_a)
+    assert exchange_a.heads(lane_a) == Heads(("t1",), {"t1": 0.0})
+    assert not await exchange_b.exchange(lane_b, Ask("t2", 10.0))
+    assert await a.counters(POOL) == {"t2": 100.0}
+
+
+async def test_at_close_a_replica_pays_what_it_owes_and_leaves_the_pool(
+    replicas: tuple[RedisShare, RedisShare],
+) -> None:
+    a, b = replicas
+    lane_a, lane_b = gated_lane(Server(), "t1"), gated_lane(Server(), "t2")
+    never = Lane("never", {"srv": Server()}, DispatchCore(make_policy("vtc"), gated=True), None)  # type: ignore[dict-item, arg-type]
+    exchange_a, exchange_b = exchange_of(a), exchange_of(b)
+    assert await exchange_a.exchange(lane_a, Ask("t1", 10.0))  # t1 at 10, still waiting
+    for _ in range(3):  # t2 joins at 10 and leads t1 by at most 2 x 10
+        assert await exchange_b.exchange(lane_b, Ask("t2", 10.0))
+    assert not await exchange_b.exchange(lane_b, Ask("t2", 10.0))
+    lane_a.core.owe({"t1": -10.0})  # its call ended unrun: its grant owed back
+    before = round_trips()
+    await exchange_a.close([lane_a, never])
+    assert round_trips() - before == 1  # a pool it never published in is left alone
+    assert lane_a.core.owed == {}
+    assert await a.counters(POOL) == {"t1": 0.0, "t2": 40.0}
+    # a's t1 waits no more: t2 leads nobody
+    for _ in range(5):
+        assert await exchange_b.exchange(lane_b, Ask("t2", 10.0))
+
+
+async def test_at_close_what_cannot_be_paid_is_logged_and_close_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unreachable = RedisShare("redis://127.0.0.1:1/0", "a", "vtc", socket_timeout_s=0.2)
+    lane = gated_lane(Server(), "t1")
+    lane.core.owe({"t1": -30.0})
+    try:
+        await exchange_of(unreachable).close([lane])
+    finally:
+        await unreachable.aclose()
+    assert "left unpaid in the share of m: {'t1': -30.0}" in caplog.text
+
+
+async def test_an_exchange_whose_reply_was_lost_charges_and_pays_once(
+    redis_prefix: str, replicas: tuple[RedisShare, RedisShare]
+) -> None:
+    """The client sends a script again when its connection drops: the same exchange is answered
+    as it ran (it granted a second call and paid again); one whose retry's reply was lost too,
+    or that was cancelled, is sent again under its nonce before the pool's next exchange."""
+    _, b = replicas  # straight to Redis: the counters as they are
+    redis = urlsplit(REDIS_URL)
+    async with cuttable_proxy(redis.port or 6379) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}{redis.path}"
+        a = RedisShare(url, "a", "vtc", prefix=redis_prefix)
+        try:
+            lane, exchange = gated_lane(Server(), "t1"), exchange_of(a)
+            await exchange.exchange(lane)  # the script loaded
+            proxy.lose_reply_to(redis_prefix.encode())
+            assert await exchange.exchange(lane, Ask("t1", 100.0))
+            assert proxy.replies_lost == 1
+            assert await b.counters(POOL) == {"t1": 100.0}
+            lane.core.owe({"t1": -5.0})
+            proxy.lose_reply_to(redis_prefix.encode(), times=2)
+            with pytest.raises(ShareUnavailable):
+                await exchange.exchange(lane, Ask("t1", 10.0))
+            assert proxy.replies_lost == 3
+            # it had run: answered so, its grant (which no call took) is owed back and paid
+            await exchange.exchange(lane)
+            assert await b.counters(POOL) == {"t1": 95.0}
+            lane.core.owe({"t1": -5.0})
+            with anyio.CancelScope() as scope:  # sent or not as it was cancelled
+                scope.cancel()
+                await exchange.exchange(lane, Ask("t1", 10.0))
+            await exchange.exchange(lane)
+            assert await b.counters(POOL) == {"t1": 90.0}
+        finally:
+            await a.aclose()

@@ -5,7 +5,8 @@ and every open connection, so clients see a dropped stream and then a refused co
 `freeze()` forwards nothing more either way and closes nothing, as a lost host or a network cut
 does: only a client's own timeout or keepalive can tell. `lose_reply_to(marker)` lets the next
 request holding `marker` through but drops its connection instead of its reply: the upstream
-acted on it, the client never heard (`replies_lost` counts them).
+acted on it, the client never heard (`replies_lost` counts them); with `times`, so many such
+requests one after another (a client's retry losing its reply too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class CuttableProxy:
         self._scope = anyio.CancelScope()
         self._frozen = anyio.Event()
         self._lose_reply_to: bytes | None = None
+        self._losses_left = 0
         self.replies_lost = 0
         self.port = 0
 
@@ -48,7 +50,9 @@ class CuttableProxy:
 
             def request(chunk: bytes) -> bool:
                 if self._lose_reply_to is not None and self._lose_reply_to in chunk:
-                    self._lose_reply_to = None
+                    self._losses_left -= 1
+                    if not self._losses_left:
+                        self._lose_reply_to = None
                     losing.set()
                 return True
 
@@ -66,8 +70,8 @@ class CuttableProxy:
     def freeze(self) -> None:
         self._frozen.set()
 
-    def lose_reply_to(self, marker: bytes) -> None:
-        self._lose_reply_to = marker
+    def lose_reply_to(self, marker: bytes, times: int = 1) -> None:
+        self._lose_reply_to, self._losses_left = marker, times
 
 
 async def _pump(
