@@ -11,14 +11,16 @@ caller without a key cannot make the event loop parse a message of up to `max_me
 (a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
 calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT.
 
-Failed authentications are throttled per peer address: each failure (and each lookup the store
-could not answer: a stranger must not hold its connections while it is slow) takes a token from
-the peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
+Failed authentications are throttled per peer address: each failure takes a token from the
+peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
 calls with RESOURCE_EXHAUSTED + RetryInfo (reason AUTH_RATE_LIMITED) before the store is asked,
 so guessing keys is slow and costs the store nothing. A key that passed within the last hour
 is not a guess: it is checked as usual whatever its peer's bucket holds, so a caller guessing
 from a shared address (a load balancer, a NAT) does not lock out the tenants behind it (a key
-never seen before waits for the bucket there). Known keys are cached for `cache_ttl_s`;
+never seen before waits for the bucket there). The store lookups of keys that have not passed
+lately run `UNKNOWN_LOOKUPS` at a time: a lookup the store fails gives its token back (it is no
+failed authentication), so while the store is slow guesses would otherwise hold as many of its
+connections as they like. Known keys are cached for `cache_ttl_s`;
 `forget_key` and `forget_tenant` drop them at once when a key is revoked or a tenant deleted. A
 lookup that was under way across such a withdrawal (its `Revocations` stamp, taken as the RPC's
 authentication began, older than the withdrawal) is refused and cached nowhere: the store may
@@ -34,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import grpc
 from cachetools import TTLCache
 from google.protobuf.message import DecodeError
@@ -46,7 +49,7 @@ from gateway.errors import (
     abort_with,
 )
 from gateway.revocations import STAMP, Revocations
-from tenants import AuthFailed, QuotaStore, QuotaUnavailable, bearer_token, hash_key, verify_admin
+from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller")
@@ -57,6 +60,10 @@ OPEN_PREFIXES = ("/grpc.health.", "/grpc.reflection.")
 FAILURES_PER_MINUTE = 30
 OPEN_MESSAGE_BYTES = 64 * 1024  # a health or reflection request names a service or a file
 PASSED_KEYS_KEPT_S = 3600.0  # how long a key that passed is exempt from its peer's throttle
+# store lookups at once of keys that have not passed lately: while the store is slow, a
+# stranger's guesses (which give their tokens back when the store fails, as a store failure is
+# no failed authentication) hold no more of the connections the quota scripts need
+UNKNOWN_LOOKUPS = 8
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]
 else:
@@ -136,6 +143,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
         # the same digests, of the keys that passed lately: not guesses, so never throttled
         self._passed: TTLCache[str, Caller] = TTLCache(65_536, PASSED_KEYS_KEPT_S, timer=clock)
+        # the store lookups of the others, at once
+        self._unknown = anyio.CapacityLimiter(UNKNOWN_LOOKUPS)
 
     def forget_key(self, key_id: str) -> None:
         self.revocations.key_revoked(key_id)
@@ -187,12 +196,11 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             if retry is not None:
                 raise AuthThrottled(retry)
         try:
-            caller = await self._check(credential, admin, began)
+            async with contextlib.nullcontext() if exempt else self._unknown:
+                caller = await self._check(credential, admin, began)
         except Unauthenticated:
             self._passed.pop(digest, None)
             raise
-        except QuotaUnavailable:  # its token kept: a stranger must not hold the store's
-            raise  # connections while it is slow, as many guesses as it likes
         except BaseException:
             if not exempt:
                 self.throttle.give_back(peer)  # not a failed authentication

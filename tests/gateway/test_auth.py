@@ -6,7 +6,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from gateway.auth import PASSED_KEYS_KEPT_S, AuthInterceptor, FailureThrottle
+from gateway.auth import PASSED_KEYS_KEPT_S, UNKNOWN_LOOKUPS, AuthInterceptor, FailureThrottle
 from gateway.errors import AuthThrottled, Unauthenticated
 from tenants import QuotaUnavailable, TenantQuota
 from tests.fake_clock import FakeClock
@@ -95,26 +95,48 @@ async def test_guesses_made_at_once_take_their_tokens_before_the_store_answers()
     assert auth.throttle.take(PEER) is None
 
 
-class Away(CountingStore):
-    """A store that cannot be reached (or answers past its timeout)."""
+class Slow(CountingStore):
+    """A store that, once `slow`, answers no lookup until `answer` is set, and then fails it
+    (its timeout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow, self.answer = False, anyio.Event()
 
     async def authenticate(self, plaintext: str) -> str:
+        if not self.slow:
+            return await super().authenticate(plaintext)
         self.authentications += 1
-        raise QuotaUnavailable("away")
+        await self.answer.wait()
+        raise QuotaUnavailable("timed out")
 
 
-async def test_a_strangers_lookups_are_throttled_while_the_store_cannot_answer() -> None:
-    """A lookup the store failed gave its token back, so while the store was slow a stranger's
-    guesses went to it without end, each holding one of the connections the quota scripts need;
-    a key that passed before is still checked, whatever its peer's bucket holds."""
-    store, clock = Away(), FakeClock(0.0)
-    auth = AuthInterceptor(store, ADMIN_KEY, throttle=FailureThrottle(2, clock), clock=clock)
-    for _ in range(2):
+async def test_keys_not_seen_lately_are_looked_up_a_few_at_a_time_while_the_store_is_slow() -> None:
+    """A lookup the store fails gives its token back (no failed authentication), so while the
+    store was slow a stranger's guesses went to it as fast as they came, each holding one of the
+    connections the quota scripts need; a key that passed lately goes to it all the same."""
+    store, clock = Slow(), FakeClock(0.0)
+    await store.create_tenant("acme", "Acme", TenantQuota())
+    key = "Bearer " + (await store.issue_key("acme"))[1]
+    auth = AuthInterceptor(store, ADMIN_KEY, cache_ttl_s=5.0, clock=clock)
+    await auth._caller(key, False, PEER)
+    store.slow, store.authentications = True, 0
+    clock.now = 6.0  # past the cache: the key is looked up again
+    failed: list[str] = []
+
+    async def look_up(credential: str) -> None:
         with pytest.raises(QuotaUnavailable):
-            await auth._caller(GUESS, False, PEER)
-    with pytest.raises(AuthThrottled):
-        await auth._caller(GUESS, False, PEER)
-    assert store.authentications == 2
+            await auth._caller(credential, False, PEER)
+        failed.append(credential)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(UNKNOWN_LOOKUPS + 4):
+            tg.start_soon(look_up, f"Bearer fg_{i:016x}_" + "a" * 43)
+        tg.start_soon(look_up, key)
+        await anyio.wait_all_tasks_blocked()
+        assert store.authentications == UNKNOWN_LOOKUPS + 1
+        store.answer.set()
+    assert len(failed) == UNKNOWN_LOOKUPS + 5 and key in failed
 
 
 async def test_a_revoked_key_is_exempt_no_more() -> None:
