@@ -1,10 +1,11 @@
 """How many of something each tenant holds at once, counted while a block runs, with a limit.
 
 Open streams and submissions under way are both counted so (and the characters of the jobs
-being admitted, `adding` any amount): `holding` refuses one past the
-tenant's limit before any work (the refusal is the caller's, with its QUOTA_* reason), counts it
-while the block runs, and forgets a tenant whose count is back to 0, so the map holds only
-tenants with something under way. Invariant: a tenant's count is the blocks of it running now.
+being admitted, `adding` any amount): `holding` refuses one past the tenant's limit before any
+work (the refusal is the caller's, with its QUOTA_* reason), counts it while the block runs, and
+forgets a tenant whose count is back to 0, so the map holds only tenants with something under
+way. Invariant: a tenant's count is the sum of what the blocks of
+it running now count.
 """
 
 from __future__ import annotations

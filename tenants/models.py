@@ -120,7 +120,9 @@ class Usage:
 
 def check_tenant_id(tenant_id: str) -> str:
     if not isinstance(tenant_id, str) or not _TENANT_ID.fullmatch(tenant_id):
-        shown = repr(tenant_id[:64]) + ("..." if len(tenant_id) > 64 else "")  # its start alone
+        shown = repr(tenant_id)  # its start alone, for a string of any size
+        if isinstance(tenant_id, str) and len(tenant_id) > 64:
+            shown = repr(tenant_id[:64]) + "..."
         raise TenantInvalid(
             f"tenant id must be 1-64 of [A-Za-z0-9._-], starting alphanumeric; got {shown}"
         )

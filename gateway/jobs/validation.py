@@ -146,7 +146,8 @@ def input_sizes(inputs: Mapping[str, str]) -> dict[str, int]:
 
 
 # what one tenant's admitted, unfinished jobs on one replica hold together (`job_chars`) by
-# default: 16 jobs of the most a job may hold, at about 3 bytes a character as they run
+# default: 8 jobs of the most a job may hold (its inputs and its prompts, 4 Mi characters
+# each), at about 3 bytes a character as they run
 MAX_QUEUED_CHARS = 64 << 20
 
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from tenants import QuotaInvalid, TenantQuota
+from tenants import QuotaInvalid, TenantInvalid, TenantQuota
+from tenants.models import check_tenant_id
 
 
 @pytest.mark.parametrize(
@@ -56,3 +57,10 @@ def test_defaults_bound_every_count() -> None:
     assert (quota.max_nodes_per_job, quota.max_prompt_tokens) == (256, 8192)
     assert (quota.max_tokens_ceiling, quota.default_max_tokens) == (512, 256)
     assert (quota.tokens_per_minute, quota.daily_token_budget) == (0, 0)
+
+
+@pytest.mark.parametrize("tenant_id", ["", "-lead", "a" * 65, "x" * 1_000_000, None, 42])
+def test_a_bad_tenant_id_is_refused_quoting_its_start_alone(tenant_id: object) -> None:
+    with pytest.raises(TenantInvalid) as refused:
+        check_tenant_id(tenant_id)  # type: ignore[arg-type]
+    assert len(str(refused.value)) < 200
