@@ -125,6 +125,13 @@ def _decoding(job_id: str, what: str) -> Iterator[None]:
         raise JobUnreadable(f"job {job_id!r} cannot be read from the journal: its {what}") from exc
 
 
+def _decoded_spec(job_id: str, submission: Submission) -> JobSpec:
+    """The submission's spec (in a worker thread for a large one: only the decode's own errors
+    make the job unreadable, not the thread hop's)."""
+    with _decoding(job_id, "submission"):
+        return submission.decoded_spec()
+
+
 def _script_source(name: str) -> str:
     lua = resources.files("gateway") / "lua"
     return (lua / "_lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
@@ -380,12 +387,13 @@ class RedisJournal(RedisClient):
             return None
         with _decoding(job_id, "submission"):
             submission = Submission.from_fields(fields)
-            if cached is not None:
-                spec = cached[0]
-            elif len(submission.spec) <= INLINE_DECODE_CHARS:
-                spec = submission.decoded_spec()
-            else:
-                spec = await anyio.to_thread.run_sync(submission.decoded_spec)
+        if cached is not None:
+            spec = cached[0]
+        elif len(submission.spec) <= INLINE_DECODE_CHARS:
+            spec = _decoded_spec(job_id, submission)
+        else:
+            spec = await anyio.to_thread.run_sync(_decoded_spec, job_id, submission)
+        with _decoding(job_id, "submission"):
             run = submission.run(spec)
         if cached is None:
             self._keep_spec(key, spec)

@@ -5,7 +5,8 @@ in one round trip), and only then marked durable, so watchers hear only of what 
 death cannot undo. While Redis cannot be reached the batches wait and are sent again with capped
 backoff (watchers wait too: nothing fails open); a batch the journal refuses for good (another
 replica owns the job, or the journal lost events it had acknowledged: a gap) loses its job here,
-and whatever else one pass raises is logged and the pass tried again. Every `lease_ttl_s / 3`,
+as does a batch that cannot be built (a bug: logged; the other jobs' batches are written), and
+whatever else one pass raises is logged and the pass tried again. Every `lease_ttl_s / 3`,
 counted from when the last renewal was sent (not answered: one still unanswered then is cut off
 and sent again), the replica renews the leases of the jobs it owns; a job another replica took
 over (its lease ran out while this one could not renew, or its token was fenced off at a write)
@@ -215,8 +216,11 @@ class Journaling(OwnsTasks):
     async def _write_pending(self) -> None:
         pending, self._pending = self._pending, {}
         jobs = {job_id: self._owned.get(job_id) for job_id in pending}
+        batches = []
+        for job_id, job in jobs.items():
+            if job is not None and (batch := self._batch(job, pending[job_id])) is not None:
+                batches.append(batch)
         try:
-            batches = [job.batch(pending[j]) for j, job in jobs.items() if job is not None]
             written = await self.journal.append(batches)
         except BaseException:  # unavailable, or cancelled on its way: sent again later
             for job_id, events in pending.items():
@@ -239,10 +243,21 @@ class Journaling(OwnsTasks):
             if job.run.ended and job.run.last_sequence == last:
                 del self._owned[batch.owned.job_id]
 
-    def _lose(self, job_id: str) -> None:
+    def _batch(self, job: _Job, events: list[JobEvent]) -> Batch | None:
+        """The job's next batch; None when it cannot be built: the job is lost here (else it
+        would fail every pass, and hold every other job's events back with it), for another
+        replica to claim from the journal once its lease lapses."""
+        try:
+            return job.batch(events)
+        except Exception:
+            log.exception("building the batch of job %s", job.run.job_id)
+            self._lose(job.run.job_id, "cannot be journaled here")
+            return None
+
+    def _lose(self, job_id: str, why: str = "was taken over by another replica") -> None:
         run = self._owned.pop(job_id).run
         self._pending.pop(job_id, None)
-        log.warning("job %s was taken over by another replica", job_id)
+        log.warning("job %s %s", job_id, why)
         run.detach()
         self.on_lost(run)
 

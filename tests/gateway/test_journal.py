@@ -17,7 +17,7 @@ import pytest
 
 from fairgate.v1 import gateway_pb2 as pb
 from gateway import journal_codec
-from gateway.errors import JournalUnavailable
+from gateway.errors import JobUnreadable, JournalUnavailable
 from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.jobs import JobSpec, NodeSpec
 from gateway.journal import BLOCKING_READS, POOL_SIZE, Batch, KeyTaken, RedisJournal
@@ -442,3 +442,29 @@ async def test_a_large_spec_is_decoded_off_the_event_loop(
     loop = threading.get_ident()
     assert decoded_on[0] != loop  # in a worker thread
     assert decoded_on[1] == loop  # a small one where it is: a thread costs more than it
+
+
+async def test_only_a_large_specs_own_decoding_makes_its_job_unreadable(
+    journals: tuple[RedisJournal, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hop to the worker thread that decodes a large spec failing is no unreadable record:
+    the claim raises it and the job is left as it was (it read as JobUnreadable, and the claim
+    ended it FAILED, for good); a spec that cannot be decoded there still reads so."""
+    one, two = journals
+    await one.hand_back([await one.create(JobRun("job-1", "acme", large_spec(100_000), 100.0))])
+
+    async def no_thread(*_: object) -> Any:
+        raise RuntimeError("no worker thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(anyio.to_thread, "run_sync", no_thread)
+        with pytest.raises(RuntimeError):
+            await two.load("acme", "job-1")
+        with pytest.raises(RuntimeError):
+            await two.claim("acme", "job-1")
+    assert await one.read("acme", "job-1", 0) == []  # not ended
+    key = one._job("acme", "job-1")
+    spec: str = await one._redis.hget(key, "spec")  # type: ignore[assignment]
+    await one._redis.hset(key, "spec", spec[:-3])  # its base64 cut short
+    with pytest.raises(JobUnreadable):
+        await two.load("acme", "job-1")

@@ -16,9 +16,9 @@ import pytest
 
 from bench.journal import journaled_job, read_elsewhere
 from gateway.errors import JournalUnavailable
-from gateway.job_run import JobRun, NodeState
+from gateway.job_run import JobEvent, JobRun, NodeState
 from gateway.journal import Batch, Owned, RedisJournal, Renewed
-from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
+from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling, _Job
 from tests.conftest import REDIS_URL
 from tests.fake_clock import FakeClock
 from tests.gateway.test_journal import two_calls
@@ -420,6 +420,38 @@ async def test_a_gap_in_the_journal_loses_the_job_here_and_the_writer_goes_on(
         assert lost == [gapped] and journaling.owned == 1
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "job-1" in error.getMessage()
+    await journal.aclose()
+
+
+async def test_a_job_whose_batch_cannot_be_built_is_lost_and_the_others_written(
+    redis_prefix: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug building one job's batch (encoding its snapshot, say) is logged and loses that job
+    here, for another replica to claim from the journal; the other jobs' batches are written in
+    the same pass (every job's events were put back and every pass failed alike, for ever: none
+    became durable, while the renewals went on and the replica looked healthy)."""
+    journal = RedisJournal(REDIS_URL, "one", lease_ttl_s=60.0, prefix=redis_prefix)
+    bad, good = (JobRun(f"job-{i}", "acme", two_calls(), 100.0) for i in (1, 2))
+    built = _Job.batch
+
+    def batch(job: _Job, events: list[JobEvent]) -> Batch:
+        if job.run is bad:
+            raise ValueError("cannot encode the snapshot")
+        return built(job, events)
+
+    monkeypatch.setattr(_Job, "batch", batch)
+    lost: list[JobRun] = []
+    async with Journaling(journal, no_orphan, lost.append, no_loss) as journaling:
+        for run in (bad, good):
+            journaling.attach(await journal.create(run), run, time.monotonic())
+        bad.start(101.0)
+        good.start(101.0)  # both in one pass
+        await written(good)
+        assert lost == [bad] and journaling.fenced(bad) and journaling.owned == 1
+    assert await journal.read("acme", "job-1", 0) == []
+    assert [e.sequence for e in await journal.read("acme", "job-2", 0)] == [1]
+    [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "job-1" in error.getMessage() and error.exc_info is not None
     await journal.aclose()
 
 
