@@ -395,8 +395,8 @@ class DispatchCore(Generic[T]):
         return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 
     def take_owed(self) -> dict[str, float]:
-        """What is owed to the pool's share, handed to the caller to pay (`owe` it back if
-        the payment fails)."""
+        """What is owed to the pool's share, handed to the caller to pay (and to send again if
+        the payment goes unanswered)."""
         owed, self.owed = self.owed, {}
         return owed
 

@@ -10,9 +10,12 @@ replica hands its jobs over (`paused`).
 
 An exchange whose reply never came (the store unreachable past the client's one retry, or the
 exchange cancelled) may or may not have run: it is kept, and sent again under its nonce before
-the pool's next exchange. The script answers one that ran as it did (a grant it made, which no
-call took, is owed back) and runs one that did not, without its ask: what it was to pay is paid
-once either way (unless the store kept its reply no longer, `REPLY_TTL_S`: then it runs again).
+the pool's next exchange, by one task at a time; while it does, the pool's other exchanges fail
+at once as with the store unreachable, sending nothing and keeping nothing, so that an outage
+keeps no more than the exchanges sent before its first failure. Each is dropped once answered. The
+script answers one that ran as it did (a grant it made, which no call took, is owed back) and
+runs one that did not, without its ask: what it was to pay is paid once either way (unless the
+store kept its reply no longer, `REPLY_TTL_S`: then it runs again).
 
 At close (`close`, once the replica's calls have ended: each aborted call's grant trued up, its
 worst case owed back), one last exchange per gated pool pays what is owed and takes this
@@ -62,6 +65,7 @@ class ShareExchange:
         self._changed = anyio.Event()
         self._published: dict[str, Heads] = {}  # pool -> the heads it last published
         self._unsure: dict[str, list[Unsure]] = {}  # pool -> its exchanges unanswered
+        self._resending: set[str] = set()  # pools whose unanswered exchanges a task sends again
 
     def heads(self, lane: Lane) -> Heads:
         """What this replica publishes in the pool's share: nothing once it hands over, and no
@@ -84,9 +88,9 @@ class ShareExchange:
     ) -> Grant:
         """One exchange with the pool's share: the heads published (this replica's own unless
         `heads` says), what is owed paid; first, those of its exchanges left unanswered."""
-        heads = heads if heads is not None else self.heads(lane)
         try:
             await self._send_again(lane, heads)
+            heads = heads if heads is not None else self.heads(lane)
             owed, nonce = lane.core.take_owed(), self.share.nonce()
             try:
                 granted = await self.share.exchange(lane.model, heads, owed, ask, nonce)
@@ -100,20 +104,25 @@ class ShareExchange:
         self._published[lane.model] = heads
         return granted
 
-    async def _send_again(self, lane: Lane, heads: Heads) -> None:
-        """The pool's exchanges left unanswered, sent again under their nonces (each by one
-        task: a concurrent exchange finds it gone)."""
-        unsure = self._unsure.pop(lane.model, [])
-        while unsure:
-            sent = unsure[-1]
-            try:
-                grant = await self.share.exchange(lane.model, heads, sent.owed, None, sent.nonce)
-            except BaseException:
-                self._unsure.setdefault(lane.model, []).extend(unsure)
-                raise
-            unsure.pop()
-            if grant and sent.ask is not None:  # granted as it first ran: no call took it
-                lane.core.owe({sent.ask.tenant_id: -sent.ask.charge})
+    async def _send_again(self, lane: Lane, heads: Heads | None) -> None:
+        """The pool's exchanges left unanswered, sent again under their nonces, oldest first,
+        by this task alone: ShareUnavailable while another task sends them."""
+        unsure = self._unsure.get(lane.model)
+        if not unsure:
+            return
+        if lane.model in self._resending:
+            raise ShareUnavailable("fair-share store unavailable")
+        self._resending.add(lane.model)
+        try:
+            while unsure:
+                sent = unsure[0]
+                current = heads if heads is not None else self.heads(lane)
+                grant = await self.share.exchange(lane.model, current, sent.owed, None, sent.nonce)
+                unsure.remove(sent)
+                if grant and sent.ask is not None:  # granted as it first ran: no call took it
+                    lane.core.owe({sent.ask.tenant_id: -sent.ask.charge})
+        finally:
+            self._resending.discard(lane.model)
 
     async def publish_forever(self, lanes: Iterable[Lane]) -> None:
         """Keep this replica's heads in the gated pools' shares: when they change, and every

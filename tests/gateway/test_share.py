@@ -8,6 +8,7 @@ weight (fcfs) orders the pool by its jobs' own keys alone, apart from another po
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -334,3 +335,71 @@ async def test_an_exchange_whose_reply_was_lost_charges_and_pays_once(
             assert await b.counters(POOL) == {"t1": 90.0}
         finally:
             await a.aclose()
+
+
+async def test_while_one_exchange_sends_the_unanswered_again_the_pool_s_others_fail_at_once(
+    redis_prefix: str,
+) -> None:
+    """An outage keeps no more unanswered exchanges than were under way when it began: while one
+    task sends them again, the pool's other exchanges fail at once, sending nothing and keeping
+    nothing; once the store is back, the first exchange sends each again, then its own."""
+    redis = urlsplit(REDIS_URL)
+    async with cuttable_proxy(redis.port or 6379) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}{redis.path}"
+        a = RedisShare(url, "a", "vtc", socket_timeout_s=0.2, prefix=redis_prefix)
+        back = RedisShare(REDIS_URL, "a", "vtc", prefix=redis_prefix)
+        try:
+            lane, exchange = gated_lane(Server(), "t1"), exchange_of(a)
+            await exchange.exchange(lane)  # the script loaded
+            with anyio.CancelScope() as scope:  # unanswered: kept
+                scope.cancel()
+                await exchange.exchange(lane, Ask("t1", 10.0))
+            proxy.freeze()  # the store goes silent
+            resent = anyio.Event()
+
+            async def send_again() -> None:
+                with pytest.raises(ShareUnavailable):
+                    await exchange.exchange(lane, Ask("t1", 10.0))
+                resent.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_again)
+                await anyio.wait_all_tasks_blocked()  # its resend waits on the silent store
+                before = round_trips()
+                for _ in range(5):
+                    with pytest.raises(ShareUnavailable):
+                        await exchange.exchange(lane, Ask("t1", 10.0))
+                assert round_trips() == before and not resent.is_set()
+            exchange.share = back  # the store is back: the one kept is sent again, then its own
+            before = round_trips()
+            assert await exchange.exchange(lane, Ask("t1", 10.0))
+            assert round_trips() - before == 2
+            await exchange.exchange(lane)  # nothing left to send again
+            assert round_trips() - before == 3
+            assert await back.counters(POOL) == {"t1": 10.0}
+        finally:
+            await a.aclose()
+            await back.aclose()
+
+
+async def test_an_exchange_publishes_its_heads_as_they_are_after_sending_the_unanswered(
+    replicas: tuple[RedisShare, RedisShare], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = replicas
+    view = Server()
+    lane_a, lane_b = gated_lane(view, "t1"), gated_lane(Server(), "t2")
+    exchange_a, exchange_b = exchange_of(a), exchange_of(b)
+    with anyio.CancelScope() as scope:  # unanswered: kept
+        scope.cancel()
+        await exchange_a.exchange(lane_a)
+    send = a.exchange
+
+    async def view_lost_as_sent(*args: Any, **kwargs: Any) -> Grant:
+        view.room = room(healthy=False)  # no server serves in a's view from now on
+        return await send(*args, **kwargs)
+
+    monkeypatch.setattr(a, "exchange", view_lost_as_sent)
+    await exchange_a.exchange(lane_a)  # sends the unanswered again, then its own
+    # a's t1 waits no more: t2 is granted far past the slack of 2 x 10
+    for _ in range(10):
+        assert await exchange_b.exchange(lane_b, Ask("t2", 10.0))
