@@ -124,7 +124,7 @@ class SloMonitor:
         sheddable: bool,
         tpot_s: float | None,
         now: float,
-        pool: str = "",
+        pool: str,
     ) -> int:
         """A call of `pool` ended streaming one token per `tpot_s`; returns the level."""
         self._overdue.discard(call_id)
@@ -134,12 +134,11 @@ class SloMonitor:
             self._judge(tpot_s > target.tpot_s, now, per_token=True)
         return self.update(now)
 
-    def ends_per_s(self, now: float, pool: str | None = None) -> float:
-        """How many calls of `pool` (None: of every pool) ended per second over the window:
-        the rate room comes free there."""
+    def ends_per_s(self, now: float, pool: str) -> float:
+        """How many calls of `pool` ended per second over the window: the rate room comes free
+        there."""
         self._expire(now)
-        pools = self._ends.values() if pool is None else [self._ends.get(pool, ())]
-        return sum(map(len, pools)) / self.config.window_s
+        return len(self._ends.get(pool, ())) / self.config.window_s
 
     def violation_rate(self, now: float) -> float | None:
         """The share of the window's verdicts that missed; None with too few of them."""

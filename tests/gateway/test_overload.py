@@ -95,7 +95,7 @@ def test_the_batch_shrinks_once_per_token_times_miss_at_a_level_that_holds() -> 
         now[0] = 3.0 + 0.05 * k
         first_token(control, f"c{k}", 0.05, now[0])
         tpot = 0.5 if k % 10 < 3 else 0.01
-        control._apply(control.monitor.ended(f"c{k}", "t", False, tpot, now[0]))
+        control._apply(control.monitor.ended(f"c{k}", "t", False, tpot, now[0], ""))
         control.tick()
     assert control.monitor.tokens_slow(now[0])
     assert control.level == 3 and lane.core.batch_fraction == SHRUNK_BATCH

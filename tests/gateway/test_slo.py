@@ -60,9 +60,9 @@ def test_each_tenant_is_judged_by_its_own_target_and_sheddable_calls_not_at_all(
     m.first_token("c", "t", False, 0.5, now=0.0)  # everyone else's is 1 s
     m.first_token("c", "t", True, 99.0, now=0.0)  # sheddable: not judged
     assert m.violation_rate(0.0) == 0.5
-    m.ended("c", "t", False, 0.5, now=0.0)  # per-token target 0.1 s
-    m.ended("c", "vip", False, 0.5, now=0.0)  # vip has no per-token target
-    m.ended("c", "t", False, None, now=0.0)  # one token: nothing to judge
+    m.ended("c", "t", False, 0.5, now=0.0, pool="")  # per-token target 0.1 s
+    m.ended("c", "vip", False, 0.5, now=0.0, pool="")  # vip has no per-token target
+    m.ended("c", "t", False, None, now=0.0, pool="")  # one token: nothing to judge
     assert m.violation_rate(0.0) == pytest.approx(2 / 3)
 
 
@@ -109,8 +109,8 @@ def test_tokens_are_slow_when_most_misses_are_per_token_ones() -> None:
     m = monitor(min_calls=1)
     m.first_token("a", "t", False, 3.0, now=0.0)  # a slow first token
     assert not m.tokens_slow(0.0)
-    m.ended("a", "t", False, 0.5, now=0.1)  # and slow tokens, twice
-    m.ended("b", "t", False, 0.5, now=0.1)
+    m.ended("a", "t", False, 0.5, now=0.1, pool="")  # and slow tokens, twice
+    m.ended("b", "t", False, 0.5, now=0.1, pool="")
     assert m.tokens_slow(0.1)
     assert not m.tokens_slow(10.2)  # the per-token misses have left the window
 
@@ -118,11 +118,11 @@ def test_tokens_are_slow_when_most_misses_are_per_token_ones() -> None:
 def test_calls_queued_for_room_expect_a_turn_each_at_the_rate_calls_end() -> None:
     m = monitor(window_s=2.0)
     for i in range(8):
-        m.ended(f"c{i}", "t", False, None, now=0.25 * i)  # 8 ends in 2 s: 4 a second
-    assert m.ends_per_s(2.0) == 4.0
-    assert m.ends_per_s(3.0) == 2.0  # the first four have left the window
+        m.ended(f"c{i}", "t", False, None, now=0.25 * i, pool="")  # 8 ends in 2 s: 4 a second
+    assert m.ends_per_s(2.0, "") == 4.0
+    assert m.ends_per_s(3.0, "") == 2.0  # the first four have left the window
     m.ended("d", "t", False, None, now=3.0, pool="b")  # another pool's: a rate of its own
-    assert (m.ends_per_s(3.0, "b"), m.ends_per_s(3.0, ""), m.ends_per_s(3.0)) == (0.5, 2.0, 2.5)
+    assert (m.ends_per_s(3.0, "b"), m.ends_per_s(3.0, "")) == (0.5, 2.0)
     # three calls queued, ready 0.3, 0.1 and 0 s ago: each waits a quarter second a turn
     assert expected_waits([9.7, 9.9, 10.0], 10.0, 4.0) == pytest.approx([0.55, 0.6, 0.75])
     assert expected_waits([9.5], 10.0, 0.0) == [0.5]  # no rate known: only what it waited

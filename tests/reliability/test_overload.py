@@ -107,7 +107,8 @@ async def test_calls_their_quota_refuses_are_no_calls_ending() -> None:
             assert (await h.finished("broke", job.job_id)).state == pb.JOB_STATE_FAILED
         overload = h.gateway.dispatcher.overload
         assert overload is not None
-        assert overload.monitor.ends_per_s(h.gateway.dispatcher.clock()) == 0.0
+        now, pools = h.gateway.dispatcher.clock(), h.gateway.dispatcher.lanes
+        assert [overload.monitor.ends_per_s(now, pool) for pool in pools] == [0.0]
 
 
 async def test_calls_their_own_quota_holds_back_take_no_slot_at_the_refusing_level() -> None:
