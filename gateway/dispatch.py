@@ -632,14 +632,13 @@ class Dispatcher(OwnsTasks):
         when a finished call's last tokens came, where its per-token time and run time end
         (its node ends after the settle: the store's round trip is no backend's time)."""
         node = ticket.run.nodes[ticket.call.node_id]
+        times = node.times(produced, last_token_at)
         if self.overload is not None and node.started_at is not None:  # it held a slot
-            self.overload.ended(ticket, node.time_per_output_token(produced, last_token_at))
+            self.overload.ended(ticket, times.tpot)
         if self.metrics is not None:
             tenant, conservative = ticket.call.tenant_id, ticket.plan.conservative
             model = ticket.model_name
-            self.metrics.call_ended(
-                tenant, node, produced, conservative, model, settled, last_token_at
-            )
+            self.metrics.call_ended(tenant, node, produced, times, conservative, model, settled)
 
     def _start(self, entry: Entry) -> None:
         """Send a dispatched call to its backend; a call the backend refuses fails alone, one
@@ -843,9 +842,9 @@ class Dispatcher(OwnsTasks):
         if self.planner.observe(ticket.plan, produced, ticket.overran):
             self.replanning.widen_kind(ticket)
         node = ticket.run.nodes[ticket.call.node_id]
-        ttft, tpot = node.time_to_first_token, node.time_per_output_token(produced, last_at)
-        if ttft is not None and tpot is not None:
-            self._lane(ticket).core.router.observe(entry.backend, ttft, tpot)
+        times = node.times(produced, last_at)
+        if times.ttft is not None and times.tpot is not None:
+            self._lane(ticket).core.router.observe(entry.backend, times.ttft, times.tpot)
 
     def _finish_node(self, run: JobRun, node_id: str, state: NodeState, reason: str) -> None:
         now = self.clock()

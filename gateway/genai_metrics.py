@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from opentelemetry.metrics import Histogram, Meter
 
-from gateway.job_run import NodeRun, NodeState
+from gateway.job_run import CallTimes, NodeRun, NodeState
 from gateway.spans import error_type
 from gateway.telemetry import PROVIDER_NAME
 
@@ -46,11 +46,8 @@ class GenAiMetrics:
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
         )  # fmt: skip
 
-    def call_ended(
-        self, node: NodeRun, produced: int, model: str, last_token_at: float | None = None
-    ) -> None:
-        """`last_token_at`: when a finished call's last tokens came (its durations end there)."""
-        duration = node.run_time(last_token_at)
+    def call_ended(self, node: NodeRun, produced: int, model: str, times: CallTimes) -> None:
+        duration = times.run_time
         if duration is None:
             return  # it never ran on a backend
         base: dict[str, str] = {
@@ -66,8 +63,8 @@ class GenAiMetrics:
         self.tokens.record(node.prompt_tokens, {**base, "gen_ai.token.type": "input"})
         self.tokens.record(produced, {**base, "gen_ai.token.type": "output"})
         for histogram, seconds in (
-            (self.ttft, node.time_to_first_token),
-            (self.tpot, node.time_per_output_token(produced, last_token_at)),
+            (self.ttft, times.ttft),
+            (self.tpot, times.tpot),
         ):
             if seconds is not None:
                 histogram.record(seconds, attributes)

@@ -128,6 +128,26 @@ class NodeRun:
             return None
         return max(end - self.first_token_at, 0.0) / (produced - 1)
 
+    def times(self, produced: int, last_token_at: float | None = None) -> CallTimes:
+        """What its call of `produced` tokens took, measured to `last_token_at` where given."""
+        return CallTimes(
+            self.queue_wait,
+            self.time_to_first_token,
+            self.time_per_output_token(produced, last_token_at),
+            self.run_time(last_token_at),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CallTimes:
+    """How long a node's call took, in seconds (None: it never got that far): what the
+    metrics, the overload monitor and the router read once it ends."""
+
+    queue_wait: float | None  # ready to running
+    ttft: float | None  # running to the first token
+    tpot: float | None  # per output token after the first
+    run_time: float | None  # running to its end (its last token, for one that finished)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeChanged:

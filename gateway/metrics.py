@@ -30,7 +30,7 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import Collector
 
 from gateway.genai_metrics import GenAiMetrics
-from gateway.job_run import JobRun, NodeRun, NodeState
+from gateway.job_run import CallTimes, JobRun, NodeRun, NodeState
 from gateway.recent import RecentCalls
 from tenants.redis_client import round_trips
 
@@ -167,15 +167,14 @@ class GatewayMetrics:
         tenant_id: str,
         node: NodeRun,
         produced: int,
+        times: CallTimes,
         conservative: bool = False,
         model: str = "",
         settled: int | None = None,
-        last_token_at: float | None = None,
     ) -> None:
-        """`settled`: the output tokens its quota settled (None: released); `last_token_at`:
-        when a finished call's last tokens came (its per-token time ends there)."""
+        """`settled`: the output tokens its quota settled (None: released)."""
         if self.genai is not None:
-            self.genai.call_ended(node, produced, model, last_token_at)
+            self.genai.call_ended(node, produced, model, times)
         if tenant_id not in self._gone:
             self.recent.call_ended(tenant_id, node, produced)
         tenant = self.tenant(tenant_id)
@@ -188,9 +187,9 @@ class GatewayMetrics:
         if node.state is NodeState.CAPPED:
             self.caps.labels(tenant).inc()
         for histogram, seconds in (
-            (self.queue_wait, node.queue_wait),
-            (self.ttft, node.time_to_first_token),
-            (self.tpot, node.time_per_output_token(produced, last_token_at)),
+            (self.queue_wait, times.queue_wait),
+            (self.ttft, times.ttft),
+            (self.tpot, times.tpot),
         ):
             if seconds is not None:
                 histogram.labels(tenant).observe(seconds)
