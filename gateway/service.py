@@ -327,6 +327,27 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def _follow(
         self, run: JobRun, after: int, stop: Callable[[], bool]
     ) -> AsyncIterator[tuple[JobRun, list[JobEvent]]]:
+        """`_events`, ending with the job's end: a watcher that asked from past it (a sequence
+        of another job's, say) is given it once the job has ended, as its last event, so that
+        every stream that is not stopped ends with JobFinished, not in silence."""
+        ended = False
+        async for job, batch in self._events(run, after, stop):
+            ended = isinstance(batch[-1].body, JobEnded)
+            yield job, batch
+        if ended or stop():
+            return
+        if not run.detached:  # its end, read from this replica's log once it is durable
+            async for batch in run.watch_batches(run.last_sequence - 1, stop):
+                yield run, batch
+            return
+        view = await self._view(run.tenant_id, run.job_id) if self.journaling else None
+        if view is not None and view.ended and view.finished_at is not None:
+            end = JobEvent(view.last_sequence, view.finished_at, JobEnded(view.state))
+            yield view, [end]  # as it was journaled
+
+    async def _events(
+        self, run: JobRun, after: int, stop: Callable[[], bool]
+    ) -> AsyncIterator[tuple[JobRun, list[JobEvent]]]:
         """The job's events after sequence `after`, each batch with the job as it is then (or
         later: a batch read from the journal for the watcher only): from this replica while it
         runs the job (the journal has those before its own log, when it took the job over from

@@ -80,7 +80,8 @@ class GatewayServicer:
 
     def WatchJob(self, request, context):
         """Streams a job's events: every retained event with sequence >= from_sequence, then live
-        events. The stream ends after the JobFinished event. Retained: once a node has ended its
+        events. The stream ends after the JobFinished event (a from_sequence past it still gets it,
+        once the job has ended). Retained: once a node has ended its
         TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
         so a late watcher may see gaps in the sequence where deltas were; every other event stays.
         A stream whose API key is revoked ends with UNAUTHENTICATED.

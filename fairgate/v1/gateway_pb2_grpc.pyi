@@ -34,7 +34,8 @@ class GatewayStub:
     """
     WatchJob: _aio.UnaryStreamMultiCallable[_gateway_pb2.WatchJobRequest, _gateway_pb2.JobEvent]
     """Streams a job's events: every retained event with sequence >= from_sequence, then live
-    events. The stream ends after the JobFinished event. Retained: once a node has ended its
+    events. The stream ends after the JobFinished event (a from_sequence past it still gets it,
+    once the job has ended). Retained: once a node has ended its
     TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
     so a late watcher may see gaps in the sequence where deltas were; every other event stays.
     A stream whose API key is revoked ends with UNAUTHENTICATED.
@@ -79,7 +80,8 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         context: _aio.ServicerContext[_gateway_pb2.WatchJobRequest, _abc.AsyncIterator[_gateway_pb2.JobEvent]],
     ) -> _abc.AsyncIterator[_gateway_pb2.JobEvent]:
         """Streams a job's events: every retained event with sequence >= from_sequence, then live
-        events. The stream ends after the JobFinished event. Retained: once a node has ended its
+        events. The stream ends after the JobFinished event (a from_sequence past it still gets it,
+        once the job has ended). Retained: once a node has ended its
         TokenDelta events may be dropped (its output is complete in the node and in JobFinished),
         so a late watcher may see gaps in the sequence where deltas were; every other event stays.
         A stream whose API key is revoked ends with UNAUTHENTICATED.

@@ -309,6 +309,29 @@ async def test_a_tenants_unfinished_jobs_hold_at_most_their_characters_and_other
         assert again.state != pb.JOB_STATE_UNSPECIFIED
 
 
+@pytest.mark.engine_step_s(0.002)
+async def test_a_watch_from_past_a_jobs_end_gets_its_end_running_or_ended(harness: Harness) -> None:
+    """A watcher asking from past the job's last event (another job's sequence, say) was told
+    nothing and its stream ended in silence once the job had: no JobFinished, so it could not
+    tell the job's end from a cut stream. It gets the end, as every stream does."""
+    auth = harness.auth("alpha")
+    job = await harness.stub.SubmitJob(
+        pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "one", 200)])), metadata=auth
+    )
+    afar = pb.WatchJobRequest(job_id=job.job_id, from_sequence=10**6)
+    with anyio.fail_after(10):
+        while_running = [e async for e in harness.stub.WatchJob(afar, metadata=auth)]
+        full = [
+            e
+            async for e in harness.stub.WatchJob(
+                pb.WatchJobRequest(job_id=job.job_id), metadata=auth
+            )
+        ]
+        once_ended = [e async for e in harness.stub.WatchJob(afar, metadata=auth)]
+    assert full[-1].WhichOneof("event") == "job_finished"
+    assert while_running == once_ended == [full[-1]]
+
+
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
     harness: Harness,
 ) -> None:
