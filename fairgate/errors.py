@@ -82,6 +82,12 @@ class Unavailable(FairgateError):
     """The server is overloaded, shutting down or unreachable; retrying later may succeed."""
 
 
+class DeadlineExceeded(FairgateError):
+    """No answer came within the call's `timeout_s` (a slow server, or a connection gone
+    silent before its keepalive gave it up): whether the call took effect is unknown, so a
+    SubmitJob is safe to send again only with an idempotency key."""
+
+
 class JobSpecInvalid(ValueError):
     """A job builder was used in a way that cannot produce a job (checked before any RPC)."""
 
@@ -94,4 +100,5 @@ ERRORS_BY_CODE: Mapping[grpc.StatusCode, type[FairgateError]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.RESOURCE_EXHAUSTED: QuotaExceeded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
 }

@@ -18,6 +18,7 @@ import pytest
 
 from fairgate import (
     Client,
+    DeadlineExceeded,
     FinishReason,
     GenerateFinished,
     InvalidArgument,
@@ -238,6 +239,31 @@ async def test_no_server_is_unavailable() -> None:
     async with Client(f"127.0.0.1:{port}", "key", timeout_s=5.0) as nobody:
         with pytest.raises(Unavailable):
             await nobody.get_job("job-1")
+
+
+async def test_a_call_past_its_timeout_is_deadline_exceeded_not_a_bare_error() -> None:
+    """A unary call on a connection gone silent meets its `timeout_s` before the keepalive gives
+    the connection up: it raised the base FairgateError, which no `except` of a kind caught."""
+    never = anyio.Event()
+
+    async def get_job(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        await never.wait()
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "fairgate.v1.Gateway", {"GetJob": grpc.unary_unary_rpc_method_handler(get_job)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with Client(f"127.0.0.1:{port}", "key", timeout_s=0.2) as client:
+            with pytest.raises(DeadlineExceeded):
+                await client.get_job("job-1")
+    finally:
+        never.set()
+        await server.stop(0)
 
 
 async def test_details_that_do_not_parse_still_raise_the_status() -> None:
