@@ -63,7 +63,9 @@ class Node:
     id: str
     name: str
     state: NodeState
-    output: str  # complete once SUCCEEDED or CAPPED; empty in NodeStateChanged events
+    # complete once SUCCEEDED or CAPPED (in the NodeStateChanged that says so too: a watcher
+    # whose deltas were dropped has it there); empty in NodeStateChanged events of other states
+    output: str
     prompt_tokens: int
     output_tokens: int
     finish_reason: FinishReason

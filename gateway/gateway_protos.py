@@ -243,6 +243,8 @@ def event_to_proto(run: JobRun, event: JobEvent) -> pb.JobEvent:
         view = pb.Node(
             id=node.spec.id, name=node.spec.name, state=NODE_STATES[body.state], reason=body.reason
         )
+        if body.state in (NodeState.SUCCEEDED, NodeState.CAPPED):  # its output is complete
+            view.output, view.output_tokens = node.output, node.output_tokens
         message.node_state_changed.CopyFrom(
             pb.NodeStateChanged(node=view, previous_state=NODE_STATES[body.previous])
         )

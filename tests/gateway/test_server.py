@@ -332,6 +332,24 @@ async def test_a_watch_from_past_a_jobs_end_gets_its_end_running_or_ended(harnes
     assert while_running == once_ended == [full[-1]]
 
 
+async def test_a_node_that_succeeded_says_its_output_in_its_state_change(
+    harness: Harness,
+) -> None:
+    """The proto says the NodeStateChanged of a node that SUCCEEDED carries its output (a
+    watcher whose token deltas were dropped has it nowhere else before JobFinished): it
+    carried none. Other state changes carry none."""
+    request = pb.SubmitJobRequest(job=map_reduce(2))
+    events = [e async for e in harness.stub.RunJob(request, metadata=harness.auth("alpha"))]
+    final = {n.id: n for n in events[-1].job_finished.job.nodes}
+    changes = [e.node_state_changed.node for e in events if e.HasField("node_state_changed")]
+    ended = [n for n in changes if n.state == pb.NODE_STATE_SUCCEEDED]
+    assert sorted(n.id for n in ended) == sorted(final)
+    for node in ended:
+        assert node.output and node.output == final[node.id].output
+        assert node.output_tokens == final[node.id].output_tokens
+    assert all(not n.output for n in changes if n.state != pb.NODE_STATE_SUCCEEDED)
+
+
 async def test_a_job_past_the_node_count_is_refused_with_the_count_alone(
     harness: Harness,
 ) -> None:
