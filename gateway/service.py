@@ -203,7 +203,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> JobRun:
         key_id = current_key()
         quota = await self._quota(tenant_id)
-        validate_job(spec, self._limits(quota), now=self.clock())
+        chars = validate_job(spec, self._limits(quota), now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         # the store decides, after the job is rendered and encoded; a tenant this replica alone
@@ -213,7 +213,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             raise refusals.queued_jobs(tenant_id, quota.max_queued_jobs, active)
         run = JobRun(new_job_id(), tenant_id, spec, self.clock())
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
-        run.chars = job_chars(spec)
+        run.chars = chars
         held = self.dispatcher.held_chars(tenant_id) + self._admitting_chars[tenant_id]
         if 0 < self.max_queued_chars < held + run.chars:
             raise refusals.queued_chars(tenant_id, self.max_queued_chars, held, run.chars)

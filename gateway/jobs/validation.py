@@ -124,6 +124,11 @@ class _Job:
     cycles: Sequence[Sequence[str]]  # among the known dependencies
     dag: Dag | None  # of the known dependencies; None with a cycle
 
+    @property
+    def chars(self) -> int:
+        """What `job_chars` says of its spec."""
+        return sum(self.input_chars.values()) + sum(self.prompt_chars)
+
     @classmethod
     def of(cls, spec: JobSpec, limits: JobLimits) -> _Job:
         first_index: dict[str, int] = {}
@@ -154,9 +159,9 @@ MAX_QUEUED_CHARS = 64 << 20
 def job_chars(spec: JobSpec) -> int:
     """The characters a job holds while it runs, from value sizes alone: its inputs and its
     nodes' prompts rendered with empty outputs (its ready calls hold their prompts' token ids,
-    so a job of a few kilobytes that repeats a large input into every node holds megabytes)."""
-    inputs = input_sizes(spec.inputs)
-    return sum(inputs.values()) + sum(rendered_chars(node, inputs, {}) for node in spec.nodes)
+    so a job of a few kilobytes that repeats a large input into every node holds megabytes).
+    `validate_job` returns it for a job it checked."""
+    return _Job.of(spec, JobLimits()).chars
 
 
 def oversized_prompt(size: int, limit: int) -> str | None:
@@ -167,8 +172,9 @@ def oversized_prompt(size: int, limit: int) -> str | None:
     return f"renders to at least {size:,} characters; at most {limit:,}"
 
 
-def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | None = None) -> None:
-    """Raise JobInvalid listing every violation of the spec; return if there is none.
+def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | None = None) -> int:
+    """Raise JobInvalid listing every violation of the spec; with none, return its
+    `job_chars` (its sizes are computed here already).
 
     `now` (seconds since the epoch) is the submission time a deadline must still be ahead of;
     the caller reads the clock, so validation stays a pure function of its arguments.
@@ -187,6 +193,7 @@ def validate_job(spec: JobSpec, limits: JobLimits | None = None, now: float | No
     ]
     if violations:
         raise JobInvalid(_bounded(violations))
+    return job.chars
 
 
 def _bounded(violations: list[FieldViolation]) -> list[FieldViolation]:
