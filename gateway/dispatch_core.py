@@ -365,17 +365,16 @@ class DispatchCore(Generic[T]):
         else:
             entry.granted, entry.key = charge, key
 
-    def heads(
-        self, now: float, capacities: Mapping[str, BackendCapacity] | None = None
-    ) -> tuple[tuple[str, ...], dict[str, float]]:
+    def heads(self, now: float, serving: bool = True) -> tuple[tuple[str, ...], dict[str, float]]:
         """The tenants with work here (ready, taken or running calls), and those among them with
         a ready call no quota holds, each with the least offset of its jobs with such a call:
-        what this replica publishes in the pool's share. None waits where no backend of the
-        pool serves in `capacities` (its breaker open, its metrics stale, a partition from this
-        replica alone): this replica could send nothing, and a tenant published waiting here
-        would hold back every other replica's, which may reach the servers."""
+        what this replica publishes in the pool's share. None waits unless some backend of the
+        pool is `serving` in this replica's view (not so: its breaker open, its metrics stale, a
+        partition from this replica alone): this replica could send nothing, and a tenant
+        published waiting here would hold back every other replica's, which may reach the
+        servers."""
         active = self.book.active_tenants()
-        if capacities is not None and not any(c.healthy for c in capacities.values()):
+        if not serving:
             return tuple(sorted(active)), {}
         shown = {t: self.book.shown_jobs(t) for t in self.book.unheld_tenants(now)}
         shown = {t: jobs for t, jobs in shown.items() if jobs}

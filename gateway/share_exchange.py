@@ -72,7 +72,8 @@ class ShareExchange:
         tenant waiting while none of the pool's backends serves in this replica's view."""
         if self._paused():
             return Heads((), {})
-        return Heads(*lane.core.heads(self._clock(), lane.capacities()))
+        serving = any(room.healthy for room in lane.capacities().values())
+        return Heads(*lane.core.heads(self._clock(), serving))
 
     def pass_ended(self, lane: Lane, granting: bool) -> None:
         """A dispatch pass over the lane ended: its heads go out soon if they changed, unless
