@@ -148,8 +148,11 @@ class RedisShare(RedisClient):
         self._sequence = itertools.count()
 
     def keys(self, pool: str) -> list[str]:
-        base = f"{self._prefix}:{{pool:{pool}}}:{self.policy}"
+        base = self._base(pool)
         return [f"{base}:counters", f"{base}:active", f"{base}:waiting"]
+
+    def _base(self, pool: str) -> str:
+        return f"{self._prefix}:{{pool:{pool}}}:{self.policy}"
 
     def nonce(self) -> str:
         """A name for one exchange of this replica's that no other exchange has."""
@@ -169,7 +172,7 @@ class RedisShare(RedisClient):
         Under a `nonce` an exchange already made (within `REPLY_TTL_S`) is answered as it was,
         and does nothing more; by default a fresh one."""
         nonce = nonce if nonce is not None else self.nonce()
-        keys = [*self.keys(pool), f"{self._prefix}:{{pool:{pool}}}:{self.policy}:reply:{nonce}"]
+        keys = [*self.keys(pool), f"{self._base(pool)}:reply:{nonce}"]
         args: list[str | float | int] = [
             self.replica_id,
             int(self.ttl_s * 1000),
