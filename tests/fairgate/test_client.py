@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
 
 import anyio
 import grpc
@@ -241,6 +241,25 @@ async def test_no_server_is_unavailable() -> None:
             await nobody.get_job("job-1")
 
 
+GetJob = Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Awaitable[bytes]]
+
+
+@asynccontextmanager
+async def answering_get_job(get_job: GetJob) -> AsyncIterator[str]:
+    """A server (not the gateway) whose GetJob is `get_job`; yields its target."""
+    handler = grpc.method_handlers_generic_handler(
+        "fairgate.v1.Gateway", {"GetJob": grpc.unary_unary_rpc_method_handler(get_job)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
+
+
 async def test_a_call_past_its_timeout_is_deadline_exceeded_not_a_bare_error() -> None:
     """A unary call on a connection gone silent meets its `timeout_s` before the keepalive gives
     the connection up: it raised the base FairgateError, which no `except` of a kind caught."""
@@ -250,20 +269,13 @@ async def test_a_call_past_its_timeout_is_deadline_exceeded_not_a_bare_error() -
         await never.wait()
         return b""
 
-    handler = grpc.method_handlers_generic_handler(
-        "fairgate.v1.Gateway", {"GetJob": grpc.unary_unary_rpc_method_handler(get_job)}
-    )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with Client(f"127.0.0.1:{port}", "key", timeout_s=0.2) as client:
-            with pytest.raises(DeadlineExceeded):
-                await client.get_job("job-1")
-    finally:
-        never.set()
-        await server.stop(0)
+    async with answering_get_job(get_job) as target:
+        try:
+            async with Client(target, "key", timeout_s=0.2) as client:
+                with pytest.raises(DeadlineExceeded):
+                    await client.get_job("job-1")
+        finally:
+            never.set()
 
 
 async def test_details_that_do_not_parse_still_raise_the_status() -> None:
@@ -274,16 +286,6 @@ async def test_details_that_do_not_parse_still_raise_the_status() -> None:
         context.set_trailing_metadata((("grpc-status-details-bin", b"\xff\xff\xff"),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, "upstream connect error")
 
-    handler = grpc.method_handlers_generic_handler(
-        "fairgate.v1.Gateway", {"GetJob": grpc.unary_unary_rpc_method_handler(get_job)}
-    )
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        async with Client(f"127.0.0.1:{port}", "key", timeout_s=5.0) as client:
-            with pytest.raises(Unavailable, match="upstream connect error"):
-                await client.get_job("job-1")
-    finally:
-        await server.stop(0)
+    async with answering_get_job(get_job) as target, Client(target, "key", timeout_s=5.0) as client:
+        with pytest.raises(Unavailable, match="upstream connect error"):
+            await client.get_job("job-1")
