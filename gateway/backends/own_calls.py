@@ -30,6 +30,8 @@ never below zero.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gateway.backends.base import BackendCapacity, blocks
@@ -76,19 +78,23 @@ class OwnCalls:
 
     def resized(self, call_id: str, output_tokens: int) -> None:
         """The call's output is predicted anew."""
-        call = self._calls.get(call_id)
-        if call is not None:
-            self._own_blocks -= self._blocks(call.tokens)
-            call.output_tokens = output_tokens
-            self._own_blocks += self._blocks(call.tokens)
+        if (call := self._calls.get(call_id)) is not None:
+            with self._recounted(call):
+                call.output_tokens = output_tokens
 
     def streamed(self, call_id: str, output_tokens: int) -> None:
         """The server has sent the call's first `output_tokens` tokens."""
-        call = self._calls.get(call_id)
-        if call is not None:
-            self._own_blocks -= self._blocks(call.tokens)
-            call.streamed = output_tokens
-            self._own_blocks += self._blocks(call.tokens)
+        if (call := self._calls.get(call_id)) is not None:
+            with self._recounted(call):
+                call.streamed = output_tokens
+
+    @contextlib.contextmanager
+    def _recounted(self, call: _Call) -> Iterator[None]:
+        """The blocks the gateway holds for an open call, counted again after the block changed
+        it."""
+        self._own_blocks -= self._blocks(call.tokens)
+        yield
+        self._own_blocks += self._blocks(call.tokens)
 
     def ended(self, call_id: str) -> None:
         call = self._calls.pop(call_id, None)
