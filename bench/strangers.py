@@ -6,9 +6,11 @@ another for `--seconds`: first alone, then while `--strangers` concurrent caller
 process send requests with no key as fast as they are refused. Each stranger's request is the
 worst a message of `max_message_bytes` (16 MiB) can be to parse: millions of empty chat
 messages, over a second of the gateway's one event loop were it parsed. The failure throttle is
-off, as it would be for strangers on many addresses. Figures: the tenant's calls per second and
-call time p50 / p99, alone and beside the strangers (medians over `--repeats` runs), and the
-strangers' requests per second.
+off, as it would be for strangers on many addresses. With `--keyed` the same requests come with
+a key of another tenant's: they are parsed, and that tenant's share of the event loop for
+parsing (`max_parse_share_per_tenant`) is what bounds them. Figures: the tenant's calls per
+second and call time p50 / p99, alone and beside the strangers (medians over `--repeats` runs),
+and the strangers' requests per second.
 """
 
 from __future__ import annotations
@@ -73,8 +75,17 @@ def _tenant_process(port: int, key: str, seconds: float, out: Any) -> None:
     out.put(anyio.run(_tenant_calls, port, key, seconds))
 
 
-async def _strangers(port: int, strangers: int, size: int, out: Any, stop: Any) -> None:
+# what the gateway answers the strangers: without a key, and with one (their requests parsed,
+# then refused for their message count, or not parsed past their tenant's share)
+REFUSED = {
+    False: {grpc.StatusCode.UNAUTHENTICATED},
+    True: {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED},
+}
+
+
+async def _strangers(port: int, strangers: int, size: int, key: str, out: Any, stop: Any) -> None:
     body = worst_request(size)
+    metadata = (("authorization", f"Bearer {key}"),) if key else ()
     options = [("grpc.max_send_message_length", size)]
     sent = 0
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
@@ -86,10 +97,10 @@ async def _strangers(port: int, strangers: int, size: int, out: Any, stop: Any) 
             nonlocal sent
             while not stop.is_set():
                 try:
-                    async for _ in generate(body):
+                    async for _ in generate(body, metadata=metadata):
                         pass
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                    if exc.code() not in REFUSED[bool(key)]:
                         raise
                 sent += 1
                 if sent == strangers:
@@ -102,8 +113,8 @@ async def _strangers(port: int, strangers: int, size: int, out: Any, stop: Any) 
         out.put(sent / (anyio.current_time() - start))
 
 
-def _strangers_process(port: int, strangers: int, size: int, out: Any, stop: Any) -> None:
-    anyio.run(_strangers, port, strangers, size, out, stop)
+def _strangers_process(port: int, strangers: int, size: int, key: str, out: Any, stop: Any) -> None:
+    anyio.run(_strangers, port, strangers, size, key, out, stop)
 
 
 def _ms(latencies: list[float]) -> tuple[float, float]:
@@ -111,8 +122,11 @@ def _ms(latencies: list[float]) -> tuple[float, float]:
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
 
-async def measure(seconds: float, strangers: int, message_bytes: int) -> StrangersRun:
-    """One run: the tenant alone, then beside the strangers."""
+async def measure(
+    seconds: float, strangers: int, message_bytes: int, keyed: bool = False
+) -> StrangersRun:
+    """One run: the tenant alone, then beside the strangers (with a key of their own tenant's
+    when `keyed`)."""
     # no failure throttle: every stranger's request is checked, as from strangers on many
     # addresses (one address is throttled after a few tries)
     settings = Settings(
@@ -125,6 +139,10 @@ async def measure(seconds: float, strangers: int, message_bytes: int) -> Strange
     store = MemoryQuotaStore()
     await store.create_tenant("t", "t", TenantQuota())
     key = (await store.issue_key("t"))[1]
+    their_key = ""
+    if keyed:
+        await store.create_tenant("s", "s", TenantQuota())
+        their_key = (await store.issue_key("s"))[1]
     context = multiprocessing.get_context("spawn")
     async with running_gateway(settings, store=store) as gateway:
         port = gateway.port
@@ -140,7 +158,9 @@ async def measure(seconds: float, strangers: int, message_bytes: int) -> Strange
         alone = await tenant()
         news, stop = context.Queue(), context.Event()
         size = settings.max_message_bytes
-        flood = context.Process(target=_strangers_process, args=(port, strangers, size, news, stop))
+        flood = context.Process(
+            target=_strangers_process, args=(port, strangers, size, their_key, news, stop)
+        )
         flood.start()
         await anyio.to_thread.run_sync(news.get)  # every stranger has been refused once
         beside = await tenant()
@@ -159,10 +179,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--message-bytes", type=int, default=Settings().max_message_bytes, help="the limit"
     )
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--keyed", action="store_true", help="the strangers hold a tenant's key")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     runs = [
-        anyio.run(measure, args.seconds, args.strangers, args.message_bytes)
+        anyio.run(measure, args.seconds, args.strangers, args.message_bytes, args.keyed)
         for _ in range(args.repeats)
     ]
     figures = {

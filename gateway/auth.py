@@ -9,7 +9,8 @@ of up to `OPEN_MESSAGE_BYTES` (a service or file name): a larger one is refused 
 The request is parsed only once its key has passed: gRPC hands the handler the raw bytes, so a
 caller without a key cannot make the event loop parse a message of up to `max_message_bytes`
 (a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
-calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT.
+calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT. A tenant's requests
+take at most its share of the loop to parse (`ParseBudget`; the admin key's are not counted).
 
 Failed authentications are throttled per peer address: each failure takes a token from the
 peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
@@ -41,13 +42,16 @@ import grpc
 from cachetools import TTLCache
 from google.protobuf.message import DecodeError
 
+from gateway.buckets import Buckets
 from gateway.errors import (
     AuthThrottled,
     MalformedRequest,
+    ParseThrottled,
     PermissionDenied,
     Unauthenticated,
     abort_with,
 )
+from gateway.parse_budget import ParseBudget
 from gateway.revocations import STAMP, Revocations
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
@@ -86,42 +90,25 @@ class Caller:
     key_id: str = ""
 
 
-@dataclass(slots=True)
-class _Bucket:
-    level: float
-    at: float
-
-
 class FailureThrottle:
-    """A token bucket of failed authentications per peer; peers are forgotten after an hour."""
+    """A token bucket of failed authentications per peer."""
 
     def __init__(
         self, per_minute: int = FAILURES_PER_MINUTE, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.per_minute = per_minute
-        self.clock = clock
-        self._buckets: TTLCache[str, _Bucket] = TTLCache(maxsize=65_536, ttl=3600, timer=clock)
+        self._buckets = Buckets(per_minute, per_minute / 60, clock)
 
     def take(self, peer: str) -> float | None:
         """Take a token for an attempt whose outcome is not known yet (attempts made at once
         must not all pass one check): None when taken, else the seconds until one is there."""
-        level = self._level(peer)
-        if level < 1:
-            return (1 - level) * 60 / self.per_minute
-        self._buckets[peer] = _Bucket(level - 1, self.clock())
+        if self._buckets.level(peer) < 1:
+            return self._buckets.wait_s(peer, 1.0)
+        self._buckets.add(peer, -1.0)
         return None
 
     def give_back(self, peer: str) -> None:
         """The attempt passed: its token was not a failure's."""
-        level = min(float(self.per_minute), self._level(peer) + 1)
-        self._buckets[peer] = _Bucket(level, self.clock())
-
-    def _level(self, peer: str) -> float:
-        bucket = self._buckets.get(peer)
-        if bucket is None:
-            return float(self.per_minute)
-        refill = (self.clock() - bucket.at) * self.per_minute / 60
-        return min(float(self.per_minute), bucket.level + refill)
+        self._buckets.add(peer, 1.0)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -133,12 +120,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         throttle: FailureThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
         revocations: Revocations | None = None,
+        parse_budget: ParseBudget | None = None,
     ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
         self.throttle = throttle or FailureThrottle()
         # what was withdrawn after an RPC's authentication began (`STAMP`, for its handler)
         self.revocations = revocations if revocations is not None else Revocations()
+        self.parse_budget = parse_budget or ParseBudget()
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
         # the same digests, of the keys that passed lately: not guesses, so never throttled
@@ -177,6 +166,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             handler,
             lambda peer, began: self._caller(credential, admin, peer, began),
             self.revocations.stamp,
+            self.parse_budget,
         )
 
     async def _caller(
@@ -258,7 +248,9 @@ def _bounded(handler: Handler) -> Handler:
 _CallerOf = Callable[[str, int], Awaitable[Caller]]  # (peer, stamp) -> the caller
 
 
-def _wrap(handler: Handler, caller: _CallerOf, stamp: Callable[[], int]) -> Handler:
+def _wrap(
+    handler: Handler, caller: _CallerOf, stamp: Callable[[], int], budget: ParseBudget
+) -> Handler:
     parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
         inner: Any = handler.unary_unary
@@ -266,7 +258,7 @@ def _wrap(handler: Handler, caller: _CallerOf, stamp: Callable[[], int]) -> Hand
         async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             tokens = await _authenticate(caller, stamp, context)
             try:
-                return await inner(await _parsed(parse, raw, context), context)
+                return await inner(await _parsed(parse, raw, context, budget), context)
             finally:
                 _reset(tokens)
 
@@ -279,7 +271,7 @@ def _wrap(handler: Handler, caller: _CallerOf, stamp: Callable[[], int]) -> Hand
         ) -> AsyncIterator[Any]:
             tokens = await _authenticate(caller, stamp, context)
             try:
-                request = await _parsed(parse, raw, context)
+                request = await _parsed(parse, raw, context, budget)
                 async for response in inner_stream(request, context):
                     yield response
             finally:
@@ -309,12 +301,19 @@ async def _authenticate(
 
 
 async def _parsed(
-    parse: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    parse: Callable[[bytes], Any],
+    raw: bytes,
+    context: grpc.aio.ServicerContext[Any, Any],
+    budget: ParseBudget,
 ) -> Any:
+    tenant = CALLER.get()
     try:
-        return parse(raw)
+        with contextlib.nullcontext() if tenant == ADMIN else budget.parsing(tenant):
+            return parse(raw)
     except DecodeError as exc:
         await abort_with(context, MalformedRequest(f"the request does not parse: {exc}"))
+    except ParseThrottled as exc:
+        await abort_with(context, exc)
 
 
 def _reset(tokens: _Tokens) -> None:

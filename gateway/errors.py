@@ -9,6 +9,8 @@ ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota 
 `QUOTA_QUEUED_CHARS`, `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`;
 RESOURCE_EXHAUSTED),
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
+`PARSE_RATE_LIMITED` (the tenant's requests took more than its share of the event loop to parse;
+RESOURCE_EXHAUSTED),
 `OVERLOADED` (the gateway holds as much work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the
 quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE),
 `BACKENDS_UNAVAILABLE` (no backend of a pool the job needs has served for a while; UNAVAILABLE),
@@ -88,12 +90,34 @@ class Overloaded(Exception):
         self.reason = reason
 
 
-class AuthThrottled(Exception):
-    """Too many failed authentications from this peer; it may try again after a while."""
+class Throttled(Exception):
+    """A caller past a rate; it may try again after `retry_after_s`. `reason` is the ErrorInfo
+    reason."""
+
+    reason = ""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class AuthThrottled(Throttled):
+    """Too many failed authentications from this peer."""
+
+    reason = "AUTH_RATE_LIMITED"
 
     def __init__(self, retry_after_s: float) -> None:
-        super().__init__("too many failed authentications from this address")
-        self.retry_after_s = retry_after_s
+        super().__init__("too many failed authentications from this address", retry_after_s)
+
+
+class ParseThrottled(Throttled):
+    """The tenant's requests took more than its share of the event loop to parse."""
+
+    reason = "PARSE_RATE_LIMITED"
+
+    def __init__(self, retry_after_s: float) -> None:
+        message = "this tenant's requests took more than its share of the gateway to parse"
+        super().__init__(message, retry_after_s)
 
 
 class JournalUnavailable(Exception):
@@ -153,10 +177,8 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         return _refusal(code_pb2.UNAVAILABLE, exc.reason, str(exc), exc.retry_after_s)
     if isinstance(exc, EngineClosed):
         return _refusal(code_pb2.UNAVAILABLE, "SHUTTING_DOWN", str(exc), STORE_RETRY_S)
-    if isinstance(exc, AuthThrottled):
-        return _refusal(
-            code_pb2.RESOURCE_EXHAUSTED, "AUTH_RATE_LIMITED", str(exc), exc.retry_after_s
-        )
+    if isinstance(exc, Throttled):
+        return _refusal(code_pb2.RESOURCE_EXHAUSTED, exc.reason, str(exc), exc.retry_after_s)
     simple: list[tuple[type[BaseException] | tuple[type[BaseException], ...], int]] = [
         (
             (InvalidRequest, MalformedRequest, QuotaInvalid, RequestInvalid, TenantInvalid),

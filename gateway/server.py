@@ -54,6 +54,7 @@ from gateway.journaling import Journaling
 from gateway.lanes import Lane, make_lane
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
+from gateway.parse_budget import ParseBudget
 from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
 from gateway.room_news import RoomNews
@@ -441,7 +442,8 @@ def _build_server(
     tracer_provider: TracerProvider | None,
 ) -> tuple[grpc.aio.Server, GatewayService, health.aio.HealthServicer]:
     throttle = FailureThrottle(settings.auth_failures_per_minute)
-    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle)
+    budget = ParseBudget(settings.max_parse_share_per_tenant)
+    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle, parse_budget=budget)
     interceptors: list[grpc.aio.ServerInterceptor] = [auth]
     if tracer_provider is not None:
         spans = aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]

@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gateway.cli import main
 
 
-def test_the_strangers_bench_serves_the_tenant_beside_them(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keyed", [[], ["--keyed"]], ids=["no key", "a tenant's key"])
+def test_the_strangers_bench_serves_the_tenant_beside_them(
+    tmp_path: Path, keyed: list[str]
+) -> None:
     out = tmp_path / "strangers.json"
-    args = ["bench", "strangers", "--seconds", "1", "--strangers", "2", "--repeats", "1"]
+    args = ["bench", "strangers", "--seconds", "1", "--strangers", "2", "--repeats", "1", *keyed]
     assert main([*args, "--message-bytes", str(2**16), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["stranger_requests_per_s"] > 0  # every stranger was refused at least once
