@@ -12,12 +12,15 @@ key records from its key set. Those scripts need a single Redis instance (or a d
 keeps every key of the store in one slot), not a sharded cluster. Every Redis error, unreachable
 server or timeout leaves as QuotaUnavailable with a generic message (the detail goes to the log,
 never to callers): budgets fail closed. Scripts are idempotent by call id and job id, which
-makes one retry on a dropped connection safe.
+makes one retry on a dropped connection safe; creating and deleting a tenant, which are not
+(the retry of one that ran would find the tenant there, or gone), keep their reply a minute
+under a nonce of their own, and the retry is answered with it.
 """
 
 from __future__ import annotations
 
 import functools
+import secrets
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
@@ -105,7 +108,7 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
         check_display_name(display_name)
         fields = [item for pair in quota.as_fields().items() for item in pair]
         created_at = await self._scripts["create_tenant"](
-            keys=[self._tenant_key(tenant_id), self._registry],
+            keys=[self._tenant_key(tenant_id), self._registry, self._reply_key()],
             args=[tenant_id, display_name, *fields],
         )
         if created_at is None:
@@ -151,7 +154,12 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
     @_fails_closed
     async def delete_tenant(self, tenant_id: str) -> None:
         deleted = await self._scripts["delete_tenant"](
-            keys=[*self._tenant_keys(tenant_id), self._key_set(tenant_id), self._registry],
+            keys=[
+                *self._tenant_keys(tenant_id),
+                self._key_set(tenant_id),
+                self._registry,
+                self._reply_key(),
+            ],
             args=[tenant_id, self._key_record("")],  # the prefix of every key record
         )
         if not deleted:
@@ -314,3 +322,8 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
 
     def _key_record(self, key_id: str) -> str:
         return f"{self._prefix}:key:{key_id}"
+
+    def _reply_key(self) -> str:
+        """Where a change's reply is kept under a nonce of its own: sent again after its reply
+        was lost, it is answered as it ran (tenants/lua/_lib.lua, `replied`)."""
+        return f"{self._prefix}:reply:{secrets.token_hex(16)}"

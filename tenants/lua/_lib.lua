@@ -16,6 +16,8 @@
 -- Time is Redis TIME. Fractional numbers leave as '%.17g' strings: Redis truncates Lua numbers.
 
 local DAY_S = 86400
+-- how long a change's reply is kept under its nonce (`replied`)
+local REPLY_KEPT_MS = 60000
 
 local function fmt(x)
   return string.format('%.17g', x)
@@ -136,4 +138,16 @@ local function reserve(now, call_id, tokens, ttl)
   redis.call('HSET', KEYS[4], call_id, string.format('%d %d', tokens, today))
   redis.call('ZADD', KEYS[5], fmt(now + ttl), call_id)
   return {'ok', fmt(now + ttl)}
+end
+
+-- The reply a change sent before under this nonce key made, or nil. The client sends a script
+-- once more when its connection drops: one that ran, its reply lost, is answered as it ran
+-- rather than by what it changed (a tenant it created "already exists").
+local function replied(key)
+  return redis.call('GET', key)
+end
+
+local function keep_reply(key, reply)
+  redis.call('SET', key, reply, 'PX', REPLY_KEPT_MS)
+  return reply
 end

@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -22,7 +23,15 @@ from redis import Redis as SyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from tenants import QuotaUnavailable, RedisQuotaStore, TenantQuota
+from tenants import (
+    QuotaUnavailable,
+    RedisQuotaStore,
+    TenantExists,
+    TenantNotFound,
+    TenantQuota,
+)
+from tests.conftest import REDIS_URL
+from tests.gateway.backends.proxy import cuttable_proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -180,3 +189,27 @@ async def test_outage_fails_closed_then_recovers(private_redis: PrivateRedis) ->
         assert (usage.active_reservations, usage.reserved_tokens) == (1, 10)
         assert await store.settle("acme", "c1", 4, 6) is True
         assert (await store.usage("acme")).tokens_today == 10
+
+
+async def test_a_tenant_change_whose_reply_was_lost_is_answered_as_it_ran(
+    redis_prefix: str,
+) -> None:
+    """The client sends a script once more when its connection drops: a creation that ran, its
+    reply lost, was answered "already exists" by its retry, and a deletion "not found"."""
+    redis = urlsplit(REDIS_URL)
+    async with cuttable_proxy(redis.port or 6379) as proxy:
+        url = f"redis://127.0.0.1:{proxy.port}{redis.path}"
+        async with RedisQuotaStore(url, prefix=redis_prefix) as store:
+            await store.create_tenant("warm", "Warm", TenantQuota())  # the scripts loaded
+            await store.delete_tenant("warm")
+            proxy.lose_reply_to(b"acme")
+            created = await store.create_tenant("acme", "Acme", TenantQuota())
+            assert proxy.replies_lost == 1
+            assert created == await store.get_tenant("acme")
+            with pytest.raises(TenantExists):  # another creation is refused as ever
+                await store.create_tenant("acme", "Acme", TenantQuota())
+            proxy.lose_reply_to(b"acme")
+            await store.delete_tenant("acme")
+            assert proxy.replies_lost == 2
+            with pytest.raises(TenantNotFound):
+                await store.delete_tenant("acme")
