@@ -4,8 +4,8 @@ The engine core is built from the settings as the gateway builds its own (engine
 real model, or with `--simulated` the runner that streams instant synthetic tokens; flags
 override the TOML file and `FAIRGATE_*` variables. It prints "fairgate engine serving on
 HOST:PORT" once connections are accepted (with `--port 0`, the port it was given), and serves
-until SIGINT or SIGTERM. Exit codes: 0 after a signal, 2 when the model or the address is
-unusable.
+until SIGINT or SIGTERM. Exit codes: 0 after a signal, 2 when the settings, the model or the
+address are unusable (a port outside 0-65535 is refused before the model loads).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import anyio
+from pydantic import ValidationError
 
 from gateway.settings import DTYPES, load_settings
 
@@ -27,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve the engine over vLLM's OpenAI-compatible HTTP API",
         description="Serve /v1/completions, /v1/models, /health and /metrics as vLLM does.",
     )
-    serve.add_argument("--port", type=int, required=True, help="0: any free port (printed)")
+    serve.add_argument("--port", type=_port, required=True, help="0: any free port (printed)")
     serve.add_argument("--host", help="address to listen on (default: the settings' host)")
     serve.add_argument("--config", type=Path, help="TOML settings file")
     serve.add_argument("--model", help="'default' (SmolLM2-135M-Instruct) or a local HF folder")
@@ -51,15 +52,19 @@ async def serve_engine(args: argparse.Namespace) -> int:
     from engine.openai_api import serve
     from gateway.engine_setup import build_engine_core
 
-    settings = load_settings(
-        args.config,
-        host=args.host,
-        model=args.model,
-        dtype=args.dtype,
-        num_threads=args.num_threads,
-        simulated_engine=args.simulated or None,
-        simulated_step_s=args.simulated_step_s,
-    )
+    try:
+        settings = load_settings(
+            args.config,
+            host=args.host,
+            model=args.model,
+            dtype=args.dtype,
+            num_threads=args.num_threads,
+            simulated_engine=args.simulated or None,
+            simulated_step_s=args.simulated_step_s,
+        )
+    except (ValidationError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
         await serve(
@@ -76,6 +81,17 @@ async def serve_engine(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _port(text: str) -> int:
+    """A TCP port, checked by argparse: socket.bind raises OverflowError, no OSError, past it."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (0-65535)")
+    return port
 
 
 def _announce(host: str, port: int) -> None:

@@ -13,6 +13,7 @@ import pytest
 from anyio.abc import ByteReceiveStream
 from transformers import LlamaConfig
 
+from gateway.cli import main
 from tests.engine.byte_tokenizer import byte_tokenizer
 
 pytestmark = pytest.mark.anyio
@@ -59,3 +60,30 @@ async def test_engine_serve_prints_its_port_serves_and_stops_on_sigterm(tmp_path
         process.send_signal(signal.SIGTERM)
         with anyio.fail_after(30):
             assert await process.wait() == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--port", "70000"], "70000 is not a port"),  # past it, bind raises no OSError
+        (["--port", "0", "--simulated-step-s", "-1"], "simulated_step_s"),
+        (["--port", "0", "--config", "missing.toml"], "config file not found"),
+    ],
+)
+def test_engine_serve_refuses_unusable_settings_with_exit_code_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    said: str,
+) -> None:
+    for name in [n for n in os.environ if n.startswith("FAIRGATE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    argv = ["engine", "serve", "--simulated", "--model", str(model_folder(tmp_path)), *flags]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    assert said in capsys.readouterr().err
