@@ -431,14 +431,12 @@ def test_violations_quote_client_text_cut_short() -> None:
     assert found[-1] == FieldViolation("nodes[1].depends_on[0]", f"unknown node '{'g' * 32}…'")
 
 
-def test_violations_stop_at_a_byte_budget_and_count_the_rest() -> None:
+def test_violations_stop_at_a_byte_budget_and_say_more_were_left_out() -> None:
     spec = make_job(*[make_node(f"n{i}", depends_on=("ghost",)) for i in range(200)])
     found = violations(spec)
     kept = len(found) - 1
     assert sum(len(v.field) + len(v.description) for v in found[:kept]) <= 4096
-    assert found[-1] == FieldViolation(
-        f"nodes[{kept}].depends_on[0]", f"{200 - kept} more not shown"
-    )
+    assert found[-1] == FieldViolation(f"nodes[{kept}].depends_on[0]", "more not shown")
     assert str(JobInvalid(found)) == (
         f"invalid job: nodes[0].depends_on[0]: unknown node 'ghost' (and {kept} more)"
     )
