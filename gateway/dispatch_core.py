@@ -63,6 +63,10 @@ from tenants.policies import EngineLoad, JobInfo, Policy, ReadyCall, kv_token_ti
 
 T = TypeVar("T")
 MAX_ATTEMPTS = 2  # a lost call runs again once
+# A job whose calls run past their predictions is charged each token at once, but its running
+# calls' priorities follow at most this often: every token of every call re-keyed all of its
+# job's calls, a job of 256 calls 256 times a step (minutes of the event loop for one job).
+PROGRESS_REKEY_S = 0.05
 
 
 class DispatchCore(Generic[T]):
@@ -94,6 +98,7 @@ class DispatchCore(Generic[T]):
         # until the caller pays it there
         self.gated = gated
         self.owed: dict[str, float] = {}
+        self._rekey_after: dict[str, float] = {}  # job -> when progress may re-key it again
 
     # --- jobs and ready calls -------------------------------------------------------------
 
@@ -133,6 +138,7 @@ class DispatchCore(Generic[T]):
         (its running calls end on their own, the caller aborts them)."""
         if not self.book.remove_job(job_id, now):
             return []
+        self._rekey_after.pop(job_id, None)
         self.policy.remove_job(job_id, now)
         self.router.forget(job_id)
         gone = self.book.waiting_of(job_id)
@@ -458,9 +464,12 @@ class DispatchCore(Generic[T]):
         if not self.has_job(entry.call.job_id):
             return []  # an ended job has left the policy
         self.policy.on_progress(call_id, produced, now)
-        if produced > entry.call.predicted_output:  # charged the excess: re-keyed
-            return self.refresh(entry.call.job_id)
-        return []
+        job_id = entry.call.job_id
+        # charged the excess: re-keyed, its running calls told so now and then
+        if produced <= entry.call.predicted_output or now < self._rekey_after.get(job_id, now):
+            return []
+        self._rekey_after[job_id] = now + PROGRESS_REKEY_S
+        return self.refresh(job_id)
 
     def refined(
         self, call_id: str, call: ReadyCall, reserve_output: int, now: float

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import time
@@ -30,6 +31,7 @@ from gateway.backends import LocalBackend
 from gateway.backends.base import BackendCall, BackendCapacity, CallStream, CallUsage
 from gateway.calls import CallDefaults, CallPlan, CallPlanner
 from gateway.dispatch import DispatchConfig, Dispatcher
+from gateway.dispatch_core import PROGRESS_REKEY_S
 from gateway.genai_metrics import GenAiMetrics
 from gateway.job_run import JobRun, JobState, NodeChanged, NodeState, TokensAdded
 from gateway.jobs.model import JobSpec, NodeSpec, SamplingSpec
@@ -223,6 +225,7 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             policy: Policy | None = None,
             share: RedisShare | None = None,
             dispatcher_type: type[Dispatcher] = Dispatcher,
+            clock: Callable[[], float] | None = None,
         ) -> Env:
             hidden_size = 0 if refiner is None else refiner.hidden_size
             core = sim_core(
@@ -240,7 +243,8 @@ async def make_env() -> AsyncIterator[MakeEnv]:
             gated = share is not None  # a pool shared with other replicas
             lane = make_lane("sim", backends, tokenizer, policy, planner, knee_calls, gated=gated)
             config = DispatchConfig()
-            dispatcher = dispatcher_type([lane], store, planner, config, share=share)
+            timed = {} if clock is None else {"clock": clock}
+            dispatcher = dispatcher_type([lane], store, planner, config, share=share, **timed)
             return Env(engine, await stack.enter_async_context(dispatcher))
 
         yield make
@@ -282,7 +286,10 @@ async def test_past_the_knee_only_the_most_urgent_job_adds_calls(make_env: MakeE
 
 
 async def test_engine_priorities_follow_the_policys_rekeys(make_env: MakeEnv) -> None:
-    env = await make_env(MemoryQuotaStore())
+    """Every re-key reaches the engine: on a clock each of whose readings is PROGRESS_REKEY_S
+    after the last, progress past a prediction re-keys the job at every token."""
+    ticks = itertools.count()
+    env = await make_env(MemoryQuotaStore(), clock=lambda: next(ticks) * PROGRESS_REKEY_S)
     engine, dispatcher = env.engine, env.dispatcher
     run = job("j", ("short", 2), ("long", 600))
     await admit(dispatcher, run)

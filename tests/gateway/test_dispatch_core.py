@@ -9,7 +9,7 @@ import pytest
 
 from gateway.backends import BackendCapacity
 from gateway.core_call import CoreCall, Knee
-from gateway.dispatch_core import MAX_ATTEMPTS, DispatchCore
+from gateway.dispatch_core import MAX_ATTEMPTS, PROGRESS_REKEY_S, DispatchCore
 from tenants.policies import JobInfo, NodeCost, ReadyCall, kv_token_time, make_policy
 from tests.gateway.factories import room
 
@@ -173,6 +173,13 @@ def test_progress_past_the_prediction_reprioritizes_the_jobs_running_calls() -> 
     changes = core.progress("a/n0", 200, 3.0)  # far past it: the excess is charged now
     assert [c.entry.call.call_id for c in changes] == ["a/n0", "a/n1"]
     assert core.running["a/n1"].priority == changes[1].priority != before
+    # its running calls follow the charges at most every PROGRESS_REKEY_S, whichever call
+    # made them: each token of each call re-keyed every call of its job
+    assert core.progress("a/n1", 300, 3.0 + PROGRESS_REKEY_S / 2) == []
+    assert core.progress("a/n0", 201, 3.0 + PROGRESS_REKEY_S / 2) == []
+    later = core.progress("a/n0", 202, 3.0 + PROGRESS_REKEY_S)
+    assert [c.entry.call.call_id for c in later] == ["a/n0", "a/n1"]
+    assert later[0].priority > changes[0].priority  # every token since was charged
 
 
 def test_a_tenant_s_ready_calls_planned_again_re_key_their_jobs() -> None:
