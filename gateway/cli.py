@@ -29,6 +29,7 @@ BENCHES = {
     "backlog": "bench.backlog",
     "journal": "bench.journal",
     "strangers": "bench.strangers",
+    "wide": "bench.wide_job",
 }
 
 

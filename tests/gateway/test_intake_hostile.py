@@ -6,32 +6,17 @@ from __future__ import annotations
 import time
 
 import anyio
-import anyio.lowlevel
 import grpc
 import pytest
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from bench.loop_watch import LoopWatch
 from fairgate.v1 import gateway_pb2 as pb
 from gateway.jobs import FieldViolation, validation
 from tests.gateway.conftest import Harness
 
 pytestmark = pytest.mark.anyio
-
-
-class LoopWatch:
-    """The longest the event loop went without coming back to this task while it watched."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self.watching = True
-
-    async def watch(self) -> None:
-        last = time.perf_counter()
-        while self.watching:
-            await anyio.lowlevel.checkpoint()
-            now = time.perf_counter()
-            self.longest, last = max(self.longest, now - last), now
 
 
 async def test_a_large_prompt_is_encoded_with_the_event_loop_free(harness: Harness) -> None:
