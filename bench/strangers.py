@@ -16,11 +16,9 @@ and the strangers' requests per second.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
-import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import grpc
 import numpy as np
 
 from bench.gateway_overhead import one_call
+from bench.repeats import medians, write_json
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.server import running_gateway
@@ -186,10 +185,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         anyio.run(measure, args.seconds, args.strangers, args.message_bytes, args.keyed)
         for _ in range(args.repeats)
     ]
-    figures = {
-        name: statistics.median(getattr(r, name) for r in runs)
-        for name in StrangersRun.__dataclass_fields__
-    }
+    figures = medians(runs)
     print(
         f"a tenant's calls/s, p50 / p99: alone {figures['alone_calls_per_s']:.0f}, "
         f"{figures['alone_p50_ms']:.1f} / {figures['alone_p99_ms']:.1f} ms; beside "
@@ -198,9 +194,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{figures['beside_p50_ms']:.1f} / {figures['beside_p99_ms']:.1f} ms "
         f"(median of {len(runs)} runs)"
     )
-    if args.json:
-        result = {**figures, "runs": [asdict(r) for r in runs], "args": vars(args)}
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    write_json(args, figures, runs)
 
 
 if __name__ == "__main__":

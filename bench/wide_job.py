@@ -12,17 +12,16 @@ tenant's RPCs and streams wait that long).
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import grpc
 
 from bench.loop_watch import LoopWatch
+from bench.repeats import medians, write_json
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.server import running_gateway
@@ -87,16 +86,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     runs = [anyio.run(measure, args.nodes, args.tokens) for _ in range(args.repeats)]
-    names = WideRun.__slots__
-    figures = {name: statistics.median(getattr(r, name) for r in runs) for name in names}
+    figures = medians(runs)
     print(
         f"one job of {args.nodes} calls x {args.tokens} tokens: {figures['seconds']:.1f} s, "
         f"{figures['tokens_per_s']:.0f} tokens/s, the event loop held at most "
         f"{figures['longest_hold_ms']:.0f} ms at once (median of {len(runs)} runs)"
     )
-    if args.json:
-        result = {**figures, "runs": [asdict(r) for r in runs], "args": vars(args)}
-        args.json.write_text(json.dumps(result, indent=2, default=str))
+    write_json(args, figures, runs)
 
 
 if __name__ == "__main__":
