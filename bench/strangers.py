@@ -8,7 +8,7 @@ worst a message of `max_message_bytes` (16 MiB) can be to parse: millions of emp
 messages, over a second of the gateway's one event loop were it parsed. The failure throttle is
 off, as it would be for strangers on many addresses. With `--keyed` the same requests come with
 a key of another tenant's: they are parsed, and that tenant's share of the event loop for
-parsing (`max_parse_share_per_tenant`) is what bounds them. Figures: the tenant's calls per
+parsing (`max_loop_share_per_tenant`) is what bounds them. Figures: the tenant's calls per
 second and call time p50 / p99, alone and beside the strangers (medians over `--repeats` runs),
 and the strangers' requests per second.
 """

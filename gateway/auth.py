@@ -9,8 +9,8 @@ of up to `OPEN_MESSAGE_BYTES` (a service or file name): a larger one is refused 
 The request is parsed only once its key has passed: gRPC hands the handler the raw bytes, so a
 caller without a key cannot make the event loop parse a message of up to `max_message_bytes`
 (a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
-calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT. A tenant's requests
-take at most its share of the loop to parse (`ParseBudget`; the admin key's are not counted).
+calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT. Parsing a tenant's
+request is charged to its share of the loop (`LoopBudget`; the admin key's are not counted).
 
 Failed authentications are throttled per peer address: each failure takes a token from the
 peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
@@ -45,13 +45,13 @@ from google.protobuf.message import DecodeError
 from gateway.buckets import Buckets
 from gateway.errors import (
     AuthThrottled,
+    LoopThrottled,
     MalformedRequest,
-    ParseThrottled,
     PermissionDenied,
     Unauthenticated,
     abort_with,
 )
-from gateway.parse_budget import ParseBudget
+from gateway.loop_budget import LoopBudget
 from gateway.revocations import STAMP, Revocations
 from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
 from tenants.api_keys import key_id_of
@@ -120,14 +120,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         throttle: FailureThrottle | None = None,
         clock: Callable[[], float] = time.monotonic,
         revocations: Revocations | None = None,
-        parse_budget: ParseBudget | None = None,
+        loop_budget: LoopBudget | None = None,
     ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
         self.throttle = throttle or FailureThrottle()
         # what was withdrawn after an RPC's authentication began (`STAMP`, for its handler)
         self.revocations = revocations if revocations is not None else Revocations()
-        self.parse_budget = parse_budget or ParseBudget()
+        self.loop_budget = loop_budget or LoopBudget()
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
         # the same digests, of the keys that passed lately: not guesses, so never throttled
@@ -166,7 +166,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             handler,
             lambda peer, began: self._caller(credential, admin, peer, began),
             self.revocations.stamp,
-            self.parse_budget,
+            self.loop_budget,
         )
 
     async def _caller(
@@ -249,7 +249,7 @@ _CallerOf = Callable[[str, int], Awaitable[Caller]]  # (peer, stamp) -> the call
 
 
 def _wrap(
-    handler: Handler, caller: _CallerOf, stamp: Callable[[], int], budget: ParseBudget
+    handler: Handler, caller: _CallerOf, stamp: Callable[[], int], budget: LoopBudget
 ) -> Handler:
     parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
@@ -304,15 +304,15 @@ async def _parsed(
     parse: Callable[[bytes], Any],
     raw: bytes,
     context: grpc.aio.ServicerContext[Any, Any],
-    budget: ParseBudget,
+    budget: LoopBudget,
 ) -> Any:
     tenant = CALLER.get()
     try:
-        with contextlib.nullcontext() if tenant == ADMIN else budget.parsing(tenant):
+        with contextlib.nullcontext() if tenant == ADMIN else budget.spending(tenant):
             return parse(raw)
     except DecodeError as exc:
         await abort_with(context, MalformedRequest(f"the request does not parse: {exc}"))
-    except ParseThrottled as exc:
+    except LoopThrottled as exc:
         await abort_with(context, exc)
 
 

@@ -9,8 +9,8 @@ ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota 
 `QUOTA_QUEUED_CHARS`, `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`;
 RESOURCE_EXHAUSTED),
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
-`PARSE_RATE_LIMITED` (the tenant's requests took more than its share of the event loop to parse;
-RESOURCE_EXHAUSTED),
+`LOOP_SHARE_EXCEEDED` (the tenant's requests took more than its share of the event loop to
+parse, convert and validate; RESOURCE_EXHAUSTED),
 `OVERLOADED` (the gateway holds as much work as it may; UNAVAILABLE), `STORE_UNAVAILABLE` (the
 quota store cannot be reached, so new work is refused: fail closed; UNAVAILABLE),
 `BACKENDS_UNAVAILABLE` (no backend of a pool the job needs has served for a while; UNAVAILABLE),
@@ -110,13 +110,14 @@ class AuthThrottled(Throttled):
         super().__init__("too many failed authentications from this address", retry_after_s)
 
 
-class ParseThrottled(Throttled):
-    """The tenant's requests took more than its share of the event loop to parse."""
+class LoopThrottled(Throttled):
+    """The tenant's requests took more than its share of the event loop to parse, convert and
+    validate."""
 
-    reason = "PARSE_RATE_LIMITED"
+    reason = "LOOP_SHARE_EXCEEDED"
 
     def __init__(self, retry_after_s: float) -> None:
-        message = "this tenant's requests took more than its share of the gateway to parse"
+        message = "this tenant's requests took more than their share of the gateway's time"
         super().__init__(message, retry_after_s)
 
 

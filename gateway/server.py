@@ -52,9 +52,9 @@ from gateway.genai_metrics import GenAiMetrics
 from gateway.journal import RedisJournal
 from gateway.journaling import Journaling
 from gateway.lanes import Lane, make_lane
+from gateway.loop_budget import LoopBudget
 from gateway.metrics import GatewayMetrics
 from gateway.outbox import Outbox
-from gateway.parse_budget import ParseBudget
 from gateway.pool import Pools, open_pools
 from gateway.registry import JobRegistry
 from gateway.room_news import RoomNews
@@ -442,8 +442,8 @@ def _build_server(
     tracer_provider: TracerProvider | None,
 ) -> tuple[grpc.aio.Server, GatewayService, health.aio.HealthServicer]:
     throttle = FailureThrottle(settings.auth_failures_per_minute)
-    budget = ParseBudget(settings.max_parse_share_per_tenant)
-    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle, parse_budget=budget)
+    budget = LoopBudget(settings.max_loop_share_per_tenant)
+    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle, loop_budget=budget)
     interceptors: list[grpc.aio.ServerInterceptor] = [auth]
     if tracer_provider is not None:
         spans = aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]
@@ -463,6 +463,7 @@ def _build_server(
         max_admissions_per_tenant=settings.max_admissions_per_tenant,
         max_queued_chars=settings.max_queued_chars_per_tenant,
         revocations=auth.revocations,
+        loop_budget=auth.loop_budget,
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(service, server)
 

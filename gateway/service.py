@@ -82,6 +82,7 @@ from gateway.jobs import (
 from gateway.journal import KeyTaken, Owned
 from gateway.journaling import Journaling
 from gateway.keyed_locks import KeyedLocks
+from gateway.loop_budget import LoopBudget
 from gateway.overload import ShedJob
 from gateway.registry import JobRegistry, check_job_id, new_job_id
 from gateway.revocations import STAMP, Revocations
@@ -133,6 +134,7 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         max_queued_chars: int = MAX_QUEUED_CHARS,
         *,
         revocations: Revocations,
+        loop_budget: LoopBudget,
         journaling: Journaling | None = None,
     ) -> None:
         self.jobs = jobs
@@ -156,6 +158,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         # so that an admission under way across a key's revocation or its tenant's deletion is
         # undone instead of escaping the cancel
         self.revocations = revocations  # the auth interceptor's
+        # each tenant's share of the loop for its requests' work before admission, the
+        # interceptor's, which charges their parsing to it too
+        self.loop_budget = loop_budget
         # tenant -> quota: an operator's change reaches new jobs within quota_ttl_s
         self._quotas: TTLCache[str, TenantQuota] = TTLCache(maxsize=65_536, ttl=quota_ttl_s)
 
@@ -203,7 +208,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> JobRun:
         key_id = current_key()
         quota = await self._quota(tenant_id)
-        chars = validate_job(spec, self._limits(quota), now=self.clock())
+        with self.loop_budget.spending(tenant_id):
+            chars = validate_job(spec, self._limits(quota), now=self.clock())
         if len(self.dispatcher.runs) >= self.max_active_jobs:
             raise Overloaded(f"the gateway holds {self.max_active_jobs} active jobs; retry later")
         # the store decides, after the job is rendered and encoded; a tenant this replica alone
@@ -418,10 +424,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         templates' size are known to be within the tenant's limits, each bounding what the
         next reads (`check_node_count`, `check_counts`, `check_templates`)."""
         limits = self._limits(await self._quota(tenant_id))
-        check_node_count(len(msg.nodes), limits)
-        check_counts(job_counts(msg), limits)
-        check_templates(job_templates(msg), limits)
-        return job_spec_from_proto(msg)
+        with self.loop_budget.spending(tenant_id):
+            check_node_count(len(msg.nodes), limits)
+            check_counts(job_counts(msg), limits)
+            check_templates(job_templates(msg), limits)
+            return job_spec_from_proto(msg)
 
     @grpc_edge
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.Job:

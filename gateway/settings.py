@@ -23,8 +23,8 @@ from engine.errors import InvalidRequest
 from engine.sampling import SamplingParams
 from gateway.backends.settings import BackendSettings
 from gateway.jobs import MAX_QUEUED_CHARS
+from gateway.loop_budget import LOOP_SHARE
 from gateway.metrics import MAX_TENANTS
-from gateway.parse_budget import PARSE_SHARE
 from gateway.share import SLACK_CALLS
 from gateway.slo import SloConfig, SloTarget
 
@@ -74,9 +74,10 @@ class Settings(BaseSettings):
     # share of the gateway's memory, at about 3 bytes a character
     max_queued_chars_per_tenant: int = Field(default=MAX_QUEUED_CHARS, ge=0)
     auth_failures_per_minute: int = Field(default=30, ge=1)  # per peer address
-    # the share of the event loop one tenant's requests may take to parse, over any 20 s beyond
-    # one request (`gateway.parse_budget`): past it the tenant waits, others go on
-    max_parse_share_per_tenant: float = Field(default=PARSE_SHARE, gt=0, le=1)
+    # the share of the event loop one tenant's requests may take to parse, convert and validate,
+    # over any 20 s beyond one request (`gateway.loop_budget`): past it the tenant waits, others
+    # go on
+    max_loop_share_per_tenant: float = Field(default=LOOP_SHARE, gt=0, le=1)
     # Prometheus /metrics over HTTP on this port (0: any free one); off when unset. Bound to
     # metrics_host, loopback unless said otherwise: never a tenant-facing port
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
