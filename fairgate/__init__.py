@@ -22,6 +22,7 @@ from fairgate.builder import JobBuilder, job_from_json, job_to_json, map_reduce,
 from fairgate.client import Client
 from fairgate.errors import (
     AlreadyExists,
+    ClientClosed,
     DeadlineExceeded,
     ErrorInfo,
     FairgateError,
@@ -56,6 +57,7 @@ __all__ = [
     "ApiKey",
     "BackendStatus",
     "Client",
+    "ClientClosed",
     "DeadlineExceeded",
     "ErrorInfo",
     "FairgateError",

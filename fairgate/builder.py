@@ -61,7 +61,7 @@ class JobBuilder:
         *,
         prompt: str | None = None,
         chat: Iterable[tuple[str, str]] | None = None,
-        depends_on: Sequence[str] = (),
+        depends_on: str | Sequence[str] = (),
         max_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
@@ -69,11 +69,13 @@ class JobBuilder:
         stop: str | Iterable[str] = (),
         seed: int | None = None,
         name: str = "",
+        model: str = "",
     ) -> Self:
         """Add a call with a prompt template or chat messages `(role, content template)`.
 
         Templates use `{{inputs.NAME}}` and `{{NODE_ID.output}}` for nodes reachable
-        through `depends_on`. Sampling fields left None take the server's defaults.
+        through `depends_on` (one node id, or several). Sampling fields left None take the
+        server's defaults; `model` empty: the gateway's default model.
         """
         if (prompt is None) == (chat is None):
             raise JobSpecInvalid(f"node {node_id!r}: give exactly one of prompt and chat")
@@ -81,7 +83,11 @@ class JobBuilder:
             raise JobSpecInvalid(f"node {node_id!r} is defined twice")
         self._ids.add(node_id)
         sampling = sampling_spec(max_tokens, temperature, top_p, top_k, stop, seed)
-        node = pb.NodeSpec(id=node_id, depends_on=depends_on, sampling=sampling, name=name)
+        # a string is one parent: protobuf would take it as one parent per character
+        parents = [depends_on] if isinstance(depends_on, str) else list(depends_on)
+        node = pb.NodeSpec(
+            id=node_id, depends_on=parents, sampling=sampling, name=name, model=model
+        )
         if prompt is not None:
             node.prompt_template = prompt
         else:

@@ -16,6 +16,7 @@ and closing the generator (`contextlib.aclosing`) cancels the RPC at once — fo
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable
+from contextlib import aclosing
 from functools import cached_property
 
 from fairgate.builder import sampling_spec
@@ -61,16 +62,19 @@ class Client(Connection):
     ) -> AsyncGenerator[JobEvent, None]:
         """Events with sequence >= from_sequence, then live ones, ending with JobFinished."""
         request = pb.WatchJobRequest(job_id=job_id, from_sequence=from_sequence)
-        async for message in self.stream(self._gateway.WatchJob, request):
-            if (event := event_from_proto(message)) is not None:
-                yield event
+        # closed with this generator, not later by the loop's finalizer: the RPC ends at once
+        async with aclosing(self.stream(self._gateway.WatchJob, request)) as messages:
+            async for message in messages:
+                if (event := event_from_proto(message)) is not None:
+                    yield event
 
     async def run_job(self, spec: pb.JobSpec) -> AsyncGenerator[JobEvent, None]:
         """Submit and watch in one stream; closing it before JobFinished cancels the job."""
         request = pb.SubmitJobRequest(job=spec)
-        async for message in self.stream(self._gateway.RunJob, request):
-            if (event := event_from_proto(message)) is not None:
-                yield event
+        async with aclosing(self.stream(self._gateway.RunJob, request)) as messages:
+            async for message in messages:
+                if (event := event_from_proto(message)) is not None:
+                    yield event
 
     async def generate(
         self,
@@ -83,26 +87,29 @@ class Client(Connection):
         stop: str | Iterable[str] = (),
         seed: int | None = None,
         name: str = "",
+        model: str = "",
     ) -> AsyncGenerator[TextDelta | GenerateFinished, None]:
         """One call: TextDelta items as text arrives, then GenerateFinished with the whole text.
 
-        `prompt` is plain text, or chat messages as `(role, content)` pairs.
+        `prompt` is plain text, or chat messages as `(role, content)` pairs; `model` empty:
+        the gateway's default model.
         """
         sampling = sampling_spec(max_tokens, temperature, top_p, top_k, stop, seed)
-        request = pb.GenerateRequest(sampling=sampling, name=name)
+        request = pb.GenerateRequest(sampling=sampling, name=name, model=model)
         if isinstance(prompt, str):
             request.prompt = prompt
         else:
             messages = [pb.ChatMessage(role=role, content=text) for role, text in prompt]
             request.chat.CopyFrom(pb.ChatPrompt(messages=messages))
         parts: list[str] = []
-        async for message in self.stream(self._gateway.Generate, request):
-            if message.restarted:
-                parts.clear()
-            if message.text or message.token_ids or message.restarted:
-                parts.append(message.text)
-                yield TextDelta(message.text, tuple(message.token_ids), message.restarted)
-            if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
-                reason = enum_from_proto(FinishReason, message.finish_reason)
-                usage = usage_from_proto(message.usage)
-                yield GenerateFinished("".join(parts), reason, usage, message.reason)
+        async with aclosing(self.stream(self._gateway.Generate, request)) as responses:
+            async for message in responses:
+                if message.restarted:
+                    parts.clear()
+                if message.text or message.token_ids or message.restarted:
+                    parts.append(message.text)
+                    yield TextDelta(message.text, tuple(message.token_ids), message.restarted)
+                if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+                    reason = enum_from_proto(FinishReason, message.finish_reason)
+                    usage = usage_from_proto(message.usage)
+                    yield GenerateFinished("".join(parts), reason, usage, message.reason)

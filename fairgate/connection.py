@@ -4,10 +4,14 @@ Every call made through a `Connection` carries `authorization: Bearer <key>` met
 `grpc.aio.AioRpcError` it raises leaves as a `fairgate.errors.FairgateError` subclass with the
 google.rpc details parsed (`rpc_status.from_call` reads them from the trailing metadata). A
 server stream is cancelled when its iterator is closed early, so the server sees the client go.
+A call in flight when the connection is closed raises `ClientClosed`: grpc.aio ends it with a
+bare CancelledError, which reads as the caller's own task cancelled (a task group drops the
+task without a trace).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -20,6 +24,7 @@ from grpc_status import rpc_status
 
 from fairgate.errors import (
     ERRORS_BY_CODE,
+    ClientClosed,
     ErrorInfo,
     FairgateError,
     FieldViolation,
@@ -51,15 +56,16 @@ class Connection:
         through a connection that went silent (a gateway's host lost, a network cut, where no
         reset ever comes) then ends with `Unavailable` instead of waiting for ever, and the
         caller resumes it with `watch_job` on another replica. The gateway refuses pings more
-        often than every 10 s (`keepalive_s` below that has the server close the connection)."""
+        often than every 10 s (`keepalive_s` below that has the server close the connection).
+        `options` are further gRPC channel arguments; they win over the defaults set here."""
         channel_options = [
+            *options,  # gRPC takes the first of two arguments of one name: the caller's first
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             *keepalive_options(keepalive_s, keepalive_timeout_s),
             # a watched job may send nothing for minutes (a call queued, an agent thinking):
             # pings go on through such a silence, not only two of them
             ("grpc.http2.max_pings_without_data", 0),
-            *options,
         ]
         if credentials is None:
             self._channel = grpc.aio.insecure_channel(target, options=channel_options)
@@ -67,6 +73,7 @@ class Connection:
             self._channel = grpc.aio.secure_channel(target, credentials, options=channel_options)
         self._metadata = (("authorization", f"Bearer {key}"),)
         self.timeout_s = timeout_s
+        self._closed = False
 
     @property
     def channel(self) -> grpc.aio.Channel:
@@ -84,27 +91,43 @@ class Connection:
         await self.aclose()
 
     async def aclose(self) -> None:
+        self._closed = True
         await self._channel.close()
 
     async def unary(
         self, method: grpc.aio.UnaryUnaryMultiCallable[Request, Response], request: Request
     ) -> Response:
+        self._check_open()
         try:
             return await method(request, metadata=self._metadata, timeout=self.timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from exc
+        except asyncio.CancelledError:
+            self._check_open()
+            raise
 
     async def stream(
         self, method: grpc.aio.UnaryStreamMultiCallable[Request, Response], request: Request
     ) -> AsyncGenerator[Response, None]:
+        self._check_open()
         call = method(request, metadata=self._metadata)
         try:
             async for response in call:
                 yield response
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from exc
+        except asyncio.CancelledError:
+            self._check_open()
+            raise
         finally:
             call.cancel()
+
+    def _check_open(self) -> None:
+        """ClientClosed once closed, unless the caller's own task is being cancelled (then its
+        CancelledError goes on)."""
+        task = asyncio.current_task()
+        if self._closed and (task is None or not task.cancelling()):
+            raise ClientClosed from None
 
 
 def keepalive_options(keepalive_s: float, keepalive_timeout_s: float) -> list[tuple[str, int]]:

@@ -88,6 +88,14 @@ class DeadlineExceeded(FairgateError):
     SubmitJob is safe to send again only with an idempotency key."""
 
 
+class ClientClosed(FairgateError):
+    """The client was closed (`aclose()`, or its `async with` left) while this call was in
+    flight, or before it was made: the call was cancelled on the server as the client left."""
+
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.CANCELLED, "the client was closed")
+
+
 class JobSpecInvalid(ValueError):
     """A job builder was used in a way that cannot produce a job (checked before any RPC)."""
 

@@ -122,3 +122,16 @@ def test_a_stop_string_is_one_stop_not_one_per_character() -> None:
     """`stop="END"` (as the OpenAI API takes it) became the stops E, N and D."""
     spec = JobBuilder().node("a", prompt="hi", stop="END").node("b", prompt="hi", stop=["\n", "."])
     assert [list(n.sampling.stop) for n in spec.build().nodes] == [["END"], ["\n", "."]]
+
+
+def test_a_parent_named_by_a_string_is_one_parent_not_one_per_character() -> None:
+    """`depends_on="first"` became the parents f, i, r, s and t: a job the gateway refused."""
+    spec = (
+        JobBuilder()
+        .node("first", prompt="hi")
+        .node("second", prompt="{{first.output}}", depends_on="first")
+        .build()
+    )
+    job = job_spec_from_proto(spec)
+    validate_job(job)
+    assert job.nodes[1].depends_on == ("first",)

@@ -155,6 +155,16 @@ async def test_generate_streams_deltas_then_the_whole_text(harness: Harness) -> 
     assert final.usage.output_tokens == 8 and final.usage.prompt_tokens > 3
 
 
+async def test_calls_name_their_model(harness: Harness) -> None:
+    served = "SmolLM2-135M-Instruct"  # the harness's one model
+    job = JobBuilder().node("a", prompt="hi", max_tokens=2, model=served).build()
+    async with client(harness) as alpha:
+        finished = (await collect(alpha.run_job(job)))[-1]
+        assert isinstance(finished, JobFinished) and finished.job.state is JobState.SUCCEEDED
+        with pytest.raises(InvalidArgument, match="unknown model 'elsewhere'"):
+            [item async for item in alpha.generate("hi", max_tokens=2, model="elsewhere")]
+
+
 async def test_invalid_job_names_each_offending_field(harness: Harness) -> None:
     spec = (
         JobBuilder()
