@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -70,6 +71,8 @@ from gateway.jobs import (
     MAX_QUEUED_CHARS,
     PLACEHOLDERS_PER_NODE,
     ChatMessage,
+    FieldViolation,
+    JobInvalid,
     JobLimits,
     JobSpec,
     NodeSpec,
@@ -487,8 +490,17 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     ) -> AsyncIterator[pb.GenerateResponse]:
         async with self._stream() as stream:
             tenant = current_tenant()
-            check_counts(generate_counts(request), self._limits(await self._quota(tenant)))
-            run = await self.submit(tenant, _single_call(request), streamed=True)
+            try:
+                check_counts(generate_counts(request), self._limits(await self._quota(tenant)))
+                run = await self.submit(tenant, _single_call(request), streamed=True)
+            except JobInvalid as exc:  # told in the request's terms, not its one-node job's
+                kind = request.WhichOneof("input") or "prompt"
+                raise JobInvalid(
+                    [
+                        FieldViolation(_generate_field(v.field, kind), v.description)
+                        for v in exc.violations
+                    ]
+                ) from None
             stream.watch(run)
             async with self._running_by_client(run):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so
@@ -556,6 +568,19 @@ def _generate_response(run: JobRun, batch: list[Any]) -> pb.GenerateResponse:
 def _fingerprint(job: pb.JobSpec) -> str:
     """A digest of the submitted job (deterministic: map entries sorted)."""
     return hashlib.sha256(job.SerializeToString(deterministic=True)).hexdigest()
+
+
+_MESSAGE_INPUT = re.compile(r'inputs\["m(\d+)"\]')
+
+
+def _generate_field(field: str, kind: str) -> str:
+    """A violation's path in the one-node job `_single_call` makes -> the request's field
+    (`kind`: its input, "prompt" or "chat")."""
+    if field == 'inputs["prompt"]' or field == "nodes[0]":
+        return kind
+    if message := _MESSAGE_INPUT.fullmatch(field):
+        return f"chat.messages[{message[1]}].content"
+    return field.removeprefix("nodes[0].")
 
 
 def _single_call(request: pb.GenerateRequest) -> JobSpec:

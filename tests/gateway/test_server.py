@@ -455,7 +455,7 @@ async def test_a_node_past_its_message_count_is_refused_with_the_count_alone(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         async for _ in harness.stub.Generate(request, metadata=harness.auth("alpha")):
             pass
-    assert _violations(caught.value) == [("nodes[0].chat.messages", "100000 messages; at most 64")]
+    assert _violations(caught.value) == [("chat.messages", "100000 messages; at most 64")]
 
 
 async def test_templates_that_render_to_nothing_are_bounded_as_written(harness: Harness) -> None:
@@ -569,6 +569,37 @@ async def test_concurrent_submits_with_one_idempotency_key_make_one_job(harness:
             tg.start_soon(submit)
     assert len({run.job_id for run in runs}) == 1
     assert len(gateway.jobs) == 1
+
+
+@pytest.mark.parametrize(
+    ("request_", "fields"),
+    [
+        (pb.GenerateRequest(prompt="x", model="nope"), ["model"]),
+        (pb.GenerateRequest(chat=pb.ChatPrompt()), ["chat.messages"]),
+        (
+            pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="x")])),
+            ["chat.messages[0].role"],
+        ),
+        (pb.GenerateRequest(prompt="x", sampling=pb.SamplingSpec(top_p=2)), ["sampling.top_p"]),
+        (pb.GenerateRequest(prompt="x" * 300_000), ["prompt", "prompt"]),
+        (
+            pb.GenerateRequest(
+                chat=pb.ChatPrompt(messages=[pb.ChatMessage(role="user", content="x" * 300_000)])
+            ),
+            ["chat.messages[0].content", "chat"],
+        ),
+    ],
+)
+async def test_a_generate_is_refused_in_its_own_fields(
+    harness: Harness, request_: pb.GenerateRequest, fields: list[str]
+) -> None:
+    """Generate runs a one-node job: its violations named that job's paths (`nodes[0].model`,
+    `inputs["prompt"]`), which the request has none of."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        async for _ in harness.stub.Generate(request_, metadata=harness.auth("alpha")):
+            pass
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [field for field, _ in _violations(caught.value)] == fields
 
 
 async def test_generate_streams_text_then_usage(harness: Harness) -> None:
