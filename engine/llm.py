@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 class Runner(Protocol):
     eos_token_ids: frozenset[int]
     hidden_size: int  # length of the hidden vectors it hands out; 0: none
+    vocab_size: int  # the token ids it has rows for (a tokenizer may know more)
 
     def execute(self, plan: StepPlan) -> StepOutput: ...
 

@@ -30,11 +30,13 @@ class StepRecorder:
     gaps: list[float] = field(default_factory=list)  # seconds from a step's end to the next's start
     eos_token_ids: frozenset[int] = field(init=False)
     hidden_size: int = field(init=False)
+    vocab_size: int = field(init=False)
     _last_end: float | None = None
 
     def __post_init__(self) -> None:
         self.eos_token_ids = self.runner.eos_token_ids
         self.hidden_size = self.runner.hidden_size
+        self.vocab_size = self.runner.vocab_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
         start = time.perf_counter()

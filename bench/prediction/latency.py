@@ -45,6 +45,7 @@ class RecordingRunner:
         self.inner, self.latency = inner, latency
         self.eos_token_ids: frozenset[int] = inner.eos_token_ids
         self.hidden_size: int = inner.hidden_size
+        self.vocab_size: int = inner.vocab_size
 
     def execute(self, plan: StepPlan) -> StepOutput:
         start = time.perf_counter()

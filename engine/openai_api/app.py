@@ -54,7 +54,8 @@ def build_app(
         engine=engine,
         model_name=model_name,
         tokenizer=tokenizer,
-        vocab_size=_vocab_size(engine, len(tokenizer)),
+        # an id past the model's rows would fail the whole step, every request in it
+        vocab_size=min(len(tokenizer), engine.core.runner.vocab_size),
         metrics=EngineMetrics(engine, model_name),
         max_prompt_chars=max_prompt_chars,
     )
@@ -93,15 +94,6 @@ def build_app(
             ClientDisconnect: _client_gone,
         },
     )
-
-
-def _vocab_size(engine: AsyncEngine, tokenizer_size: int) -> int:
-    """The prompt ids the tokenizer knows and the model has a row for: a checkpoint's tokenizer
-    may know ids past its model's embedding, and such an id fails the whole step it runs in,
-    every other request in that batch included."""
-    # the model runner's rows (the simulated runner's tokens); not every runner says
-    model_size: int = getattr(engine.core.runner, "vocab_size", tokenizer_size)
-    return min(tokenizer_size, model_size)
 
 
 async def _body(request: Request, limit: int) -> bytes:

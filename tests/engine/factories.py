@@ -57,6 +57,7 @@ class FlakyRunner:
         self.runner = runner
         self.eos_token_ids = runner.eos_token_ids
         self.hidden_size = runner.hidden_size
+        self.vocab_size = runner.vocab_size
         self.fail_on = fail_on
         self.num_calls = 0
         self.failed_plans: list[list[str]] = []  # request ids of each plan it failed

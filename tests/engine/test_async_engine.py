@@ -104,6 +104,7 @@ class GatedRunner:
         self.runner = runner
         self.eos_token_ids = runner.eos_token_ids
         self.hidden_size = runner.hidden_size
+        self.vocab_size = runner.vocab_size
         self.gate, self.entered, self.release = (threading.Event() for _ in range(3))
 
     def execute(self, plan: StepPlan) -> StepOutput:

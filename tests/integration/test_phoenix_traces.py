@@ -38,6 +38,7 @@ class FailsAlone:
         self.runner = runner
         self.eos_token_ids = runner.eos_token_ids
         self.hidden_size = runner.hidden_size
+        self.vocab_size = runner.vocab_size
         self.suffix, self.after = f"/{node_id}", after
         self.failed = False
 
