@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
-from pydantic import ValidationError
 
 from gateway.cli_client import register as register_client_commands
 from gateway.cli_engine import register as register_engine_commands
+from gateway.cli_settings import settings_or_none
 from gateway.settings import DTYPES, Settings, load_settings
-from tenants.policies import PolicyError, check_servable
+from tenants.policies import check_servable
 
 BENCHES = {
     "engine": "bench.engine_speed.throughput",
@@ -59,7 +59,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from gateway.pool import PoolInvalid
     from gateway.server import UnsafeSettings, serve
 
-    settings = _settings_or_none(args)
+    settings = settings_or_none(lambda: _server_settings(args))
     if settings is None:
         return 2
     try:
@@ -73,19 +73,10 @@ async def _serve(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from gateway.demo import run_demo
 
-    settings = _settings_or_none(args)
+    settings = settings_or_none(lambda: _server_settings(args))
     if settings is None:
         return 2
     return await run_demo(settings, jobs_per_tenant=args.jobs)
-
-
-def _settings_or_none(args: argparse.Namespace) -> Settings | None:
-    """The server's settings, or None once what is wrong with them is printed."""
-    try:
-        return _server_settings(args)
-    except (ValidationError, FileNotFoundError, PolicyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

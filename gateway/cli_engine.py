@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import anyio
-from pydantic import ValidationError
 
+from gateway.cli_settings import settings_or_none
 from gateway.settings import DTYPES, load_settings
 
 
@@ -52,8 +52,8 @@ async def serve_engine(args: argparse.Namespace) -> int:
     from engine.openai_api import serve
     from gateway.engine_setup import build_engine_core
 
-    try:
-        settings = load_settings(
+    settings = settings_or_none(
+        lambda: load_settings(
             args.config,
             host=args.host,
             model=args.model,
@@ -62,8 +62,8 @@ async def serve_engine(args: argparse.Namespace) -> int:
             simulated_engine=args.simulated or None,
             simulated_step_s=args.simulated_step_s,
         )
-    except (ValidationError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    )
+    if settings is None:
         return 2
     try:
         core = await anyio.to_thread.run_sync(build_engine_core, settings)
