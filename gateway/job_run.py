@@ -81,15 +81,6 @@ class NodeRun:
             return None
         return max(self.started_at - self.ready_at, 0.0)
 
-    def run_time(self, last_token_at: float | None = None) -> float | None:
-        """From running to its end, once it ran and ended: to `last_token_at` where given (a
-        finished call's last tokens, known before its node ends: the settle after them is the
-        quota store's time, not the backend's)."""
-        end = self.finished_at if last_token_at is None else last_token_at
-        if self.started_at is None or end is None:
-            return None
-        return max(end - self.started_at, 0.0)
-
     @property
     def time_to_first_token(self) -> float | None:
         if self.started_at is None or self.first_token_at is None:
@@ -118,24 +109,17 @@ class NodeRun:
         self.output += text
         self.output_tokens += count
 
-    def time_per_output_token(
-        self, produced: int, last_token_at: float | None = None
-    ) -> float | None:
-        """Between the `produced` tokens after the first, once it ended: to `last_token_at`
-        where given (then known before the node ends), as `run_time`."""
-        end = self.finished_at if last_token_at is None else last_token_at
-        if self.first_token_at is None or end is None or produced < 2:
-            return None
-        return max(end - self.first_token_at, 0.0) / (produced - 1)
-
     def times(self, produced: int, last_token_at: float | None = None) -> CallTimes:
-        """What its call of `produced` tokens took, measured to `last_token_at` where given."""
-        return CallTimes(
-            self.queue_wait,
-            self.time_to_first_token,
-            self.time_per_output_token(produced, last_token_at),
-            self.run_time(last_token_at),
-        )
+        """What its call of `produced` tokens took once it ended, measured to `last_token_at`
+        where given (a finished call's last tokens, known before its node ends: the settle
+        after them is the quota store's time, not the backend's)."""
+        end = self.finished_at if last_token_at is None else last_token_at
+        run_time = tpot = None
+        if end is not None and self.started_at is not None:
+            run_time = max(end - self.started_at, 0.0)
+        if end is not None and self.first_token_at is not None and produced >= 2:
+            tpot = max(end - self.first_token_at, 0.0) / (produced - 1)
+        return CallTimes(self.queue_wait, self.time_to_first_token, tpot, run_time)
 
 
 @dataclass(frozen=True, slots=True)
