@@ -5,12 +5,15 @@ there; every tenant's calls wait meanwhile (protobuf holds the GIL while it pars
 thread would stall the loop as long). That work costs about the request's item count, and a
 refused request costs its tenant no quota: a 16 MiB request of 8 million empty nodes took 2.3 s
 to parse, an invalid job of 256 densely linked nodes about 0.1 s to validate, while ordinary
-requests take tens of microseconds. So the time each piece of that work took is taken from the
-tenant's bucket, which refills at `share` of a second a second and holds `share` of
-`WINDOW_S`; a tenant whose bucket is below zero is refused (`LoopThrottled`, with the seconds
-until it refills) before its next piece is done. One piece still takes as long as the request
-allows (`max_message_bytes` and the job limits bound it); a tenant's requests, one after the
-other, take at most about `share` of the loop.
+requests take tens of microseconds. So the time each piece of that work took beyond `FREE_S`
+is taken from the tenant's bucket, which refills at `share` of a second a second and holds
+`share` of `WINDOW_S`; a tenant whose bucket is below zero is refused (`LoopThrottled`, with
+the seconds until it refills) before its next piece is done. Ordinary requests never touch it:
+a tenant sending many small jobs, alone on a replica, may use all of its loop, as it could
+without the bucket with any cheap request; what the bucket stops is requests that cost far
+more than that. One piece still takes as long as the request allows (`max_message_bytes` and
+the job limits bound it); a tenant's costly requests, one after the other, take at most about
+`share` of the loop.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from gateway.errors import LoopThrottled
 
 WINDOW_S = 20.0  # a tenant's bucket holds its share of this many seconds: the burst it may take
 LOOP_SHARE = 0.05
+# a piece of work up to this long is not charged: an ordinary request's parse, conversion and
+# validation take tens of microseconds to a millisecond, and charging those capped a tenant's
+# plain request rate at its share of the loop even with the loop idle
+FREE_S = 0.001
 
 
 class LoopBudget:
@@ -34,11 +41,13 @@ class LoopBudget:
     @contextlib.contextmanager
     def spending(self, tenant: str) -> Iterator[None]:
         """Do a piece of the tenant's requests' work within: refused while its bucket is below
-        zero, else charged the time the block took, whatever it raised."""
+        zero, else charged the time the block took beyond FREE_S, whatever it raised."""
         if self._buckets.level(tenant) < 0:
             raise LoopThrottled(self._buckets.wait_s(tenant, 0.0))
         began = self.clock()
         try:
             yield
         finally:
-            self._buckets.add(tenant, began - self.clock())
+            spent = self.clock() - began - FREE_S
+            if spent > 0:
+                self._buckets.add(tenant, -spent)

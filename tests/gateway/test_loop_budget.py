@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import LoopThrottled
-from gateway.loop_budget import WINDOW_S, LoopBudget
+from gateway.loop_budget import FREE_S, WINDOW_S, LoopBudget
 from tests.fake_clock import FakeClock
 
 
@@ -22,9 +22,11 @@ def test_a_tenant_past_its_share_waits_until_it_refills_and_others_do_not() -> N
     with pytest.raises(LoopThrottled) as caught:
         _spend(budget, clock, "alpha", 0.001)
     # 1 - 0.9, then 2.1 s refilling 0.105 as it took 2.1: 1.895 s short, at 0.05 s a second
-    assert caught.value.retry_after_s == pytest.approx(1.895 / 0.05)
+    # (each piece charged beyond its first FREE_S)
+    short = 1.895 - 2 * FREE_S
+    assert caught.value.retry_after_s == pytest.approx(short / 0.05)
     _spend(budget, clock, "beta", 0.5)
-    clock.now += 1.895 / 0.05
+    clock.now += short / 0.05
     _spend(budget, clock, "alpha", 0.001)
 
 
@@ -37,9 +39,22 @@ def test_a_refused_piece_costs_nothing_and_a_failed_one_is_charged() -> None:
     for _ in range(3):
         with pytest.raises(LoopThrottled) as caught:
             _spend(budget, clock, "alpha", 10.0)
-        assert caught.value.retry_after_s == pytest.approx(0.5 / 0.1)  # unchanged
+        assert caught.value.retry_after_s == pytest.approx((0.5 - FREE_S) / 0.1)  # unchanged
     clock.now += 10 * WINDOW_S  # idle time fills it to its share of the window, no more
     _spend(budget, clock, "alpha", 3.0)
     with pytest.raises(LoopThrottled) as caught:
         _spend(budget, clock, "alpha", 0.1)
-    assert caught.value.retry_after_s == pytest.approx(1.0 / 0.1)
+    assert caught.value.retry_after_s == pytest.approx((1.0 - FREE_S) / 0.1)
+
+
+def test_ordinary_pieces_are_free_however_many() -> None:
+    """A tenant alone on a replica sending many small jobs may use all of its loop: charging
+    each request's tens of microseconds capped its rate at its share with the loop idle."""
+    clock = FakeClock(0.0)
+    budget = LoopBudget(share=0.05, clock=clock)  # holds 1 s
+    for _ in range(10_000):  # 10 s of work in 10 s: all of the loop
+        _spend(budget, clock, "alpha", FREE_S)
+    _spend(budget, clock, "alpha", 0.9 + FREE_S)  # its whole share is still there
+    _spend(budget, clock, "alpha", 0.2)
+    with pytest.raises(LoopThrottled):
+        _spend(budget, clock, "alpha", FREE_S)
