@@ -11,6 +11,10 @@ caller without a key cannot make the event loop parse a message of up to `max_me
 (a 16 MiB message of millions of empty repeated fields took over a second, every tenant's
 calls waiting meanwhile). Bytes that do not parse are INVALID_ARGUMENT. Parsing a tenant's
 request is charged to its share of the loop (`LoopBudget`; the admin key's are not counted).
+A tenant's RPCs under way, streams included, are counted from the moment its key passes until
+the handler ends: one past `max_rpcs_per_tenant` is refused (RESOURCE_EXHAUSTED, QUOTA_RPCS)
+before it is parsed, so that a tenant whose RPCs wait cannot hold every one of gRPC's
+`maximum_concurrent_rpcs` slots while every other tenant is refused.
 
 Failed authentications are throttled per peer address: each failure takes a token from the
 peer's bucket (`failures_per_minute`, refilled continuously); an empty bucket refuses the peer's
@@ -53,7 +57,16 @@ from gateway.errors import (
 )
 from gateway.loop_budget import LoopBudget
 from gateway.revocations import STAMP, Revocations
-from tenants import AuthFailed, QuotaStore, bearer_token, hash_key, verify_admin
+from gateway.tenant_counts import TenantCounts
+from tenants import (
+    AuthFailed,
+    QuotaExceeded,
+    QuotaStore,
+    bearer_token,
+    hash_key,
+    refusals,
+    verify_admin,
+)
 from tenants.api_keys import key_id_of
 
 CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("fairgate_caller")
@@ -121,6 +134,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         clock: Callable[[], float] = time.monotonic,
         revocations: Revocations | None = None,
         loop_budget: LoopBudget | None = None,
+        max_rpcs_per_tenant: int = 0,
     ) -> None:
         self.store = store
         self.admin_key_hash = hash_key(admin_key)
@@ -128,6 +142,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         # what was withdrawn after an RPC's authentication began (`STAMP`, for its handler)
         self.revocations = revocations if revocations is not None else Revocations()
         self.loop_budget = loop_budget or LoopBudget()
+        # each tenant's RPCs under way, up to `max_rpcs_per_tenant` (0: no limit): gRPC's
+        # `maximum_concurrent_rpcs` counts every tenant's together
+        self._rpcs = TenantCounts()
+        self.max_rpcs_per_tenant = max_rpcs_per_tenant
         # key digest -> caller: a key revoked elsewhere stops working within cache_ttl_s
         self._known: TTLCache[str, Caller] = TTLCache(65_536, cache_ttl_s, timer=clock)
         # the same digests, of the keys that passed lately: not guesses, so never throttled
@@ -167,7 +185,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             lambda peer, began: self._caller(credential, admin, peer, began),
             self.revocations.stamp,
             self.loop_budget,
+            self._held,
         )
+
+    def _held(self, tenant_id: str) -> contextlib.AbstractContextManager[None]:
+        """The RPC counted against its tenant's limit while it runs (the admin key's are not)."""
+        if tenant_id == ADMIN:
+            return contextlib.nullcontext()
+        return self._rpcs.holding(tenant_id, self.max_rpcs_per_tenant, refusals.rpcs)
 
     async def _caller(
         self, credential: str, admin: bool, peer: str, began: int | None = None
@@ -246,10 +271,15 @@ def _bounded(handler: Handler) -> Handler:
 
 
 _CallerOf = Callable[[str, int], Awaitable[Caller]]  # (peer, stamp) -> the caller
+_HeldOf = Callable[[str], contextlib.AbstractContextManager[None]]  # tenant -> its RPC counted
 
 
 def _wrap(
-    handler: Handler, caller: _CallerOf, stamp: Callable[[], int], budget: LoopBudget
+    handler: Handler,
+    caller: _CallerOf,
+    stamp: Callable[[], int],
+    budget: LoopBudget,
+    held: _HeldOf,
 ) -> Handler:
     parse = _parser(handler)  # the handlers below get the bytes: they parse once the key passes
     if handler.unary_unary is not None:
@@ -258,7 +288,9 @@ def _wrap(
         async def unary(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             tokens = await _authenticate(caller, stamp, context)
             try:
-                return await inner(await _parsed(parse, raw, context, budget), context)
+                with contextlib.ExitStack() as stack:
+                    await _hold(stack, held, context)
+                    return await inner(await _parsed(parse, raw, context, budget), context)
             finally:
                 _reset(tokens)
 
@@ -271,9 +303,11 @@ def _wrap(
         ) -> AsyncIterator[Any]:
             tokens = await _authenticate(caller, stamp, context)
             try:
-                request = await _parsed(parse, raw, context, budget)
-                async for response in inner_stream(request, context):
-                    yield response
+                with contextlib.ExitStack() as stack:
+                    await _hold(stack, held, context)
+                    request = await _parsed(parse, raw, context, budget)
+                    async for response in inner_stream(request, context):
+                        yield response
             finally:
                 # A stream the client cancelled may be closed by the garbage collector, in
                 # another context: there the caller was never set, so there is nothing to reset
@@ -282,6 +316,16 @@ def _wrap(
 
         return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
     return handler  # no client-streaming RPCs in fairgate
+
+
+async def _hold(
+    stack: contextlib.ExitStack, held: _HeldOf, context: grpc.aio.ServicerContext[Any, Any]
+) -> None:
+    """Count the RPC against its tenant's limit until `stack` closes, or refuse it."""
+    try:
+        stack.enter_context(held(CALLER.get()))
+    except QuotaExceeded as exc:
+        await abort_with(context, exc)
 
 
 _Tokens = tuple[contextvars.Token[str], contextvars.Token[str], contextvars.Token[int]]

@@ -6,8 +6,8 @@ Anything unexpected is INTERNAL "internal error", logged here, with no internals
 
 ErrorInfo reasons (domain `fairgate.dev`), one set for every refusal: the quota ones
 (`QUOTA_TOKEN_RATE`, `QUOTA_CONCURRENT_CALLS`, `QUOTA_DAILY_BUDGET`, `QUOTA_QUEUED_JOBS`,
-`QUOTA_QUEUED_CHARS`, `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`;
-RESOURCE_EXHAUSTED),
+`QUOTA_QUEUED_CHARS`, `QUOTA_NODES_PER_JOB`, `QUOTA_STREAMS`, `QUOTA_ADMISSIONS`,
+`QUOTA_RPCS`; RESOURCE_EXHAUSTED),
 `AUTH_RATE_LIMITED` (too many failed authentications from one peer; RESOURCE_EXHAUSTED),
 `LOOP_SHARE_EXCEEDED` (the tenant's requests took more than its share of the event loop to
 parse, convert and validate; RESOURCE_EXHAUSTED),

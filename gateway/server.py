@@ -443,7 +443,13 @@ def _build_server(
 ) -> tuple[grpc.aio.Server, GatewayService, health.aio.HealthServicer]:
     throttle = FailureThrottle(settings.auth_failures_per_minute)
     budget = LoopBudget(settings.max_loop_share_per_tenant)
-    auth = AuthInterceptor(store, settings.admin_key, throttle=throttle, loop_budget=budget)
+    auth = AuthInterceptor(
+        store,
+        settings.admin_key,
+        throttle=throttle,
+        loop_budget=budget,
+        max_rpcs_per_tenant=settings.max_rpcs_per_tenant,
+    )
     interceptors: list[grpc.aio.ServerInterceptor] = [auth]
     if tracer_provider is not None:
         spans = aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]

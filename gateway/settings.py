@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     # a tenant's job submissions under way at once (validated, rendered and encoded one at a
     # time): more would only hold the gateway's RPC slots (`max_concurrent_rpcs`) while they wait
     max_admissions_per_tenant: int = Field(default=256, ge=1)
+    # a tenant's RPCs under way at once, streams included (`QUOTA_RPCS` beyond): one tenant's
+    # RPCs that wait (streams, reads in the tenant's turn) must not hold every gRPC slot
+    max_rpcs_per_tenant: int = Field(default=512, ge=1)
     # the characters one tenant's admitted, unfinished jobs on this replica hold together (their
     # inputs and prompts, `gateway.jobs.job_chars`; 0: no limit): what bounds one tenant's
     # share of the gateway's memory, at about 3 bytes a character

@@ -63,6 +63,7 @@ class QuotaLimit(enum.StrEnum):
     NODES_PER_JOB = "QUOTA_NODES_PER_JOB"
     STREAMS = "QUOTA_STREAMS"
     ADMISSIONS = "QUOTA_ADMISSIONS"
+    RPCS = "QUOTA_RPCS"
 
 
 class QuotaExceeded(TenantsError):

@@ -3,7 +3,7 @@
 Retry hints: the token bucket refills at `tokens_per_minute / 60` per second, so a call of `t`
 tokens fits again after `(t - level) * 60 / rate` seconds; the daily budget frees at the next UTC
 midnight; count limits (concurrent calls, queued jobs and their characters, open streams,
-submissions under way) free when someone finishes, which nobody can predict, so they hint
+submissions and RPCs under way) free when someone finishes, which nobody can predict, so they hint
 `BUSY_RETRY_S`. A request larger
 than the limit itself gets no hint (`retry_after_s=None`): waiting cannot help.
 """
@@ -99,3 +99,8 @@ def admissions(tenant_id: str, limit: int, in_flight: int) -> QuotaExceeded:
 def streams(tenant_id: str, limit: int, open_streams: int) -> QuotaExceeded:
     description = f"at most {limit} open streams; {open_streams} are open"
     return _count(tenant_id, QuotaLimit.STREAMS, limit, open_streams, description)
+
+
+def rpcs(tenant_id: str, limit: int, in_flight: int) -> QuotaExceeded:
+    description = f"at most {limit} RPCs under way at once; {in_flight} are"
+    return _count(tenant_id, QuotaLimit.RPCS, limit, in_flight, description)

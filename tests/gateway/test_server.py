@@ -139,6 +139,45 @@ async def test_a_tenant_whose_requests_take_long_waits_and_others_go_on(costly: 
         assert served.state != pb.JOB_STATE_UNSPECIFIED
 
 
+async def test_a_tenant_holds_at_most_its_part_of_the_rpc_slots_and_others_are_served() -> None:
+    """gRPC serves `max_concurrent_rpcs` RPCs at once, whoever makes them: a tenant whose RPCs
+    wait (streams, reads of another replica's job in the tenant's turn) could hold every slot,
+    and every other tenant was refused by gRPC. A tenant's RPCs past `max_rpcs_per_tenant` are
+    refused (`QUOTA_RPCS`), and the slots left serve the others."""
+    settings = Settings(
+        port=0, admin_key=ADMIN_KEY, max_concurrent_rpcs=3, max_rpcs_per_tenant=2, grace_s=0.0
+    )
+    store = MemoryQuotaStore()
+    auth = {}
+    for tenant in ("alpha", "beta"):
+        await store.create_tenant(tenant, tenant.title(), TenantQuota(max_streams=0))
+        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    async with (
+        running_gateway(settings, core=sim_core(step_s=0.05), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        long = pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "hello", 500)]))
+        job = await stub.SubmitJob(long, metadata=auth["alpha"])
+        watches = []
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            for _ in range(3):
+                watch = stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=auth["alpha"])
+                watches.append(watch)
+                await watch.read()  # its first event: the stream holds its slot
+        assert len(watches) == 3 and caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "QUOTA_RPCS" in str(caught.value.trailing_metadata())
+        retry = [
+            d for d in status_of(caught.value)[1] if isinstance(d, error_details_pb2.RetryInfo)
+        ]
+        assert retry and retry[0].retry_delay.ToTimedelta().total_seconds() > 0
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetJob(pb.GetJobRequest(job_id=job.job_id), metadata=auth["beta"])
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # served: not its job
+        for watch in watches:
+            watch.cancel()
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:

@@ -16,6 +16,7 @@ def test_reasons_are_one_set() -> None:
         "QUOTA_NODES_PER_JOB",
         "QUOTA_STREAMS",
         "QUOTA_ADMISSIONS",
+        "QUOTA_RPCS",
     }
 
 
