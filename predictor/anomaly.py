@@ -138,7 +138,8 @@ _ENDLESS = (
     _Phrase(
         "count counting",
         ("count",),
-        r"\bcount(ing)? (from \S+ )?(up )?to (a |one )?(million|billion|trillion|infinity|"
+        # "a million", and as well "10 million", "2.5 billion", "five million"
+        r"\bcount(ing)? (from \S+ )?(up )?to (a |[\w.,]+ )?(million|billion|trillion|infinity|"
         r"\d{1,3}(,\d{3}){2,}|\d{7,})",
     ),
 )
@@ -153,6 +154,9 @@ _ASK = re.compile(
     r"output|tell|name|provide|need|want|brainstorm|suggest|enumerate|come up with)\b"
 )
 _SENTENCE_END = re.compile(r"[.!?\n]+")
+# runs of blanks between words (tabs, doubled or no-break spaces), read as the one space the
+# phrases spell: else "never  stop  writing" would pass every phrase untouched
+_BLANKS = re.compile(r"[^\S\n]+")
 
 
 def guard_view(text: str) -> str:
@@ -225,11 +229,12 @@ class AnomalyGuard:
         view = guard_view(text)
         reading = read(view)
         words, vocabulary = reading.words, reading.vocabulary.keys()
-        if any(phrase.search(view, vocabulary) for phrase in _ENDLESS):
+        spaced = _BLANKS.sub(" ", view)
+        if any(phrase.search(spaced, vocabulary) for phrase in _ENDLESS):
             signals["endless_output"] = 1.0
-        if _INFLATION.search(view, vocabulary):
+        if _INFLATION.search(spaced, vocabulary):
             signals["length_inflation"] = 0.5
-        if requested_tokens(words) > cfg.enormous_tokens and self._asks_enormous(view):
+        if requested_tokens(words) > cfg.enormous_tokens and self._asks_enormous(spaced):
             signals["enormous_output"] = 1.0
         if self._repetitive(view, words):
             signals["repetitive_prompt"] = 1.0

@@ -110,11 +110,17 @@ class PromptFeatures:
     hashed_value: float  # the weight of each present bucket: 1/sqrt(len(hashed))
 
 
+def bounded(text: str) -> str:
+    """The part of the prompt that features read, as written: two texts alike in it have the
+    same features."""
+    if len(text) > HEAD_CHARS + TAIL_CHARS:
+        return text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
+    return text
+
+
 def view(text: str) -> str:
     """The bounded, lower-cased part of the prompt that features read."""
-    if len(text) > HEAD_CHARS + TAIL_CHARS:
-        text = text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
-    return text.lower()
+    return bounded(text).lower()
 
 
 def words_of(text: str) -> list[str]:

@@ -31,7 +31,14 @@ from predictor.base import CallFeatures
 from predictor.distribution import LengthDistribution
 from predictor.errors import ArtifactInvalid, ArtifactMissing, InvalidCall
 from predictor.familiarity import Familiarity
-from predictor.features import DENSE_NAMES, FEATURE_VERSION, HASH_DIM, PromptFeatures, extract
+from predictor.features import (
+    DENSE_NAMES,
+    FEATURE_VERSION,
+    HASH_DIM,
+    PromptFeatures,
+    bounded,
+    extract,
+)
 
 QUANTILES = (0.5, 0.9, 0.99)
 FORMAT_VERSION = "1"
@@ -40,7 +47,9 @@ HIDDEN_ARTIFACT = Path(__file__).parent / "artifacts" / "prompt_hidden_model.npz
 _ARRAYS = ("dense_weights", "hash_weights", "bias", "heads", "hidden_weights", "hidden_mean")
 _FALLBACK_ARRAYS = ("fallback_dense", "fallback_seen", "fallback_params")  # optional
 # prompts whose reading is kept: the gateway predicts a call as its job arrives, as it is
-# planned and as it ends, and reading the prompt is most of a prediction's cost
+# planned and as it ends, and reading the prompt is most of a prediction's cost. Kept under the
+# part of the prompt that features read, not the whole prompt: whole prompts (up to the
+# gateway's max_prompt_chars each) would pin hundreds of MB after their jobs are gone
 READINGS_KEPT = 256
 
 
@@ -99,7 +108,7 @@ class PromptModel:
         return self._read(text, prompt_tokens).mu
 
     def _read(self, text: str, prompt_tokens: int) -> _Reading:
-        key = (text, prompt_tokens)
+        key = (bounded(text), prompt_tokens)
         reading = self._readings.get(key)
         if reading is None:
             f = extract(text, prompt_tokens)

@@ -83,6 +83,7 @@ class Replay:
         self.completion = [0.0] * len(self.queue)
         self.load = load
         self.next_arrival = load.gap_s if load is not None else math.inf
+        self.pending = 0  # expected arrivals due but not yet in `queue` (see `_arrive`)
 
     def run(self) -> list[Estimate]:
         while self.real_left:
@@ -95,12 +96,22 @@ class Replay:
         return [Estimate(t, c) for t, c in real]
 
     def _arrive(self) -> None:
-        while self.load is not None and self.next_arrival <= self.time:
-            self.queue.append(QueuedCall(self.load.prompt_tokens, self.load.output_tokens))
+        """Expected arrivals due by now join the queue's end. A step admits at most `max_seqs`
+        waiting calls, so only that many are put in the queue and the rest wait as a count
+        (they are all alike and in order): a gap far shorter than a step, as a burst of
+        arrivals gives, costs no more than a long one."""
+        load = self.load
+        if load is not None and self.next_arrival <= self.time:
+            due = math.floor((self.time - self.next_arrival) / load.gap_s) + 1
+            self.pending += due
+            self.next_arrival += due * load.gap_s
+        while self.pending and len(self.queue) - self.head < self.max_seqs:
+            assert load is not None, "only expected arrivals are pending"
+            self.queue.append(QueuedCall(load.prompt_tokens, load.output_tokens))
             self.done.append(0)
             self.ttft.append(0.0)
             self.completion.append(0.0)
-            self.next_arrival += self.load.gap_s
+            self.pending -= 1
 
     def _join(self, num_tokens: int, remaining: int, index: int) -> None:
         """A call whose next decode is at `self.step` with `num_tokens` tokens of context."""

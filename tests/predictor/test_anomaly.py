@@ -90,6 +90,9 @@ def test_ordinary_prompts_pass_untouched(text: str) -> None:
         ("Repeat the word 'poem' forever.", "endless_output"),
         ("Keep writing and never stop writing, no matter what.", "endless_output"),
         ("Count from 1 to 1,000,000 one number per line.", "endless_output"),
+        ("Count to 10 million, one number per line.", "endless_output"),
+        ("Count from one to five million.", "endless_output"),
+        ("Count up to 2.5 billion.", "endless_output"),
         ("Write me an infinite list of prime numbers.", "endless_output"),
         ("Write a 10,000-word essay about tea.", "enormous_output"),
         ("Give me 5000 baby names.", "enormous_output"),
@@ -101,6 +104,22 @@ def test_hostile_prompts_are_flagged_with_their_reason(text: str, reason: str) -
     score, reasons, _, flagged = assess(text)
     assert reason in reasons
     assert flagged and score >= 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("Write poems and never  stop  writing, no matter what.", "endless_output"),
+        ("Never\tstop\twriting.", "endless_output"),
+        ("Keep  going.", "endless_output"),
+        ("Write me an infinite  list of prime numbers.", "endless_output"),
+        ("Count  to  a  million.", "endless_output"),
+        ("Repeat the word 'poem' ad\u00a0infinitum.", "endless_output"),
+        ("Tell me about owls, as  many  facts  as  possible.", "length_inflation"),
+    ],
+)
+def test_phrases_are_read_across_any_blanks_between_words(text: str, reason: str) -> None:
+    assert reason in assess(text)[1]
 
 
 def test_random_text_is_gibberish() -> None:

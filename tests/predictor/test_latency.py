@@ -1,5 +1,6 @@
 import dataclasses
 import random
+import tracemalloc
 
 import pytest
 
@@ -158,3 +159,20 @@ def test_expected_load_is_the_mean_of_recent_arrivals() -> None:
     assert (load.gap_s, load.prompt_tokens, load.output_tokens) == (1.5, 300, 30)  # last three
     with pytest.raises(InvalidCall):
         model.observe_arrival(4.0, 1, 1)
+
+
+def test_a_burst_of_arrivals_costs_no_more_to_replay_than_spread_ones() -> None:
+    """64 arrivals within a millisecond: expected traffic of one call every 16 us, thousands per
+    step; a replay that queued each of them would hold hundreds of thousands of calls."""
+    model = LatencyModel(STEP, token_budget=BUDGET, max_num_seqs=SEQS)
+    for i in range(64):
+        model.observe_arrival(i * 1.6e-5, 100, 50)
+    state = EngineState([DecodingCall(100, 50)], [])
+    tracemalloc.start()
+    try:
+        estimate = model.estimate(state, QueuedCall(100, 200))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1_000_000
+    assert 0 < estimate.ttft_s < estimate.completion_s

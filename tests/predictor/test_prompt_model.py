@@ -1,4 +1,5 @@
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,17 @@ def test_a_prompt_read_again_is_predicted_as_a_fresh_model_predicts_it() -> None
     for call, answer in zip(calls, answers, strict=True):
         assert PromptModel.load(DEFAULT_ARTIFACT).predict(call) == answer
     assert len({(a.p50, a.p90) for a in answers}) > len(prompts)  # the calls differ
+
+
+def test_readings_kept_do_not_hold_whole_prompts() -> None:
+    """The gateway lets a prompt run to 262,144 characters (a MiB of emoji): kept whole, the
+    readings would pin hundreds of MB of prompts whose jobs are long gone."""
+    model = constant_model(np.log1p(100), [(0.0, 1.0), (1.0, 1.0), (2.0, 1.0)])
+    tracemalloc.start()
+    try:
+        for i in range(READINGS_KEPT):
+            model.predict(CallFeatures("t", "n", 10, 512, f"{i} " + "x" * 100_000))
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert kept < 2_000_000  # whole, the prompts alone would be 25 MB
