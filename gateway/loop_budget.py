@@ -1,4 +1,4 @@
-"""Each tenant's share of the event loop spent on its requests before they are admitted.
+"""Each tenant's share of the event loop spent on its requests and their answers.
 
 A request is parsed on the event loop once its key has passed, then converted and validated
 there; every tenant's calls wait meanwhile (protobuf holds the GIL while it parses, so a worker
@@ -8,12 +8,14 @@ to parse, an invalid job of 256 densely linked nodes about 0.1 s to validate, wh
 requests take tens of microseconds. So the time each piece of that work took beyond `FREE_S`
 is taken from the tenant's bucket, which refills at `share` of a second a second and holds
 `share` of `WINDOW_S`; a tenant whose bucket is below zero is refused (`LoopThrottled`, with
-the seconds until it refills) before its next piece is done. Ordinary requests never touch it:
-a tenant sending many small jobs, alone on a replica, may use all of its loop, as it could
-without the bucket with any cheap request; what the bucket stops is requests that cost far
-more than that. One piece still takes as long as the request allows (`max_message_bytes` and
-the job limits bound it); a tenant's costly requests, one after the other, take at most about
-`share` of the loop.
+the seconds until it refills) before its next piece is done. The answers to its requests are
+charged too (a GetJob of a job of 256 nodes of 16 KiB outputs: ~6 ms to convert), and a
+stream's events as they are converted, never cut off for it: the next request pays. Ordinary
+requests never touch it: a tenant sending many small jobs, alone on a replica, may use all of
+its loop, as it could without the bucket with any cheap request; what the bucket stops is
+requests that cost far more than that. One piece still takes as long as the request allows
+(`max_message_bytes` and the job limits bound it); a tenant's costly requests, one after the
+other, take at most about `share` of the loop.
 """
 
 from __future__ import annotations
@@ -38,12 +40,16 @@ class LoopBudget:
         self.clock = clock  # also times the work: time.monotonic is as fine as perf_counter
         self._buckets = Buckets(share * WINDOW_S, share, clock)
 
-    @contextlib.contextmanager
-    def spending(self, tenant: str) -> Iterator[None]:
-        """Do a piece of the tenant's requests' work within: refused while its bucket is below
-        zero, else charged the time the block took beyond FREE_S, whatever it raised."""
+    def check(self, tenant: str) -> None:
+        """Refuse the tenant's next piece of work while its bucket is below zero."""
         if self._buckets.level(tenant) < 0:
             raise LoopThrottled(self._buckets.wait_s(tenant, 0.0))
+
+    @contextlib.contextmanager
+    def charging(self, tenant: str) -> Iterator[None]:
+        """Charge the tenant the time the block took beyond FREE_S, whatever it raised: work
+        for a request already under way (an answer, a stream's events), which its next request
+        pays for."""
         began = self.clock()
         try:
             yield
@@ -51,3 +57,11 @@ class LoopBudget:
             spent = self.clock() - began - FREE_S
             if spent > 0:
                 self._buckets.add(tenant, -spent)
+
+    @contextlib.contextmanager
+    def spending(self, tenant: str) -> Iterator[None]:
+        """Do a piece of the tenant's requests' work within: refused while its bucket is below
+        zero (`check`), else `charging` it."""
+        self.check(tenant)
+        with self.charging(tenant):
+            yield

@@ -437,18 +437,28 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     async def SubmitJob(self, request: pb.SubmitJobRequest, context: Context) -> pb.Job:
         spec = await self._spec(current_tenant(), request.job)
         run = await self.submit(current_tenant(), spec, _fingerprint(request.job))
-        return job_to_proto(run)
+        return self._job(run)
+
+    def _job(self, run: JobRun) -> pb.Job:
+        """The job as its tenant's answer, charged to the tenant's share of the loop."""
+        with self.loop_budget.charging(run.tenant_id):
+            return job_to_proto(run)
+
+    def _events_of(self, view: JobRun, batch: list[JobEvent]) -> list[pb.JobEvent]:
+        """A batch of the job's events as its tenant's stream sends them, charged likewise."""
+        with self.loop_budget.charging(view.tenant_id):
+            return [event_to_proto(view, event) for event in batch]
 
     @grpc_edge
     async def GetJob(self, request: pb.GetJobRequest, context: Context) -> pb.Job:
-        return job_to_proto(await self._find(current_tenant(), request.job_id))
+        return self._job(await self._find(current_tenant(), request.job_id))
 
     @grpc_edge
     async def CancelJob(self, request: pb.CancelJobRequest, context: Context) -> pb.Job:
         run = await self._find(current_tenant(), request.job_id)
         if not run.ended:
             await self._cancel(run, "cancelled by the client")
-        return job_to_proto(run)
+        return self._job(run)
 
     async def _cancel(self, run: JobRun, reason: str) -> None:
         """Cancel here when this replica runs the job, else ask its owner through the journal."""
@@ -467,8 +477,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             # from_sequence names the first event wanted; _follow takes the last one seen
             after = max(request.from_sequence - 1, 0)
             async for view, batch in self._follow(run, after, stream.is_closed):
-                for event in batch:
-                    yield event_to_proto(view, event)
+                for message in self._events_of(view, batch):
+                    yield message
 
     @grpc_edge
     async def RunJob(
@@ -481,8 +491,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             stream.watch(run)
             async with self._running_by_client(run):
                 async for view, batch in self._follow(run, 0, stream.is_closed):
-                    for event in batch:
-                        yield event_to_proto(view, event)
+                    for message in self._events_of(view, batch):
+                        yield message
 
     @grpc_edge
     async def Generate(
@@ -505,7 +515,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             async with self._running_by_client(run):
                 # One response per wake-up: the tokens that came meanwhile, with the end if so
                 async for view, batch in self._follow(run, 0, stream.is_closed):
-                    response = _generate_response(view, batch)
+                    with self.loop_budget.charging(tenant):
+                        response = _generate_response(view, batch)
                     if (
                         response.token_ids
                         or response.text

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
-from gateway.job_run import JobRun
+from gateway.job_run import JobRun, JobState, NodeState
 from gateway.jobs.model import ChatMessage, JobSpec
 from gateway.jobs.template import render
 from gateway.prompts import encode_prompt
@@ -82,6 +82,18 @@ async def test_map_reduce_job_feeds_mapped_outputs_to_the_reduce_prompt(harness:
     assert job.usage.output_tokens == 80
 
 
+Auth = tuple[tuple[str, str], ...]
+
+
+async def _tenants(store: MemoryQuotaStore, quota: TenantQuota | None = None) -> dict[str, Auth]:
+    """Tenants alpha and beta in `store`, each with a key: their calls' metadata."""
+    auth = {}
+    for tenant in ("alpha", "beta"):
+        await store.create_tenant(tenant, tenant.title(), quota or TenantQuota())
+        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    return auth
+
+
 def _packed_nodes() -> bytes:
     """A SubmitJobRequest of half a million empty nodes in 1 MiB: a good part of a second to
     parse, refused for its node count once parsed."""
@@ -107,10 +119,7 @@ async def test_a_tenant_whose_requests_take_long_waits_and_others_go_on(costly: 
     share has refilled; other tenants are served."""
     settings = Settings(port=0, admin_key=ADMIN_KEY, max_loop_share_per_tenant=0.002)
     store = MemoryQuotaStore()
-    auth = {}
-    for tenant in ("alpha", "beta"):
-        await store.create_tenant(tenant, tenant.title(), TenantQuota())
-        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    auth = await _tenants(store)
     request = costly()
     async with (
         running_gateway(settings, core=sim_core(), store=store) as gateway,
@@ -139,6 +148,46 @@ async def test_a_tenant_whose_requests_take_long_waits_and_others_go_on(costly: 
         assert served.state != pb.JOB_STATE_UNSPECIFIED
 
 
+BIG_REPLIES = [("grpc.max_receive_message_length", 16 << 20)]
+
+
+async def test_answers_that_take_long_to_convert_are_charged_to_their_tenant() -> None:
+    """A GetJob of a job of 256 nodes of 16 KiB outputs takes milliseconds of the event loop to
+    convert, every tenant's calls waiting meanwhile, for a request that parses in microseconds:
+    a tenant asking for it again and again took the loop. The conversions are charged to its
+    share, and past it the tenant is refused; other tenants are served."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY, max_loop_share_per_tenant=0.002)
+    store = MemoryQuotaStore()
+    auth = await _tenants(store)
+    async with (
+        running_gateway(settings, core=sim_core(), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}", options=BIG_REPLIES) as channel,
+    ):
+        # a job as one of max_tokens_ceiling 4,096 would end, without running its million tokens
+        run = JobRun(
+            "job-00000000000000b1",
+            "alpha",
+            JobSpec(tuple(make_node(f"n{i}") for i in range(256))),
+            0.0,
+        )
+        for done in run.nodes.values():
+            done.state, done.output, done.output_tokens = NodeState.SUCCEEDED, "x" * 16384, 4096
+        run.state = JobState.SUCCEEDED
+        gateway.jobs.add(run)
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        answered = 0
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            for _ in range(100):  # 40 ms of the loop holds a few
+                await stub.GetJob(pb.GetJobRequest(job_id=run.job_id), metadata=auth["alpha"])
+                answered += 1
+        assert answered > 0, caught.value
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "LOOP_SHARE_EXCEEDED" in str(caught.value.trailing_metadata())
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetJob(pb.GetJobRequest(job_id=run.job_id), metadata=auth["beta"])
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # served: not its job
+
+
 async def test_a_tenant_holds_at_most_its_part_of_the_rpc_slots_and_others_are_served() -> None:
     """gRPC serves `max_concurrent_rpcs` RPCs at once, whoever makes them: a tenant whose RPCs
     wait (streams, reads of another replica's job in the tenant's turn) could hold every slot,
@@ -148,10 +197,7 @@ async def test_a_tenant_holds_at_most_its_part_of_the_rpc_slots_and_others_are_s
         port=0, admin_key=ADMIN_KEY, max_concurrent_rpcs=3, max_rpcs_per_tenant=2, grace_s=0.0
     )
     store = MemoryQuotaStore()
-    auth = {}
-    for tenant in ("alpha", "beta"):
-        await store.create_tenant(tenant, tenant.title(), TenantQuota(max_streams=0))
-        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    auth = await _tenants(store, TenantQuota(max_streams=0))
     async with (
         running_gateway(settings, core=sim_core(step_s=0.05), store=store) as gateway,
         grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
@@ -303,10 +349,7 @@ async def test_a_tenant_has_at_most_its_admissions_under_way_and_others_go_on() 
     would hold the server's RPC slots, which every tenant shares."""
     settings = Settings(port=0, admin_key=ADMIN_KEY, max_admissions_per_tenant=3)
     store = _WatchedAdmissions("alpha", expected=3)
-    keys = {}
-    for tenant in ("alpha", "beta"):
-        await store.create_tenant(tenant, tenant.title(), TenantQuota())
-        keys[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    keys = await _tenants(store)
     spec = pb.JobSpec(nodes=[node("a", "hello", 4)])
     async with (
         running_gateway(settings, core=sim_core(), store=store) as gateway,
@@ -368,10 +411,7 @@ async def test_a_tenants_unfinished_jobs_hold_at_most_their_characters_and_other
         port=0, admin_key=ADMIN_KEY, max_model_len=4096, max_queued_chars_per_tenant=20_000
     )
     store = _WatchedAdmissions("alpha", expected=2)
-    auth = {}
-    for tenant in ("alpha", "beta"):
-        await store.create_tenant(tenant, tenant.title(), TenantQuota(max_tokens_ceiling=2048))
-        auth[tenant] = (("authorization", f"Bearer {(await store.issue_key(tenant))[1]}"),)
+    auth = await _tenants(store, TenantQuota(max_tokens_ceiling=2048))
     # 1,000 characters of input, and 8 prompts of 1,002 that repeat it: 9,016 in all
     nodes = [node(f"n{i}", f"{{{{inputs.doc}}}} {i}", 2000) for i in range(8)]
     fat = pb.SubmitJobRequest(job=pb.JobSpec(nodes=nodes, inputs={"doc": "x" * 1000}))
