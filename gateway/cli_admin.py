@@ -21,6 +21,7 @@ from gateway.cli_common import (
     CommandIncomplete,
     Handler,
     add_target,
+    count_flag,
     credential,
     print_json,
     reporting_errors,
@@ -53,7 +54,7 @@ def register_admin(subparsers: Subparsers) -> None:
     _command(tenant, "create", tenant_create, "create a tenant", "tenant", "name", "new quota")
     _command(tenant, "get", tenant_get, "show a tenant, its quota and keys", "tenant")
     listing = _command(tenant, "list", tenant_list, "list every tenant")
-    listing.add_argument("--page-size", type=int, default=0, help="tenants per request")
+    listing.add_argument("--page-size", type=count_flag, default=0, help="tenants per request")
     _command(
         tenant,
         "update",

@@ -20,6 +20,7 @@ from enum import Enum
 from fairgate import FairgateError, JobSpecInvalid
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+INT32_MAX = (1 << 31) - 1
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
 
@@ -36,11 +37,26 @@ def add_target(parser: argparse.ArgumentParser) -> None:
 
 
 def credential(value: str | None, variable: str, flag: str) -> str:
-    """The key from the flag, else from the environment variable."""
+    """The key from the flag, else from the environment variable. It travels in a gRPC header,
+    which carries printable ASCII alone: grpc meets anything else (a stray newline) with an
+    internal error and its traceback, so it is told here."""
     key = value or os.environ.get(variable, "")
     if not key:
         raise CommandIncomplete(f"give {flag} or set {variable}")
+    if not (key.isascii() and key.isprintable()):
+        raise CommandIncomplete(
+            f"{flag} (or {variable}) must be printable ASCII (a stray newline?)"
+        )
     return key
+
+
+def count_flag(text: str) -> int:
+    """A count flag's parser (0: the server's default): within an int32, the wire field the count
+    goes in (a value past it is the flag's error, not a traceback where the request is built)."""
+    value = int(text)
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is out of range (0 to {INT32_MAX})")
+    return value
 
 
 def reporting_errors(handler: Handler) -> Handler:

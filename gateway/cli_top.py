@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -38,7 +39,7 @@ from fairgate import (
     Unauthenticated,
 )
 from fairgate.admin_results import BackendStatus
-from gateway.cli_common import add_target, credential, reporting_errors
+from gateway.cli_common import add_target, count_flag, credential, reporting_errors
 
 QUIT_KEYS = frozenset(b"qQ")
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
@@ -66,7 +67,7 @@ def register_top(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     top.add_argument(
         "--tenants",
-        type=int,
+        type=count_flag,
         default=20,
         help="the most active tenants listed (default: 20; the server caps it at 200)",
     )
@@ -75,9 +76,10 @@ def register_top(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def _positive(text: str) -> float:
+    """Finite too: an infinite interval is an infinite RPC timeout, which grpc refuses at once."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError("must be a finite number > 0")
     return value
 
 

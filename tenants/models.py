@@ -23,6 +23,10 @@ BUSY_RETRY_S = 1.0  # retry hint for count limits (concurrent calls, queued jobs
 MAX_ID_LEN = 256
 # counts the store takes: exact in Redis' Lua, whose numbers are doubles
 MAX_COUNT = 2**53
+# the most a quota's count may be: the admin API carries the token rate and budget as int64 and
+# the other counts as int32, and a quota the API cannot show would fail every view of its tenant
+MAX_NARROW_COUNT = 2**31 - 1
+_WIDE_COUNTS = frozenset({"tokens_per_minute", "daily_token_budget"})
 MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
 # A tenant's service is charged per unit of its weight: at 1e-300 a call of a few million KV
 # token-steps charged ~1e306, and some tens of calls overflowed the pool's shared counters
@@ -58,8 +62,9 @@ class TenantQuota:
             value = getattr(self, field.name)
             if field.name == "weight":
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise QuotaInvalid(f"{field.name} must be an integer >= 0, got {value!r}")
+            top = MAX_COUNT if field.name in _WIDE_COUNTS else MAX_NARROW_COUNT
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+                raise QuotaInvalid(f"{field.name} must be an integer in [0, {top}], got {value!r}")
         if self.max_tokens_ceiling < 1:
             raise QuotaInvalid("max_tokens_ceiling must be at least 1")
         if not 1 <= self.default_max_tokens <= self.max_tokens_ceiling:

@@ -96,3 +96,41 @@ def test_a_quota_flag_past_its_wire_range_is_the_flags_error(
         main([*argv, "--admin-key", "k", "--target", "127.0.0.1:1"])
     assert exited.value.code == 2
     assert "--max-streams: 3000000000 is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["admin", "tenant", "list", "--page-size", "3000000000"],
+        ["admin", "tenant", "list", "--page-size", "-1"],
+        ["top", "--once", "--tenants", "3000000000"],
+        ["top", "--once", "--tenants", "-1"],
+    ],
+)
+def test_a_count_flag_past_its_wire_range_is_the_flags_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--page-size` and `--tenants` passed any int and failed building the request (an int32),
+    with a traceback."""
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--admin-key", "k", "--target", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    assert f"{argv[-2]}: {argv[-1]} is out of range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["admin", "tenant", "list"], ["top", "--once"]])
+@pytest.mark.parametrize(
+    "key",
+    [ADMIN_KEY + "\n", ADMIN_KEY + "\r", "clé-" + ADMIN_KEY],
+    ids=["newline", "carriage-return", "non-ascii"],
+)
+async def test_a_key_no_header_can_carry_is_told_not_a_traceback(
+    target: str, capsys: pytest.CaptureFixture[str], command: list[str], key: str
+) -> None:
+    """A stray newline in $FAIRGATE_ADMIN_KEY (or a non-ASCII character) failed deep in grpc's
+    metadata with ExecuteBatchError and its traceback."""
+    args = build_parser().parse_args([*command, "--target", target, "--admin-key", key])
+    assert await args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --admin-key") and "printable ASCII" in err
+    assert key not in err  # the key is a secret: not echoed

@@ -175,3 +175,15 @@ async def test_top_in_a_terminal_exits_2_when_its_key_is_refused(harness: Harnes
     async with top_in_terminal(harness.target, "--admin-key", harness.keys["alpha"]) as terminal:
         assert await terminal.exit_code() == 2
     assert "PERMISSION_DENIED" in terminal.screen
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "0", "-1"])
+def test_an_interval_that_is_not_a_finite_positive_number_is_the_flags_error(
+    interval: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--interval inf` was taken: every GetStatus then got an infinite timeout, which grpc
+    answers DEADLINE_EXCEEDED at once, and the view showed nothing but that error."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["top", "--interval", interval])
+    assert exited.value.code == 2
+    assert "--interval: must be" in capsys.readouterr().err

@@ -21,6 +21,8 @@ from tenants.models import check_tenant_id
         {"weight": 1e-4},
         {"weight": 1e4},
         {"tokens_per_minute": -1},
+        {"tokens_per_minute": 2**53 + 1},  # past what Redis' Lua counts exactly
+        {"max_streams": 2**31},  # past its int32 in the admin API: no view could show it
         {"max_concurrent_calls": 1.5},
         {"daily_token_budget": True},
         {"max_tokens_ceiling": 0},
