@@ -107,7 +107,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         _require_admin()
         size = _page_size(request.page_size)
         after = _decode_token(request.page_token)
-        rest = [t for t in await self.store.list_tenants() if t.tenant_id > after]
+        rest = await self.store.list_tenants(after, size + 1)  # one more: is there a next page
         page = []
         for tenant in rest[:size]:
             try:

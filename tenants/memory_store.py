@@ -39,7 +39,7 @@ from tenants.models import (
     check_tenant_id,
     check_ttl,
 )
-from tenants.store import ClosesOnExit
+from tenants.store import ClosesOnExit, ids_after
 
 
 @dataclass(slots=True)
@@ -54,6 +54,7 @@ class MemoryQuotaStore(ClosesOnExit):
         self._tenants: dict[str, Tenant] = {}
         self._ledgers: dict[str, TenantLedger] = {}
         self._keys: dict[str, _KeyRecord] = {}
+        self._key_ids: dict[str, set[str]] = {}  # per tenant: a listing reads its keys alone
         self._closed = False
 
     async def aclose(self) -> None:
@@ -68,15 +69,17 @@ class MemoryQuotaStore(ClosesOnExit):
         tenant = Tenant(tenant_id, display_name, quota, self._clock())
         self._tenants[tenant_id] = tenant
         self._ledgers[tenant_id] = TenantLedger(tenant_id)
+        self._key_ids[tenant_id] = set()
         return tenant
 
     async def get_tenant(self, tenant_id: str) -> Tenant:
         await self._enter()
         return self._tenant(tenant_id)
 
-    async def list_tenants(self) -> list[Tenant]:
+    async def list_tenants(self, after: str = "", limit: int = 0) -> list[Tenant]:
         await self._enter()
-        return [self._tenants[tenant_id] for tenant_id in sorted(self._tenants)]
+        page = ids_after(self._tenants, after)[: limit or None]
+        return [self._tenants[tenant_id] for tenant_id in page]
 
     async def update_tenant(
         self,
@@ -99,7 +102,7 @@ class MemoryQuotaStore(ClosesOnExit):
     async def delete_tenant(self, tenant_id: str) -> None:
         await self._enter()
         self._tenant(tenant_id)
-        for key_id in [k for k, rec in self._keys.items() if rec.info.tenant_id == tenant_id]:
+        for key_id in self._key_ids.pop(tenant_id):
             del self._keys[key_id]
         del self._tenants[tenant_id]
         del self._ledgers[tenant_id]
@@ -110,12 +113,13 @@ class MemoryQuotaStore(ClosesOnExit):
         key_id, plaintext = api_keys.new_key()
         info = ApiKey(key_id, tenant_id, self._clock())
         self._keys[key_id] = _KeyRecord(info, api_keys.hash_key(plaintext))
+        self._key_ids[tenant_id].add(key_id)
         return key_id, plaintext
 
     async def list_keys(self, tenant_id: str) -> list[ApiKey]:
         await self._enter()
         self._tenant(tenant_id)
-        found = [rec.info for rec in self._keys.values() if rec.info.tenant_id == tenant_id]
+        found = [self._keys[key_id].info for key_id in self._key_ids[tenant_id]]
         return sorted(found, key=lambda info: (info.created_at, info.key_id))
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
@@ -126,6 +130,7 @@ class MemoryQuotaStore(ClosesOnExit):
         if record.info.tenant_id != tenant_id:
             raise KeyOfAnotherTenant(f"key {key_id!r} is not tenant {tenant_id!r}'s")
         del self._keys[key_id]
+        self._key_ids[tenant_id].discard(key_id)
         return True
 
     async def authenticate(self, plaintext: str) -> str:

@@ -56,7 +56,7 @@ from tenants.redis_replies import (
     usage_from,
     verdict_of_admission,
 )
-from tenants.store import ClosesOnExit
+from tenants.store import ClosesOnExit, ids_after
 
 _SCRIPTS = (
     "reserve",
@@ -124,14 +124,19 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
         return tenant
 
     @_fails_closed
-    async def list_tenants(self) -> list[Tenant]:
-        tenant_ids = sorted(map(decoded, await self._redis.smembers(self._registry)))
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for tenant_id in tenant_ids:
-                pipe.hgetall(self._tenant_key(tenant_id))
-            records = await pipe.execute()
-        found = (tenant_from(t, r) for t, r in zip(tenant_ids, records, strict=True))
-        return [tenant for tenant in found if tenant is not None]
+    async def list_tenants(self, after: str = "", limit: int = 0) -> list[Tenant]:
+        left = ids_after(map(decoded, await self._redis.smembers(self._registry)), after)
+        found: list[Tenant] = []
+        # a page's records are read until it is full: one deleted since the ids were read is
+        # left out, and the page must not look like the last one for it
+        while left and not 0 < limit <= len(found):
+            ids, left = left[: limit or None], left[limit or len(left) :]
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for tenant_id in ids:
+                    pipe.hgetall(self._tenant_key(tenant_id))
+                records = await pipe.execute()
+            found += filter(None, map(tenant_from, ids, records))
+        return found[: limit or None]
 
     @_fails_closed
     async def update_tenant(

@@ -30,7 +30,7 @@ nothing about the store's address or errors.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, Self
 
 from tenants.models import ApiKey, Reservation, Tenant, TenantQuota, Usage
@@ -56,8 +56,9 @@ class QuotaStore(Protocol):
 
     async def get_tenant(self, tenant_id: str) -> Tenant: ...
 
-    async def list_tenants(self) -> list[Tenant]:
-        """All tenants, sorted by id."""
+    async def list_tenants(self, after: str = "", limit: int = 0) -> list[Tenant]:
+        """The tenants whose id sorts after `after`, sorted by id, at most `limit` of them (0:
+        all): a page reads the records of its own tenants alone."""
         ...
 
     async def update_tenant(
@@ -163,3 +164,8 @@ class QuotaStore(Protocol):
     async def usage(self, tenant_id: str) -> Usage: ...
 
     async def aclose(self) -> None: ...
+
+
+def ids_after(tenant_ids: Iterable[str], after: str) -> list[str]:
+    """The ids a `list_tenants` page is taken from: those after `after`, sorted."""
+    return sorted(t for t in tenant_ids if t > after)

@@ -63,6 +63,36 @@ async def test_tenant_lifecycle(h: Harness) -> None:
     assert [t.tenant_id for t in await h.store.list_tenants()] == ["beta"]
 
 
+async def test_tenants_are_listed_a_page_at_a_time(h: Harness) -> None:
+    """A page is read alone (ListTenants read every tenant for each page: 10,000 tenants took
+    seconds of the event loop a page)."""
+    for tenant_id in ("delta", "acme", "charlie", "bravo", "echo"):
+        await h.store.create_tenant(tenant_id, "", TenantQuota())
+    await h.store.delete_tenant("charlie")
+
+    async def ids(after: str, limit: int) -> list[str]:
+        return [t.tenant_id for t in await h.store.list_tenants(after, limit)]
+
+    assert await ids("", 2) == ["acme", "bravo"]
+    assert await ids("bravo", 2) == ["delta", "echo"]  # past the deleted one
+    assert await ids("b", 0) == ["bravo", "delta", "echo"]
+    assert await ids("echo", 2) == []
+
+
+async def test_a_tenants_keys_are_its_own_through_issue_revoke_and_delete(h: Harness) -> None:
+    for tenant_id in ("acme", "beta"):
+        await h.store.create_tenant(tenant_id, "", TenantQuota())
+    kept, _ = await h.store.issue_key("acme")
+    revoked, _ = await h.store.issue_key("acme")
+    other, _ = await h.store.issue_key("beta")
+    assert await h.store.revoke_key("acme", revoked) is True
+    assert [k.key_id for k in await h.store.list_keys("acme")] == [kept]
+    await h.store.delete_tenant("acme")
+    await h.store.create_tenant("acme", "", TenantQuota())  # anew: none of the old keys
+    assert await h.store.list_keys("acme") == []
+    assert [k.key_id for k in await h.store.list_keys("beta")] == [other]
+
+
 async def test_missing_and_invalid_tenants(h: Harness) -> None:
     for bad_id in ("", "a{b}", "has space", "x" * 65, "-lead"):
         with pytest.raises(TenantInvalid):
