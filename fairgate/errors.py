@@ -66,6 +66,11 @@ class AlreadyExists(FairgateError):
     """The object to create exists already."""
 
 
+class FailedPrecondition(FairgateError):
+    """The request cannot be done in the object's present state (a tenant holding the most
+    keys a tenant may: revoke one first)."""
+
+
 class Unauthenticated(FairgateError):
     """The API key is missing, malformed, unknown or revoked."""
 
@@ -104,6 +109,7 @@ ERRORS_BY_CODE: Mapping[grpc.StatusCode, type[FairgateError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.RESOURCE_EXHAUSTED: QuotaExceeded,

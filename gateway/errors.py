@@ -38,6 +38,7 @@ from gateway.jobs.errors import FieldViolation, JobInvalid
 from tenants.errors import (
     AuthFailed,
     CallClosed,
+    KeysFull,
     QuotaExceeded,
     QuotaInvalid,
     QuotaUnavailable,
@@ -189,6 +190,7 @@ def to_status(exc: BaseException) -> status_pb2.Status:
         ((TenantExists, CallClosed, IdempotencyConflict), code_pb2.ALREADY_EXISTS),
         ((AuthFailed, Unauthenticated), code_pb2.UNAUTHENTICATED),
         (PermissionDenied, code_pb2.PERMISSION_DENIED),
+        (KeysFull, code_pb2.FAILED_PRECONDITION),
     ]
     for kinds, code in simple:
         if isinstance(exc, kinds):

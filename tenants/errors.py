@@ -40,6 +40,16 @@ class KeyOfAnotherTenant(TenantsError):
     """The key id names a live key of another tenant than the one named with it."""
 
 
+class KeysFull(TenantsError):
+    """The tenant holds as many live keys as a tenant may (`MAX_KEYS_PER_TENANT`)."""
+
+    def __init__(self, tenant_id: str, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant_id!r} holds {limit} live API keys, the most a tenant may: revoke one"
+            " first"
+        )
+
+
 class AuthFailed(TenantsError):
     """The presented API key is malformed, unknown, revoked or wrong."""
 

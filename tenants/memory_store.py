@@ -20,6 +20,7 @@ from tenants.errors import (
     AuthFailed,
     CallClosed,
     KeyOfAnotherTenant,
+    KeysFull,
     QuotaExceeded,
     QuotaUnavailable,
     TenantExists,
@@ -27,6 +28,7 @@ from tenants.errors import (
 )
 from tenants.ledger import TenantLedger
 from tenants.models import (
+    MAX_KEYS_PER_TENANT,
     ApiKey,
     Reservation,
     Tenant,
@@ -110,6 +112,8 @@ class MemoryQuotaStore(ClosesOnExit):
     async def issue_key(self, tenant_id: str) -> tuple[str, str]:
         await self._enter()
         self._tenant(tenant_id)
+        if len(self._key_ids[tenant_id]) >= MAX_KEYS_PER_TENANT:
+            raise KeysFull(tenant_id, MAX_KEYS_PER_TENANT)
         key_id, plaintext = api_keys.new_key()
         info = ApiKey(key_id, tenant_id, self._clock())
         self._keys[key_id] = _KeyRecord(info, api_keys.hash_key(plaintext))

@@ -28,6 +28,9 @@ MAX_COUNT = 2**53
 MAX_NARROW_COUNT = 2**31 - 1
 _WIDE_COUNTS = frozenset({"tokens_per_minute", "daily_token_budget"})
 MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
+# live keys a tenant may hold: every view of the tenant lists them all (a page of 100 tenants
+# holding a thousand each is ~6 MB), and keys issued without end would pass any reply's limit
+MAX_KEYS_PER_TENANT = 1_000
 # A tenant's service is charged per unit of its weight: at 1e-300 a call of a few million KV
 # token-steps charged ~1e306, and some tens of calls overflowed the pool's shared counters
 # (infinity: every exchange of the pool failed, and with it every tenant's dispatch). A ratio of

@@ -29,12 +29,14 @@ from tenants import api_keys
 from tenants.errors import (
     AuthFailed,
     KeyOfAnotherTenant,
+    KeysFull,
     QuotaUnavailable,
     TenantExists,
     TenantNotFound,
 )
 from tenants.models import (
     CLOSED_CALL_MEMORY_S,
+    MAX_KEYS_PER_TENANT,
     ApiKey,
     Reservation,
     Tenant,
@@ -175,8 +177,10 @@ class RedisQuotaStore(RedisClient, ClosesOnExit):
         key_id, plaintext = api_keys.new_key()
         stored = await self._scripts["issue_key"](
             keys=[self._tenant_key(tenant_id), self._key_set(tenant_id), self._key_record(key_id)],
-            args=[tenant_id, key_id, api_keys.hash_key(plaintext)],
+            args=[tenant_id, key_id, api_keys.hash_key(plaintext), MAX_KEYS_PER_TENANT],
         )
+        if stored == -1:
+            raise KeysFull(tenant_id, MAX_KEYS_PER_TENANT)
         if not stored:
             raise TenantNotFound(f"no tenant {tenant_id!r}")
         return key_id, plaintext

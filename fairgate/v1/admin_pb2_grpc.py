@@ -127,6 +127,8 @@ class AdminServicer:
 
     def IssueKey(self, request, context):
         """Returns the new key's plaintext; this is the only time it is shown (only a hash is kept).
+        A tenant holds at most 1,000 live keys (every view of it lists them): past that,
+        FAILED_PRECONDITION until one is revoked.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

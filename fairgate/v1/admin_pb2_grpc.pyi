@@ -23,7 +23,10 @@ class AdminStub:
     DeleteTenant: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteTenantRequest, _admin_pb2.DeleteTenantResponse]
     """Deletes the tenant and revokes all its keys; its running jobs are cancelled."""
     IssueKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.IssueKeyRequest, _admin_pb2.IssueKeyResponse]
-    """Returns the new key's plaintext; this is the only time it is shown (only a hash is kept)."""
+    """Returns the new key's plaintext; this is the only time it is shown (only a hash is kept).
+    A tenant holds at most 1,000 live keys (every view of it lists them): past that,
+    FAILED_PRECONDITION until one is revoked.
+    """
     RevokeKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeKeyRequest, _admin_pb2.RevokeKeyResponse]
     SetWeight: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetWeightRequest, _admin_pb2.Tenant]
     SetQuota: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetQuotaRequest, _admin_pb2.Tenant]
@@ -77,7 +80,10 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.IssueKeyRequest,
         context: _aio.ServicerContext[_admin_pb2.IssueKeyRequest, _abc.Awaitable[_admin_pb2.IssueKeyResponse]],
     ) -> _abc.Awaitable[_admin_pb2.IssueKeyResponse]:
-        """Returns the new key's plaintext; this is the only time it is shown (only a hash is kept)."""
+        """Returns the new key's plaintext; this is the only time it is shown (only a hash is kept).
+        A tenant holds at most 1,000 live keys (every view of it lists them): past that,
+        FAILED_PRECONDITION until one is revoked.
+        """
 
     @_abc_1.abstractmethod
     def RevokeKey(

@@ -10,6 +10,7 @@ import pytest
 from fairgate import (
     AdminClient,
     AlreadyExists,
+    FailedPrecondition,
     InvalidArgument,
     NotFound,
     PermissionDenied,
@@ -19,6 +20,7 @@ from fairgate import (
 from fairgate.v1 import admin_pb2, admin_pb2_grpc
 from gateway.admin_service import AdminService
 from tenants import MemoryQuotaStore, QuotaUnavailable, TenantQuota
+from tenants.models import MAX_KEYS_PER_TENANT
 from tests.serving import ADMIN_KEY, serving
 
 pytestmark = pytest.mark.anyio
@@ -292,3 +294,13 @@ async def test_a_registry_alone_reports_an_empty_status(server: Server) -> None:
     assert (status.tenants, status.active_tenants, status.backends) == ((), 0, ())
     assert (status.overload_level, status.window_s) == (0, 0.0)
     assert status.time is not None
+
+
+async def test_a_key_past_the_most_a_tenant_may_hold_is_refused(server: Server) -> None:
+    async with server.admin() as admin:
+        await admin.create_tenant("acme")
+        for _ in range(MAX_KEYS_PER_TENANT):
+            await server.store.issue_key("acme")
+        with pytest.raises(FailedPrecondition, match="revoke one first"):
+            await admin.issue_key("acme")
+        assert len((await admin.get_tenant("acme")).keys) == MAX_KEYS_PER_TENANT

@@ -9,6 +9,7 @@ from tenants import (
     AuthFailed,
     CallClosed,
     KeyOfAnotherTenant,
+    KeysFull,
     QuotaExceeded,
     QuotaLimit,
     QuotaUnavailable,
@@ -20,7 +21,7 @@ from tenants import (
     TenantQuota,
     hash_key,
 )
-from tenants.models import BUSY_RETRY_S, DAY_S
+from tenants.models import BUSY_RETRY_S, DAY_S, MAX_KEYS_PER_TENANT
 from tenants.redis_client import round_trips
 from tests.tenants.conftest import REDIS_URL, TTL, Harness, make_tenant
 
@@ -91,6 +92,18 @@ async def test_a_tenants_keys_are_its_own_through_issue_revoke_and_delete(h: Har
     await h.store.create_tenant("acme", "", TenantQuota())  # anew: none of the old keys
     assert await h.store.list_keys("acme") == []
     assert [k.key_id for k in await h.store.list_keys("beta")] == [other]
+
+
+async def test_a_tenant_holds_at_most_its_live_keys(h: Harness) -> None:
+    """Every view of a tenant lists all its keys: issued without end, they passed any reply's
+    size limit and the tenant could no longer be shown or listed."""
+    await h.store.create_tenant("acme", "", TenantQuota())
+    issued = [(await h.store.issue_key("acme"))[0] for _ in range(MAX_KEYS_PER_TENANT)]
+    with pytest.raises(KeysFull, match="revoke one first"):
+        await h.store.issue_key("acme")
+    assert len(await h.store.list_keys("acme")) == MAX_KEYS_PER_TENANT
+    assert await h.store.revoke_key("acme", issued[0]) is True
+    await h.store.issue_key("acme")  # room again
 
 
 async def test_missing_and_invalid_tenants(h: Harness) -> None:
