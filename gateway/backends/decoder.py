@@ -12,7 +12,8 @@ server's when it sent one (the quota settles on it), else the token ids counted.
 lost; so is a call the server itself aborted (vLLM's finish reason `abort`: it stopped the
 request, its client still listening), which the server answered for (it is up).
 What the server sends is untrusted: a token id that is no int32 (what the gateway's protocol
-carries), or more tokens than the call's `max_tokens`, is a broken stream (lost, not handed on);
+carries), a text that is no string, or more tokens than the call's `max_tokens`, is a broken
+stream (lost, not handed on, the tokens past `max_tokens` not counted);
 the usage it reports is settled only within what the call could have made: no less than the
 tokens it streamed (the tenant has those), no more than `max_tokens` (what was reserved).
 Pure: events' data in, deltas out.
@@ -101,12 +102,15 @@ class CompletionDecoder:
             raise BackendLost(f"call {self.call_id}: tokens came after the call finished")
         token_ids = [_count(t) for t in choice.get("token_ids") or ()]
         text = choice.get("text") or ""
-        self.counted += len(token_ids)
-        if self.counted > self.max_tokens:
+        if not isinstance(text, str):  # handed on, it would fail the call past the backend
+            raise TypeError(f"{text!r} is no text")
+        streamed = self.counted + len(token_ids)
+        if streamed > self.max_tokens:  # refused uncounted: what a broken stream used is counted
             raise BackendLost(
-                f"call {self.call_id}: the server streamed {self.counted} tokens, past its"
+                f"call {self.call_id}: the server streamed {streamed} tokens, past its"
                 f" max_tokens of {self.max_tokens}"
             )
+        self.counted = streamed
         reason = choice.get("finish_reason")
         if reason is None:
             if not token_ids and not text:

@@ -66,6 +66,7 @@ KEEPALIVE_S = 2.0
 NEWS_GAP_S = 0.02  # the least time between two scrapes that news asked for
 MAX_ERROR_BYTES = 65_536  # of an error answer read for its message
 MAX_METRICS_BYTES = 16 << 20  # a `/metrics` answer longer than this is a failed scrape
+MAX_HEALTH_BYTES = 4096  # a `/health` answer longer than this fails the poll (vLLM's is empty)
 # what a call's answer may take, in bytes (a constant, each prompt token's id, each output
 # token's chunk): a server that sends more, or a line that never ends, loses the call instead
 # of filling the gateway's memory. vLLM's chunks are a few hundred bytes a token.
@@ -158,7 +159,8 @@ class OpenAIBackend(OwnsTasks):
 
     def _make_client(self) -> httpx.AsyncClient:
         settings = self.settings
-        headers = {}
+        # bodies as they are: a limit on the bytes of a compressed one bounds nothing (_cap)
+        headers = {"Accept-Encoding": "identity"}
         if settings.api_key is not None:
             headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
         verify: ssl.SSLContext | bool = settings.tls_verify
@@ -242,11 +244,7 @@ class OpenAIBackend(OwnsTasks):
         timeout = max(self.stale_after_s, 1.0)
         failure = None
         try:
-            async with self.client.stream("GET", "/metrics", timeout=timeout) as response:
-                response.raise_for_status()
-                _cap(response, MAX_METRICS_BYTES, "/metrics")
-                text = (await response.aread()).decode(response.encoding or "utf-8", "replace")
-            load = parse_load(text, self.model, taken_at)
+            load = parse_load(await self._read_metrics(timeout), self.model, taken_at)
         except Exception as exc:  # whatever the server sent fails this scrape, not the backend
             failure = f"/metrics: {exc!r}"
         else:
@@ -256,14 +254,9 @@ class OpenAIBackend(OwnsTasks):
                 self.on_room()
         if not self._health_ok or taken_at - self._health_polled >= self.settings.health_interval_s:
             self._health_polled = taken_at
-            try:
-                health = await self.client.get("/health", timeout=timeout)
-                self._health_ok = health.status_code == 200
-                if not self._health_ok:
-                    failure = failure or f"/health answered {health.status_code}"
-            except httpx.HTTPError as exc:
-                self._health_ok = False
-                failure = failure or f"/health: {exc!r}"
+            unhealthy = await self._poll_health(timeout)
+            self._health_ok = unhealthy is None
+            failure = failure or unhealthy
         if self._serving(self._load):
             self._down_since = None
         elif self._down_since is None:
@@ -276,6 +269,32 @@ class OpenAIBackend(OwnsTasks):
             self._scrape_failure = failure
         self._scraped.set()
         self._scraped = anyio.Event()
+
+    async def _read_metrics(self, timeout: float) -> str:
+        """The `/metrics` text, read within `timeout` in all: the client's timeout bounds each
+        read, and a server that sends a line now and then would hold this scrape, and every
+        later one, for as long as it likes (its snapshot stale, yet never found down)."""
+        with anyio.fail_after(timeout):
+            async with self.client.stream("GET", "/metrics", timeout=timeout) as response:
+                response.raise_for_status()
+                _cap(response, MAX_METRICS_BYTES, "/metrics")
+                body = await response.aread()
+        return body.decode(response.encoding or "utf-8", "replace")
+
+    async def _poll_health(self, timeout: float) -> str | None:
+        """Why `/health` says the server is not healthy; None when it answered 200. Its answer is
+        read within `timeout` and `MAX_HEALTH_BYTES`, as `/metrics`'s is (an answer the client
+        read whole could be endless), and read to its end so that the connection is kept."""
+        try:
+            with anyio.fail_after(timeout):
+                async with self.client.stream("GET", "/health", timeout=timeout) as response:
+                    _cap(response, MAX_HEALTH_BYTES, "/health")
+                    await response.aread()
+        except (httpx.HTTPError, BackendLost, TimeoutError) as exc:
+            return f"/health: {exc!r}"
+        if response.status_code != 200:
+            return f"/health answered {response.status_code}"
+        return None
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -414,7 +433,12 @@ def _call_bytes(call: BackendCall) -> int:
 
 
 def _cap(response: httpx.Response, limit: int, what: str) -> None:
-    """Reading more than `limit` bytes of the response's body raises BackendLost."""
+    """Reading more than `limit` bytes of the response's body raises BackendLost. So does a
+    compressed body (the client asks for none): the limit bounds the bytes that come, and
+    16 MiB of gzip decode to 16 GiB."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise BackendLost(f"{what} came compressed ({encoding}), which was not asked for")
     response.stream = _Capped(response.stream, limit, what)
 
 

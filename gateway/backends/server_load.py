@@ -9,7 +9,10 @@ weighted by each engine's blocks. Series of another model (label `model_name`) a
 Pure: text in, a snapshot out.
 Invariant: a text without the pool's shape or the request gauges, or with a value no server
 has (a count that is NaN, negative or past `MAX_COUNT`, a KV use outside 0..1), is refused
-(ValueError), never read as an idle server: so nothing computed from them can overflow.
+(ValueError), never read as an idle server: so nothing computed from them can overflow. So is one
+whose lines naming the four families are longer than any server's (`MAX_LINE`, `MAX_OURS`): the
+parser runs on the event loop, in time that grows with their length and, on one line, with the
+square of its labels (a 1 MiB line of labels took 12 s, during which the gateway did nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ KV_USAGE = "vllm:kv_cache_usage_perc"
 CACHE_CONFIG = "vllm:cache_config_info"
 NAMES = frozenset((RUNNING, WAITING, KV_USAGE, CACHE_CONFIG))
 MAX_COUNT = 2**31  # bound on a count of requests or blocks, far past any server's
+# bounds on the lines that name the four families, past any server's: vLLM's longest
+# (cache_config_info, a label per setting) is under 1 KiB, and a server has a line per family
+# and engine (over a hundred engines fit); the parse of lines at these bounds takes 0.1 s
+MAX_LINE = 2048
+MAX_OURS = 128 << 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +95,18 @@ def _only_ours(text: str) -> str:
     """The lines of the four families read here: vLLM's whole exposition (histograms of every
     latency, bucket by bucket) is many times larger, and it is read several times a second, so
     the lines are found by searching for each name (a scan in C) rather than by reading every
-    line (about 9 x faster on vLLM's text)."""
+    line (about 9 x faster on vLLM's text). ValueError past `MAX_LINE` or `MAX_OURS`."""
     kept = []
+    read = 0  # the length of the lines that name a family, kept or not
     for name in NAMES:
         at = text.find(name)
         while at != -1:
             # the format's only line end is LF (a label may hold U+2028)
             start, end = text.rfind("\n", 0, at) + 1, text.find("\n", at)
             end = len(text) if end == -1 else end
+            read += end - start + 1
+            if end - start > MAX_LINE or read > MAX_OURS:
+                raise ValueError(f"/metrics has longer lines of {name} than a server's")
             line = text[start:end]
             if _family(line) == name:  # not a longer name, a label or another's help text
                 kept.append(line)

@@ -12,6 +12,8 @@ gateway's prompts carry them through the chat template, whose text both sides th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,11 +38,14 @@ async def check_server(
     BackendUnreachable when it cannot be asked. `tokenizer` is the one loaded from
     `tokenizer_dir` (the pool's: loaded once for all the backends that serve its model)."""
     models = await _get_json(client, backend, "GET", "/v1/models")
-    cards = {card.get("id"): card for card in models.get("data", ())}
+    with _reading(backend, "GET /v1/models"):
+        cards = {card["id"]: card for card in models["data"]}
     if model not in cards:
         raise BackendMismatch(
             f"backend {backend}: the server serves {sorted(map(str, cards))}, not {model!r}"
         )
+    with _reading(backend, "GET /v1/models"):
+        max_model_len = _length(cards[model]["max_model_len"])
     tokenized = await _get_json(
         client,
         backend,
@@ -49,8 +54,31 @@ async def check_server(
         {"model": model, "prompt": PROBE, "add_special_tokens": False},
     )
     local = list(tokenizer.encode(PROBE, add_special_tokens=False))
-    compare_tokens(backend, tokenizer_dir, local, [int(t) for t in tokenized["tokens"]])
-    return ServerInfo(model=model, max_model_len=int(cards[model]["max_model_len"]))
+    with _reading(backend, "POST /tokenize"):
+        remote = [int(t) for t in tokenized["tokens"]]
+    compare_tokens(backend, tokenizer_dir, local, remote)
+    return ServerInfo(model=model, max_model_len=max_model_len)
+
+
+@contextlib.contextmanager
+def _reading(backend: str, what: str) -> Iterator[None]:
+    """Reading the server's answer to `what`: one of another shape than vLLM's cannot be read
+    (BackendUnreachable, which the gateway refuses to start with and says why), not a fault
+    of the gateway's own (which it would end with a traceback)."""
+    try:
+        yield
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise BackendUnreachable(
+            f"backend {backend}: {what}: not a vLLM-compatible server's answer: {exc!r}"
+        ) from None
+
+
+def _length(value: Any) -> int:
+    """A context length as the server sent it: a count of tokens (every call is refused under
+    one of 0, which the pool's smallest would be)."""
+    if type(value) is not int or value < 1:
+        raise ValueError(f"max_model_len {value!r} is no context length")
+    return value
 
 
 def compare_tokens(backend: str, tokenizer_dir: Path, local: list[int], remote: list[int]) -> None:

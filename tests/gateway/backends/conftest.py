@@ -57,6 +57,9 @@ class Gate:
     # that dies does
     script: Callable[[dict[str, Any]], AsyncIterator[bytes]] | None = None
     metrics: bytes | None = None  # `/metrics` answers this instead of the app's text
+    metrics_encoding: bytes | None = None  # the Content-Encoding `metrics` is sent with
+    # paths answered 200 with the body a function makes, chunk by chunk, instead of the app's
+    bodies: dict[str, Callable[[], AsyncIterator[bytes]]] = field(default_factory=dict)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -70,7 +73,12 @@ class Gate:
                 body = json.dumps({"error": {"message": "it failed", "code": status}})
                 return await _answer(send, status, body.encode())
             if self.metrics is not None and scope["path"] == "/metrics":
-                return await _answer(send, 200, self.metrics, b"text/plain")
+                encoding = self.metrics_encoding
+                extra = [] if encoding is None else [(b"content-encoding", encoding)]
+                return await _answer(send, 200, self.metrics, b"text/plain", extra)
+            made = self.bodies.get(scope["path"])
+            if made is not None:
+                return await _streamed(made(), send)
             if self.script is not None and scope["path"] == "/v1/completions":
                 return await _scripted(self.script, receive, send)
         await self.app(scope, receive, _unescaping(send) if self.raw_separators else send)
@@ -85,9 +93,15 @@ async def _scripted(
         raw += message.get("body", b"")
         if not message.get("more_body"):
             break
-    headers = [(b"content-type", b"text/event-stream")]
+    await _streamed(script(json.loads(raw)), send, b"text/event-stream")
+
+
+async def _streamed(
+    body: AsyncIterator[bytes], send: Send, content_type: bytes = b"text/plain"
+) -> None:
+    headers = [(b"content-type", content_type)]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
-    async for part in script(json.loads(raw)):
+    async for part in body:
         await send({"type": "http.response.body", "body": part, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -121,9 +135,13 @@ def _unescaping(send: Send) -> Send:
 
 
 async def _answer(
-    send: Send, status: int, body: bytes, content_type: bytes = b"application/json"
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra: Sequence[tuple[bytes, bytes]] = (),
 ) -> None:
-    headers = [(b"content-type", content_type)]
+    headers = [(b"content-type", content_type), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

@@ -162,6 +162,26 @@ def test_more_tokens_than_max_tokens_are_a_broken_stream() -> None:
         decoder.feed(chunk([4]))
 
 
+def test_a_stream_past_max_tokens_counts_no_more_than_max_tokens() -> None:
+    """The count of a stream that broke is what its call used (the policy's counters and the
+    replicas' share are charged it): the tokens past `max_tokens` were counted before the
+    chunk was refused, so one chunk of a server's could charge a 3-token call thousands."""
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=3)
+    feed(decoder, chunk([1, 2]))
+    with pytest.raises(BackendLost, match="past its max_tokens of 3"):
+        decoder.feed(chunk(list(range(5000))))
+    assert decoder.counted_usage() == CallUsage(5, 2, reported=False)
+
+
+@pytest.mark.parametrize("text", [7, ["x"], {"a": "b"}, True])
+def test_a_text_that_is_no_string_is_a_broken_stream(text: Any) -> None:
+    # handed on, it failed the call in the dispatcher, where a string was added to it: an
+    # internal error of the gateway's instead of a call the backend lost
+    decoder = CompletionDecoder("c", prompt_tokens=5, max_tokens=8)
+    with pytest.raises(BackendLost, match="not a completion chunk"):
+        decoder.feed(json.dumps({"choices": [{"index": 0, "text": text, "token_ids": [1]}]}))
+
+
 @pytest.mark.parametrize("event", ["not json", chunk([9])])
 def test_garbage_or_tokens_after_the_finish_are_a_broken_stream(event: str) -> None:
     decoder = CompletionDecoder("c", 1, 8)

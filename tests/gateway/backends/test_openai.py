@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -394,6 +395,43 @@ async def test_metrics_past_any_servers_fail_the_scrape_not_the_backend(
             server.gate.metrics = None
             await scraped_until(backend, lambda: backend.capacity().healthy)
             assert [d async for d in backend.submit(make_call())][-1].finished
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/health"])
+async def test_a_scrape_is_bounded_in_time_though_the_server_answers_a_line_at_a_time(
+    server: Remote, tokenizer_dir: Path, path: str
+) -> None:
+    """The client's timeout bounds each read: an answer that never ends, a line at a time, held
+    the scrape (the first one, so the backend never opened; a later one, so its snapshot went
+    stale while it was never found down, and its pool never refused new jobs)."""
+
+    async def endless() -> AsyncIterator[bytes]:
+        while not over.is_set():  # (then the test's server stops at once)
+            yield b"# still here\n"
+            await anyio.sleep(0.01)
+
+    over = anyio.Event()
+    server.gate.bodies[path] = endless
+    with anyio.fail_after(10):
+        async with backend_on(server.url, tokenizer_dir) as backend:
+            assert not backend.capacity().healthy and backend.down_for() is not None
+            del server.gate.bodies[path]
+            await scraped_until(backend, lambda: backend.capacity().healthy)
+    over.set()
+
+
+async def test_a_compressed_metrics_answer_fails_the_scrape_not_the_gateways_memory(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """`/metrics` answers were capped by the bytes that came, but read as they decode: 17 KiB
+    of gzip are 17 MiB of text past the cap (16 MiB of it 16 GiB), all read into memory."""
+    text = (await server.http.get("/metrics")).content
+    server.gate.metrics = gzip.compress(text + b"# " + b"x" * (17 << 20) + b"\n")
+    server.gate.metrics_encoding = b"gzip"
+    async with backend_on(server.url, tokenizer_dir) as backend:
+        assert backend.load is None and not backend.capacity().healthy
+        server.gate.metrics = server.gate.metrics_encoding = None
+        await scraped_until(backend, lambda: backend.capacity().healthy)
 
 
 async def test_a_servers_usage_is_settled_within_the_calls_max_tokens(

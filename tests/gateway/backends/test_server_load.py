@@ -123,3 +123,22 @@ def test_a_model_name_with_a_unicode_line_separator_is_one_line() -> None:
     model = "served\u2028name\x85"
     load = parse_load(exposition(running=4, model=model), model, taken_at=0.0)
     assert (load.running, load.waiting) == (4, 1)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        # one line of many labels: the parser's time grows with their square (12 s a MiB)
+        exposition().replace('engine="0"', ",".join(f'x{i}="a"' for i in range(300))),
+        # a series per engine past any server's: read line by line, 5 s for 16 MiB
+        exposition()
+        + "".join(f'vllm:num_requests_running{{engine="{i}"}} 0\n' for i in range(1, 5000)),
+    ],
+)
+def test_lines_of_the_families_longer_than_a_servers_are_refused_before_parsing(
+    hostile: str,
+) -> None:
+    """The parser runs on the gateway's event loop: a `/metrics` text of 16 MiB (what a scrape
+    reads) of such lines held the loop, and every call of the gateway, for minutes a scrape."""
+    with pytest.raises(ValueError, match="longer lines"):
+        parse_load(hostile, MODEL, 0.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -54,6 +55,33 @@ async def test_a_server_without_tokenize_is_unreachable_for_the_check(
     async with httpx.AsyncClient(base_url=server.url) as client:
         with pytest.raises(BackendUnreachable, match="POST /tokenize answered 503"):
             await check_server(client, "b", MODEL, tokenizer_dir, load_tokenizer(tokenizer_dir))
+
+
+ANSWERS = {  # answers of a shape no vLLM-compatible server gives
+    "models not an object": ("/v1/models", b"[]"),
+    "a model card without its context": ("/v1/models", b'{"data": [{"id": "%s"}]}'),
+    "a context of no tokens": ("/v1/models", b'{"data": [{"id": "%s", "max_model_len": 0}]}'),
+    "tokens missing": ("/tokenize", b'{"count": 3}'),
+    "a token that is no number": ("/tokenize", b'{"tokens": ["x"]}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ANSWERS))
+async def test_an_answer_of_another_shape_is_unreachable_for_the_check(
+    server: Remote, tokenizer_dir: Path, case: str
+) -> None:
+    """Read as it came, such an answer raised a KeyError or the like out of the check: the
+    gateway ended with a traceback instead of saying which server it could not use (or, for
+    a context of 0, started and refused every call)."""
+    path, body = ANSWERS[case]
+
+    async def answer() -> AsyncIterator[bytes]:
+        yield body.replace(b"%s", MODEL.encode())
+
+    server.gate.bodies[path] = answer
+    with pytest.raises(BackendUnreachable, match=f"{path}: not a vLLM-compatible server's"):
+        async with backend_on(server.url, tokenizer_dir):
+            pass
 
 
 async def test_a_server_that_is_down_is_unreachable(tokenizer_dir: Path) -> None:
