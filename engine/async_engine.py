@@ -17,7 +17,8 @@ requests with `FinishReason.ERROR`; when anything else in a step raises (the sch
 say), no request's progress can be trusted, so every live request is failed with ERROR; either
 way the exception is logged and the loop carries on with the requests that come next. `healthy`
 turns False after `max_consecutive_failures` failed steps in a row and True again at the next
-good one; `health_changed()` wakes whoever follows it.
+good one; `health_changed()` wakes whoever follows it. `wait_idle()` returns once nothing is
+left: every request finished or aborted, its blocks freed, and no step in flight.
 
 Invariant: every stream ends with exactly one delta whose `finished` is True, or is closed by
 `abort`/`aclose` (at the end of the step in flight, if any), and every request the engine
@@ -124,6 +125,7 @@ class AsyncEngine:
         self._cut: dict[str, MemoryObjectSendStream[TokenDelta]] = {}
         self._stepping = False
         self._wake = anyio.Event()
+        self._idle = anyio.Event()  # set, and replaced, each time the loop finds nothing left
         self._tg: TaskGroup | None = None
         self._stack = contextlib.AsyncExitStack()
         self._closed = False
@@ -153,6 +155,7 @@ class AsyncEngine:
             for rid in list(self._streams):
                 self.abort(rid)
             self._close_cut()
+            self._idle.set()  # the loop has ended: nothing steps any more
 
     def add_request(
         self,
@@ -273,6 +276,18 @@ class AsyncEngine:
         """Return once `healthy` has flipped."""
         await self._health_flipped.wait()
 
+    async def wait_idle(self) -> None:
+        """Return once the engine has nothing left: no step in flight, every request finished
+        or aborted, and so every block free (or once it is shut down).
+
+        An abort or a closed stream takes effect at the end of the step in flight, if any, and
+        a server notices a client that left only when its handler is cancelled: whoever must
+        know that the engine let go of it (a drain before shutdown, a test of an abort) waits
+        here rather than looking again and again.
+        """
+        while not self._closed and (self._stepping or self.core.has_unfinished):
+            await self._idle.wait()
+
     @property
     def num_live(self) -> int:
         return len(self._streams)
@@ -285,6 +300,8 @@ class AsyncEngine:
     async def _loop(self) -> None:
         while True:
             if not self.core.has_unfinished:
+                self._idle.set()
+                self._idle = anyio.Event()
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 continue

@@ -160,6 +160,8 @@ class Dispatcher(OwnsTasks):
         self._chars: Counter[str] = Counter()  # per tenant, its jobs' `chars` in `runs`
         self._quotas: dict[str, TenantQuota] = {}
         self._wake = anyio.Event()
+        self._closing = 0  # tasks of calls under way (taken, followed, closed): `wait_calls_closed`
+        self._calls_closed = anyio.Event()  # set, and replaced, as the last of them ends
         self._tracer = tracer  # None: no spans
         self._job_spans: dict[str, trace.Span] = {}
         self._finished_in_store: set[str] = set()  # jobs whose last settle finished them
@@ -184,6 +186,34 @@ class Dispatcher(OwnsTasks):
 
     def _wake_loop(self) -> None:
         self._wake.set()
+
+    def _start_call_task(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        """Start a task of a call under way, or one that sends a quota close: counted from now
+        (before it first runs) until it ends, for `wait_calls_closed`."""
+        self._closing += 1
+        self.tasks.start_soon(self._counted, func, *args)
+
+    async def _counted(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
+        try:
+            await func(*args)
+        finally:
+            self._closing -= 1
+            if not self._closing:
+                self._calls_closed.set()
+                self._calls_closed = anyio.Event()
+
+    async def wait_calls_closed(self) -> None:
+        """Return once no call is under way here: every call taken has been sent and has
+        ended, and what it reserved (or its job held for it) has been settled or released,
+        as has every ended job's admission (landed, or pending in the outbox:
+        `Outbox.wait_drained`).
+
+        A cancel returns before its calls' followers have seen their ends and closed them:
+        whoever must know the quota is closed (a test of a cancel's charge, a shutdown that
+        lets what it aborted settle) waits here rather than looking again and again.
+        """
+        while self._closing:
+            await self._calls_closed.wait()
 
     def lease_renewed(self) -> None:
         """A lease renewal landed: the held jobs it unfenced start calls again."""
@@ -350,13 +380,13 @@ class Dispatcher(OwnsTasks):
         if run.detached:  # lost again: the admission (by job id) is its next owner's
             return
         if run.ended:  # its cancel came while it was admitted: nothing else will finish it
-            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
+            self._start_call_task(self._send, Close("finish_job", run.tenant_id, run.job_id))
             return
         try:
             self._add_job(run, info, now, {n for n, r in run.nodes.items() if r.state not in ENDED})
             self._track(run, quota, info)
         except BaseException:  # admitted, but it will not run here: nothing else finishes it
-            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
+            self._start_call_task(self._send, Close("finish_job", run.tenant_id, run.job_id))
             raise
         if run.state is JobState.QUEUED:  # its first owner stopped before it started it
             run.start(now)
@@ -507,7 +537,7 @@ class Dispatcher(OwnsTasks):
                 entry = dispatch.entry
                 if dispatch.taken:
                     granting |= dispatch.needs_grant
-                    self.tasks.start_soon(self._take, entry, dispatch.needs_grant)
+                    self._start_call_task(self._take, entry, dispatch.needs_grant)
                 else:
                     self._start(entry)
             for victim in lane.core.to_yield(self.clock(), lane.capacities()):
@@ -663,18 +693,18 @@ class Dispatcher(OwnsTasks):
             )
         except Exception as exc:
             log.warning("backend %s refused %s: %s", backend.name, call.call_id, exc)
-            self.tasks.start_soon(self._close_unstarted, entry, str(exc))
+            self._start_call_task(self._close_unstarted, entry, str(exc))
             return
         self.streams[call.call_id] = stream
         ticket.run.mark_running(call.node_id, call.prompt_tokens, self.clock())
-        self.tasks.start_soon(self._follow, entry, stream)
+        self._start_call_task(self._follow, entry, stream)
 
     def _set_aside(self, entry: Entry) -> None:
         """A call of a fenced job, dispatched but not sent: ready again (no attempt spent), its
         reservation released, its job held."""
         ticket = entry.payload
         if self._lane(ticket).core.yielded(ticket.call.call_id, self.clock()) is None:
-            self.tasks.start_soon(self._close_unstarted, entry, FENCED)  # its job left the core
+            self._start_call_task(self._close_unstarted, entry, FENCED)  # its job left the core
             return
         self._next_attempt(ticket)
         self.replanning.widen_call(ticket)
@@ -684,7 +714,7 @@ class Dispatcher(OwnsTasks):
         """The attempt's reservation is released; the next reserves under a fresh quota id (a
         late release of this one cannot touch the next's)."""
         self.leases.drop_call(ticket.quota_id)
-        self.tasks.start_soon(self._send, Close("release", ticket.call.tenant_id, ticket.quota_id))
+        self._start_call_task(self._send, Close("release", ticket.call.tenant_id, ticket.quota_id))
         ticket.held = False
         ticket.fenced_off = False
         ticket.attempt += 1
@@ -871,7 +901,7 @@ class Dispatcher(OwnsTasks):
             if ticket.held:  # reserved with the job, never dispatched
                 self.leases.drop_call(ticket.quota_id)
                 release = Close("release", entry.call.tenant_id, ticket.quota_id)
-                self.tasks.start_soon(self._send, release)
+                self._start_call_task(self._send, release)
 
     def _forget(self, run: JobRun, now: float) -> None:
         if self.runs.pop(run.job_id, None) is None:
@@ -894,7 +924,7 @@ class Dispatcher(OwnsTasks):
         if run.job_id in self._finished_in_store:
             self._finished_in_store.discard(run.job_id)
         elif not run.detached:  # a detached job lives on with another replica's admission
-            self.tasks.start_soon(self._send, Close("finish_job", run.tenant_id, run.job_id))
+            self._start_call_task(self._send, Close("finish_job", run.tenant_id, run.job_id))
         self._wake.set()
 
     async def _send(self, close: Close) -> None:

@@ -19,11 +19,11 @@ from tests.engine.factories import STEP_MODEL, make_flaky_engine, make_sim_engin
 pytestmark = pytest.mark.anyio
 
 
-async def until_idle(core: LLMEngine) -> None:
+async def until_idle(engine: AsyncEngine) -> None:
     """Wait (bounded) for the step in flight to end and the engine to have nothing left."""
     with anyio.fail_after(5):
-        while core.has_unfinished:
-            await anyio.sleep(0.001)
+        await engine.wait_idle()
+    assert not engine.core.has_unfinished
 
 
 async def test_two_hundred_concurrent_streams_all_finish() -> None:
@@ -59,7 +59,7 @@ async def test_abort_frees_blocks_and_ends_the_stream() -> None:
             if seen == 3:
                 engine.abort(stream.request_id)
         assert seen == 3
-        await until_idle(core)  # applied at the end of the step in flight, if any
+        await until_idle(engine)  # applied at the end of the step in flight, if any
         assert core.block_manager.num_free_blocks == 64
 
 
@@ -71,7 +71,7 @@ async def test_closing_a_stream_early_aborts_its_request() -> None:
             break
         await stream.aclose()
         assert engine.num_live == 0
-        await until_idle(core)
+        await until_idle(engine)
     assert core.block_manager.num_free_blocks == 64 and not core.has_unfinished
 
 
@@ -154,8 +154,35 @@ async def test_capacity_counts_an_abort_while_a_step_runs_at_once() -> None:
         runner.let_go()
         deltas = await collect(other)
         assert sum(len(d.token_ids) for d in deltas) == 4
-        await until_idle(core)
+        await until_idle(engine)
     assert_all_blocks_free(core)
+
+
+async def test_wait_idle_returns_once_the_step_in_flight_applied_an_abort() -> None:
+    runner, core = gated_core()
+    async with AsyncEngine(core) as engine:
+        with anyio.fail_after(5):
+            await engine.wait_idle()  # nothing to do: at once
+        stream = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20))
+        async for _ in stream:
+            break
+        await runner.hold()  # a step is in flight
+        engine.abort(stream.request_id)
+        await stream.aclose()
+        idle = anyio.Event()
+
+        async def wait() -> None:
+            await engine.wait_idle()
+            idle.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.wait_all_tasks_blocked()
+            assert not idle.is_set()  # the abort waits for the step's end, with its blocks
+            runner.let_go()
+            with anyio.fail_after(5):
+                await idle.wait()
+        assert_all_blocks_free(core)
 
 
 async def collect(stream: RequestStream) -> list[TokenDelta]:
@@ -257,7 +284,7 @@ async def test_a_request_aborted_while_a_step_runs_can_run_again_under_its_id() 
         runner.let_go()
         deltas = await collect(again)
         assert sum(len(d.token_ids) for d in deltas) == 4 and deltas[-1].finished
-        await until_idle(core)
+        await until_idle(engine)
     assert_all_blocks_free(core)
 
 
@@ -280,7 +307,7 @@ async def test_an_abort_during_the_step_that_finishes_the_request_comes_too_late
         assert last.finished and last.finish_reason is FinishReason.LENGTH
         assert len(last.token_ids) == 1
         assert await collect(cut) == []  # not finished: its stream just ends
-        await until_idle(core)
+        await until_idle(engine)
     assert_all_blocks_free(core)
 
 
@@ -295,7 +322,7 @@ async def test_a_stream_closed_while_the_step_that_finishes_it_runs_is_let_go() 
         runner.let_go()
         after = await collect(engine.add_request([1, 2], SamplingParams(max_tokens=2)))
         assert after[-1].finished  # the loop serves on
-        await until_idle(core)
+        await until_idle(engine)
     assert_all_blocks_free(core)
 
 

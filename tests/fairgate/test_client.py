@@ -215,8 +215,9 @@ async def test_a_generate_closed_early_cancels_its_call_and_charges_what_it_made
             break
     store, dispatcher = harness.gateway.store, harness.gateway.dispatcher
     with anyio.fail_after(5):  # the call is aborted, its quota settled, its job finished
-        while (u := await store.usage("alpha")).active_reservations or u.queued_jobs:
-            await anyio.sleep(0.005)
+        await dispatcher.wait_calls_closed()
+    u = await store.usage("alpha")
+    assert (u.active_reservations, u.queued_jobs) == (0, 0), u
     assert not dispatcher.streams and u.settled_calls == 1
     # the tokens made before the client left, not the 2,000 it asked for
     assert 1 <= u.output_tokens < 2000

@@ -110,24 +110,27 @@ class Terminal:
         """The output without its escape sequences."""
         return ESCAPE.sub("", self.output)
 
-    async def read(self) -> None:
+    async def read(self) -> bool:
+        """Read what the child wrote, once there is some; False once it has closed its end
+        (the terminal then reads as EIO, readable for ever: nothing more will come)."""
         await anyio.wait_readable(self.controller)
         try:
-            self.output += os.read(self.controller, 65536).decode(errors="replace")
+            data = os.read(self.controller, 65536)
         except OSError:  # EIO: the child has closed its end
-            await anyio.sleep(0.01)
+            return False
+        self.output += data.decode(errors="replace")
+        return bool(data)
 
     async def shows(self, *patterns: re.Pattern[str]) -> None:
         with anyio.fail_after(30):
             while not all(p.search(self.screen) for p in patterns):
-                await self.read()
+                assert await self.read(), f"the child closed the terminal first:\n{self.screen}"
 
     async def exit_code(self) -> int:
-        """Read the terminal until the child exits; its exit code."""
+        """Read the terminal until the child has closed its end; its exit code."""
         with anyio.fail_after(10):
-            while self.process.returncode is None:
-                with anyio.move_on_after(0.1):
-                    await self.read()
+            while await self.read():
+                pass
             return await self.process.wait()
 
 

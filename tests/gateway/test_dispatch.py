@@ -970,6 +970,40 @@ async def test_a_job_cancelled_while_a_call_settles_never_starts_the_call_being_
     assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
 
 
+async def test_wait_calls_closed_returns_once_every_call_of_a_cancelled_job_is_closed(
+    make_env: MakeEnv,
+) -> None:
+    """A cancel returns while its calls are still being taken and settled: the reserve that
+    lands after it is released, the settle under way lands, then the job's finish."""
+    store = HoldingStore()
+    env = await make_env(store)
+    run = job("j", ("a", 4), ("b", 4))
+    await admit(env.dispatcher, run)
+    with anyio.fail_after(5):
+        await store.reserving_b.wait()
+        await store.settling_a.wait()
+    env.dispatcher.cancel(run, charge=True)
+    closed = anyio.Event()
+
+    async def wait() -> None:
+        await env.dispatcher.wait_calls_closed()
+        closed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.wait_all_tasks_blocked()
+        assert not closed.is_set()  # b's reserve and a's settle are held
+        store.reserve_b.set()
+        await anyio.wait_all_tasks_blocked()
+        assert not closed.is_set()  # a's settle is
+        store.settle_a.set()
+        with anyio.fail_after(5):
+            await closed.wait()
+    assert run.state is JobState.CANCELLED
+    usage = await store.usage("acme")
+    assert (usage.queued_jobs, usage.active_reservations, usage.settled_calls) == (0, 0, 1)
+
+
 class MonitoredDispatcher(Dispatcher):
     """A dispatcher with an SLO monitor (every call's TTFT target 1 s) on a clock of the test's."""
 

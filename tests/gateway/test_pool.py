@@ -7,6 +7,7 @@ calls run again on the other by the lost-call rule, which the job's stream shows
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
+from gateway.backends.openai import OpenAIBackend
 from tests.gateway.engine_servers import backend_of, engine_servers
 from tests.reliability.harness import Reliable, node, reliable_gateway, reruns
 
@@ -83,9 +85,18 @@ async def test_a_cancel_reaches_the_server_and_releases_the_quota(tmp_path: Path
         running = "vllm:num_requests_running"
         assert await server_metric(server.url, running) > 0
         await h.stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=h.auth("a"))
+        backends = [h.gateway.dispatcher.backends[s.name] for s in servers]
         with anyio.fail_after(10):
-            while any([await server_metric(s.url, running) for s in servers]):
-                await anyio.sleep(0.05)
+            await h.gateway.dispatcher.wait_calls_closed()  # each call's request closed
+            closed_at = time.monotonic()  # the backends' clock
+            # the server aborts a call as it sees its client leave, in its own process: its
+            # count, scrape by scrape as the gateway reads it (from a scrape sent after every
+            # call was closed), is all there is to wait on
+            for b in backends:
+                assert isinstance(b, OpenAIBackend)
+                while b.load is None or b.load.taken_at < closed_at or b.load.running:
+                    await b.next_scrape()
+        assert not any([await server_metric(s.url, running) for s in servers])
         assert (await h.finished("a", job.job_id)).state == pb.JOB_STATE_CANCELLED
         await h.unharmed()
 

@@ -255,8 +255,9 @@ async def test_cancel_mid_job_frees_engine_blocks_and_charges_what_ran(harness: 
     assert gateway.engine is not None
     core = gateway.engine.core
     with anyio.fail_after(5):
-        while core.has_unfinished or gateway.dispatcher.streams:
-            await anyio.sleep(0.005)
+        await gateway.engine.wait_idle()  # the abort, at the end of the step in flight
+        await gateway.dispatcher.wait_calls_closed()  # `a`'s follower settled what it made
+    assert not core.has_unfinished and not gateway.dispatcher.streams
     blocks = core.block_manager
     assert blocks.num_free_blocks == blocks.num_blocks
     usage = await gateway.store.usage("alpha")

@@ -5,6 +5,7 @@ policy: every one orders a shared pool through the grant."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -12,7 +13,7 @@ import pytest
 
 from bench.engine_servers import server_metric
 from fairgate.v1 import gateway_pb2 as pb
-from gateway.job_run import NodeState
+from gateway.job_run import JobRun, NodeState
 from tenants import RedisQuotaStore
 from tests.gateway.engine_servers import backend_of, engine_servers
 from tests.reliability.harness import reliable_gateway
@@ -20,6 +21,15 @@ from tests.reliability.redis_server import RedisServer
 from tests.reliability.test_redis_outage import chain
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+async def until(run: JobRun, check: Callable[[], bool]) -> None:
+    """Return once `check()` holds of the job as this replica runs it, looked at as it changes:
+    `watch` wakes at each of its events, journaled or not yet (Redis may be frozen), and stops
+    once `check()` holds (or the job has ended)."""
+    async for _ in run.watch_batches(run.last_sequence, stop=check):
+        pass
+    assert check(), run.nodes
 
 
 @pytest.mark.parametrize("policy", ["justitia", "fcfs", "las"])
@@ -43,14 +53,13 @@ async def test_no_call_is_sent_without_the_pool_s_share(
         await h.tenant("t1")
         job = await h.submit("t1", chain(2, 100))  # its first call runs for about a second
         dispatcher = h.gateway.dispatcher
-        with anyio.fail_after(10):
-            while not dispatcher.core.running:
-                await anyio.sleep(0.01)
-        redis.freeze()
         run = dispatcher.runs[job.job_id]
+        with anyio.fail_after(10):
+            await until(run, lambda: run.nodes["n0"].state is NodeState.RUNNING)
+        assert dispatcher.core.running
+        redis.freeze()
         with anyio.fail_after(20):  # the first call ends, the second cannot be granted
-            while run.nodes["n1"].state is not NodeState.FAILED:
-                await anyio.sleep(0.05)
+            await until(run, lambda: run.nodes["n1"].state is NodeState.FAILED)
         assert run.nodes["n0"].state is NodeState.SUCCEEDED
         assert run.nodes["n1"].reason == "fair-share store unavailable"
         prompt = run.nodes["n0"].prompt_tokens

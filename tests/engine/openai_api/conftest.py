@@ -8,7 +8,7 @@ seconds of wall time, so a test can act while a request runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -76,9 +76,9 @@ async def server(request: pytest.FixtureRequest) -> AsyncIterator[Server]:
         yield running
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> None:
-    """Wait, bounded, for `check()`: for what the server does after the client stopped waiting,
-    like aborting a request whose stream was closed."""
+async def until_idle(server: Server, timeout_s: float = 5.0) -> None:
+    """Wait, bounded, for the engine to have let go of every request (`AsyncEngine.wait_idle`):
+    for what the server does after the client stopped waiting, like aborting a request whose
+    stream was closed."""
     with anyio.fail_after(timeout_s):
-        while not await check():
-            await anyio.sleep(0.005)
+        await server.engine.wait_idle()

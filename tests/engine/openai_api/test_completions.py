@@ -20,15 +20,15 @@ from tests.engine.openai_api.conftest import (
     MAX_MODEL_LEN,
     MODEL,
     Server,
-    eventually,
     serving,
     sim_core,
+    until_idle,
 )
 
 pytestmark = pytest.mark.anyio
 
 PROMPT = [5, 17, 42, 99, 120, 7, 8, 9, 10, 11]
-SLOW_STEP_S = 0.02  # 400 tokens take 8 s: longer than `eventually` waits for an abort
+SLOW_STEP_S = 0.02  # 400 tokens take 8 s: longer than `until_idle` waits for an abort
 VLLM_FIELDS = {"min_tokens", "top_k", "ignore_eos", "priority", "request_id", "return_token_ids"}
 
 
@@ -202,13 +202,9 @@ async def test_a_client_that_leaves_mid_stream_aborts_its_request(server: Server
             break
     assert (await server.metrics())["vllm:num_requests_running"] == 1
     await stream.close()
-
-    async def freed() -> bool:
-        metrics = await server.metrics()
-        return metrics["vllm:num_requests_running"] == 0 and server.engine.num_live == 0
-
-    await eventually(freed)
+    await until_idle(server)
     metrics = await server.metrics()
+    assert metrics["vllm:num_requests_running"] == 0 and server.engine.num_live == 0
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0
     assert server.core.block_manager.num_used_blocks == 0
 
@@ -226,11 +222,8 @@ async def test_a_request_id_in_use_is_refused_until_its_request_ends(server: Ser
             model=MODEL, prompt=PROMPT, max_tokens=2, extra_body=same_id
         )
     await stream.close()
-
-    async def ended() -> bool:
-        return not server.core.has_unfinished
-
-    await eventually(ended)
+    await until_idle(server)
+    assert not server.core.has_unfinished
     completion = await server.openai.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=2, extra_body=same_id
     )
@@ -244,11 +237,8 @@ async def test_a_client_that_leaves_before_a_whole_completion_aborts_its_request
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 400}
     with pytest.raises(httpx.ReadTimeout):
         await server.http.post("/v1/completions", json=body, timeout=0.2)
-
-    async def freed() -> bool:
-        return server.engine.num_live == 0 and server.core.block_manager.num_used_blocks == 0
-
-    await eventually(freed)
+    await until_idle(server)
+    assert server.engine.num_live == 0 and server.core.block_manager.num_used_blocks == 0
     assert (await server.metrics())["vllm:num_requests_running"] == 0
 
 
