@@ -215,8 +215,9 @@ async def running_gateway(
     to `tracer_provider` and the GenAI metrics to `meter_provider`; without them the gateway
     does no span or OpenTelemetry metric work."""
     check_exposure(settings)
-    # The simulated engine's steps are instant: a thread hop would be all they cost
-    instant = core is None and settings.simulated_engine
+    # The simulated engine's instant steps run on the event loop: a thread hop would be all they
+    # cost. With a step time they sleep it, which on the loop would stall every RPC meanwhile
+    instant = core is None and settings.simulated_engine and not settings.simulated_step_s
     store = store if store is not None else make_store(settings)
     jobs = JobRegistry(settings.retained_jobs_per_tenant, settings.retained_bytes_per_tenant)
     async with contextlib.AsyncExitStack() as stack:

@@ -232,6 +232,34 @@ def _varint(n: int) -> bytes:
     return bytes([*out, n])
 
 
+async def test_the_simulated_engine_sleeps_its_steps_off_the_event_loop() -> None:
+    """`simulated_step_s` makes each step take that long on the wall clock: it slept on the
+    event loop, and no RPC of any tenant was answered while a step ran (a hostile tenant's
+    long calls, back to back, starved every other)."""
+    settings = Settings(
+        port=0, admin_key=ADMIN_KEY, simulated_engine=True, simulated_step_s=0.5, grace_s=0.0
+    )
+    store = MemoryQuotaStore()
+    auth = await _tenants(store)
+    async with (
+        running_gateway(settings, store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        long = pb.SubmitJobRequest(job=pb.JobSpec(nodes=[node("a", "hello", 100)]))
+        job = await stub.SubmitJob(long, metadata=auth["alpha"])
+        watch = stub.WatchJob(pb.WatchJobRequest(job_id=job.job_id), metadata=auth["alpha"])
+        while (await watch.read()).WhichOneof("event") != "token_delta":
+            pass  # a step has just ended: the next one takes half a second
+        assert gateway.engine is not None
+        steps = gateway.engine.steps
+        got = await stub.GetJob(pb.GetJobRequest(job_id=job.job_id), metadata=auth["alpha"])
+        assert got.state == pb.JOB_STATE_RUNNING
+        assert gateway.engine.steps == steps  # answered while the step ran
+        watch.cancel()
+        await stub.CancelJob(pb.CancelJobRequest(job_id=job.job_id), metadata=auth["alpha"])
+
+
 @pytest.mark.engine_step_s(0.002)
 async def test_cancel_mid_job_frees_engine_blocks_and_charges_what_ran(harness: Harness) -> None:
     spec = pb.JobSpec(nodes=[node("a", "one", 1500), node("b", "two {{a.output}}", 1500, "a")])
