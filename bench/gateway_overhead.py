@@ -37,7 +37,6 @@ import numpy as np
 
 from bench.engine_servers import engine_servers
 from engine.heap import freeze_startup_heap
-from engine.loader import resolve_model
 from fairgate.v1 import gateway_pb2 as pb
 from fairgate.v1 import gateway_pb2_grpc
 from gateway.backends.settings import BackendSettings
@@ -49,8 +48,11 @@ SERVED = "sim"  # the model id the engine server serves
 ENGINE_SEQS = 64  # `fairgate engine serve`'s batch slots (the engine settings' default)
 
 
-async def one_call(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]]) -> float:
-    request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=1))
+async def one_call(
+    stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, str]], max_tokens: int = 1
+) -> float:
+    """One `Generate` call of a short prompt, streamed to its end; its time in seconds."""
+    request = pb.GenerateRequest(prompt="ping", sampling=pb.SamplingSpec(max_tokens=max_tokens))
     start = time.perf_counter()
     async for _ in stub.Generate(request, metadata=metadata):
         pass
@@ -110,6 +112,10 @@ async def measure(
     async with contextlib.AsyncExitStack() as stack:
         settings = Settings(port=0, simulated_engine=True, policy="justitia", max_num_seqs=256)
         if backend == "openai":
+            # imported here: torch and transformers (seconds) would be imported by every spawned
+            # client of the benches that share `one_call`
+            from engine.loader import resolve_model
+
             flags = ["--simulated", "--served-model-name", SERVED]
             (server,) = await stack.enter_async_context(engine_servers(1, flags))
             remote = BackendSettings(

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,21 +58,33 @@ def worst_request(max_message_bytes: int) -> bytes:
     return request.SerializeToString()
 
 
-async def _tenant_calls(port: int, key: str, seconds: float) -> list[float]:
+async def tenant_calls(
+    port: int,
+    key: str,
+    seconds: float,
+    max_tokens: int = 1,
+    warmed: Callable[[], object] = lambda: None,
+) -> tuple[list[float], float]:
+    """A tenant's `Generate` calls one after another for `seconds`, after a warm-up; `warmed`
+    runs (in a thread: it may block) between the two. Returns the calls' times and how long the
+    call cut off at the end had run."""
     metadata = (("authorization", f"Bearer {key}"),)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         for _ in range(20):  # warm-up: the connection, the code paths
-            await one_call(stub, metadata)
+            await one_call(stub, metadata, max_tokens)
+        await anyio.to_thread.run_sync(warmed)
         latencies: list[float] = []
+        start = time.perf_counter()
         with anyio.move_on_after(seconds):
             while True:
-                latencies.append(await one_call(stub, metadata))
-        return latencies
+                start = time.perf_counter()
+                latencies.append(await one_call(stub, metadata, max_tokens))
+        return latencies, time.perf_counter() - start
 
 
 def _tenant_process(port: int, key: str, seconds: float, out: Any) -> None:
-    out.put(anyio.run(_tenant_calls, port, key, seconds))
+    out.put(anyio.run(tenant_calls, port, key, seconds)[0])
 
 
 # what the gateway answers the strangers: without a key, and with one (their requests parsed,
@@ -116,7 +129,8 @@ def _strangers_process(port: int, strangers: int, size: int, key: str, out: Any,
     anyio.run(_strangers, port, strangers, size, key, out, stop)
 
 
-def _ms(latencies: list[float]) -> tuple[float, float]:
+def percentiles_ms(latencies: list[float]) -> tuple[float, float]:
+    """p50 and p99 of call times in seconds, in milliseconds."""
     ms = np.array(latencies) * 1e3
     return float(np.percentile(ms, 50)), float(np.percentile(ms, 99))
 
@@ -167,7 +181,7 @@ async def measure(
         rate: float = await anyio.to_thread.run_sync(news.get)
         await anyio.to_thread.run_sync(flood.join)
     rates = (len(alone) / seconds, len(beside) / seconds)
-    return StrangersRun(*rates, *_ms(alone), *_ms(beside), rate)
+    return StrangersRun(*rates, *percentiles_ms(alone), *percentiles_ms(beside), rate)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

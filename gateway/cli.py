@@ -29,6 +29,7 @@ BENCHES = {
     "backlog": "bench.backlog",
     "journal": "bench.journal",
     "strangers": "bench.strangers",
+    "neighbours": "bench.neighbours",
     "wide": "bench.wide_job",
 }
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 
+from bench.cli_args import add_names
 from bench.live.replay import ADMIN_KEY, LiveRun, output_ceiling, replay
 from bench.live.steps import busy_step_s, fit_step_model
 from bench.sim.reference import bound_slack, gps_finish
@@ -154,14 +155,6 @@ async def study(args: argparse.Namespace) -> dict[str, Any]:
     return {"arms": arms, "to_fcfs": ratios, "jobs": len(jobs), "model": args.model, "knee": knee}
 
 
-def arm_names(value: str) -> list[str]:
-    names = value.split(",")
-    unknown = [n for n in names if n not in ARMS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"no arm {', '.join(unknown)}; arms: {', '.join(ARMS)}")
-    return names
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.live.slots", description=__doc__)
     p.add_argument("--json", type=Path)
@@ -172,12 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--light-tokens", type=int, default=24)
     p.add_argument("--light-every-s", type=float, default=0.7)
     p.add_argument("--light-start-s", type=float, default=1.0)
-    p.add_argument(
-        "--arms",
-        type=arm_names,
-        default=list(ARMS),
-        help=f"comma-separated, of {', '.join(ARMS)} (fcfs always runs, first)",
-    )
+    add_names(p, "--arms", ARMS, "arm", "fcfs always runs, first")
     args = p.parse_args(argv)
     result = anyio.run(study, args)
     print(json.dumps(result["to_fcfs"], indent=1))
