@@ -20,6 +20,7 @@ dispatch loop use the room a lower level gives back.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -82,7 +83,9 @@ class OverloadControl:
         return self._applied
 
     @contextmanager
-    def admission(self, needs: Counter[str], sheddable: bool) -> Iterator[None]:
+    def admission(
+        self, needs: Counter[str], sheddable: bool, *, tenant: str, weight: float
+    ) -> Iterator[None]:
         """Admit a job whose first calls want `needs` slots (by pool), or refuse it: at the
         refusing level, while some pool it needs has no slot for them, a job is refused
         (`ShedJob`); otherwise its protected calls hold their slots in the count until the
@@ -92,7 +95,10 @@ class OverloadControl:
         A slot is free, or held by a sheddable call (it yields), beyond those the protected
         calls already waiting (or being admitted) will take: admitting only then keeps their
         queue empty, since a call that waits for a slot waits a call's length, while the
-        backends stay busy (one is admitted as soon as a slot comes free). A refusal also
+        backends stay busy (one is admitted as soon as a slot comes free). The waiting calls
+        counted are those the fair order serves before the job's (`_ahead_of`): another
+        tenant's backlog past the tenant's own load (by weight) waits behind it, and refusing
+        the job for it would shed one tenant for another's flood. A refusal also
         keeps the level up (`SloMonitor.acted`): the protected load it turns away would queue
         again. Not a sheddable job's (that load gives way anyway), nor one that wants more first
         calls than the shrunk batch holds on an idle pool: it is refused whatever the load, and
@@ -102,11 +108,11 @@ class OverloadControl:
                 (lane, n)
                 for lane in self._lanes
                 if (n := needs[lane.model])
-                and self._spare(lane, yielding=True, fraction=SHRUNK_BATCH) < n
+                and self._spare(lane, True, SHRUNK_BATCH, (tenant, weight, n)) < n
             ]
             if short:
                 if not sheddable and all(n <= _shrunk_slots(lane) for lane, n in short):
-                    self.monitor.acted(self._clock())
+                    self.monitor.acted(self._clock(), REFUSE_LEVEL)
                 raise ShedJob
         held = Counter() if sheddable else needs
         self._admitting.update(held)
@@ -115,10 +121,17 @@ class OverloadControl:
         finally:
             self._admitting.subtract(held)
 
-    def _spare(self, lane: Lane, yielding: bool, fraction: float = 1.0) -> int:
+    def _spare(
+        self,
+        lane: Lane,
+        yielding: bool,
+        fraction: float = 1.0,
+        job: tuple[str, float, int] | None = None,
+    ) -> int:
         """Free slots of the pool's serving backends, within `fraction` of their slots and the
         batch target (and, `yielding`, those of sheddable calls that would give theirs up),
-        left once the protected calls waiting for room, and those being admitted, take theirs."""
+        left once the protected calls waiting for room (with a `job`, a tenant's, its weight
+        and its calls: those served before them), and those being admitted, take theirs."""
         core, now = lane.core, self._clock()
         rooms = core.rooms(lane.capacities(), fraction).values()
         free = sum(room.free_slots for room in rooms if room.healthy)
@@ -126,23 +139,27 @@ class OverloadControl:
             free += sum(entry.sheddable and not entry.yielding for entry in core.running.values())
         # by tenant, not by call: every admission asks, and one tenant may hold tens of
         # thousands of ready calls; a tenant its own quota holds back takes no slot meanwhile
-        waiting = sum(core.ready.protected(t) for t in core.book.unheld_tenants(now))
-        return free - waiting - self._admitting[lane.model]
+        waiting = {t: core.ready.protected(t) for t in core.book.unheld_tenants(now)}
+        ahead = sum(waiting.values()) if job is None else _ahead_of(lane, waiting, *job)
+        return free - ahead - self._admitting[lane.model]
 
-    def _holding_back(self, lane: Lane) -> bool:
-        """The level keeps calls out of the pool that a lower one would let in, and they would
-        fill it: sheddable calls wait while no more slots are spare than level 1's reserve, or
-        calls wait for the slots the shrunk batch leaves out. A pool that is merely busy, with
-        nothing waiting, holds nothing back: the level may fall (it kept itself up for good)."""
+    def _holding_back(self, lane: Lane) -> int:
+        """The level whose work keeps calls out of the pool that a lower one would let in,
+        and they would fill it (0: none): 2 while calls wait for the slots the shrunk batch
+        leaves out, 1 while sheddable calls wait with no more slots spare than the reserve
+        (level 3's larger one included: it is full of them whenever any wait, so it would hold
+        itself). A pool that is merely busy, with nothing waiting, holds nothing back: the level
+        may fall (it kept itself up for good)."""
         core, capacities = lane.core, lane.capacities()
+        if core.batch_fraction < 1.0 and core.ready:
+            rooms = core.rooms(capacities).values()
+            if sum(room.free_slots for room in rooms if room.healthy) <= 0:
+                return 2
         if core.ready.sheddable and self._spare(lane, yielding=False) <= core.reserve_slots(
             capacities
         ):
-            return True
-        if core.batch_fraction < 1.0 and core.ready:
-            rooms = core.rooms(capacities).values()
-            return sum(room.free_slots for room in rooms if room.healthy) <= 0
-        return False
+            return 1
+        return 0
 
     def first_token(self, ticket: Ticket, ttft_s: float) -> None:
         tenant, sheddable = ticket.call.tenant_id, ticket.run.spec.sheddable
@@ -183,9 +200,9 @@ class OverloadControl:
         self.monitor.still_waiting(still)
         # holding work back acts only for protected calls being judged: with too few of them
         # to tell, a sheddable backlog alone would hold its level (and its reserve) for good
-        judged = self.monitor.violation_rate(now) is not None
-        if self.level >= 1 and judged and any(map(self._holding_back, self._lanes)):
-            self.monitor.acted(now)
+        if self.level >= 1 and self.monitor.violation_rate(now) is not None:
+            for held in {self._holding_back(lane) for lane in self._lanes} - {0}:
+                self.monitor.acted(now, held)
         self._apply(self.monitor.update(now))
 
     def _expected_waits(
@@ -255,6 +272,29 @@ def tick_interval(spent_s: float) -> float:
     """The wait before the next tick after one that took `spent_s`: TICK_S, or longer so that
     ticks take at most TICK_SHARE of the time."""
     return max(TICK_S, spent_s * (1 - TICK_SHARE) / TICK_SHARE)
+
+
+def _ahead_of(lane: Lane, waiting: dict[str, int], tenant: str, weight: float, n: int) -> int:
+    """Of the protected calls `waiting` for room (by tenant), those the fair order serves
+    before a new job's `n` calls of `tenant` (of `weight`): its own, and another tenant's
+    while it holds fewer calls, running and waiting, for its weight than the tenant will (the
+    order shares a pool by weight: the calls of a tenant that holds more wait behind those of
+    one that holds less, as the light tenants of `share_slots` go first). By tenant: the
+    calls running are few (a pool's slots), the ready ones may be tens of thousands."""
+    core = lane.core
+    running = Counter(
+        entry.call.tenant_id
+        for calls in (core.running, core.taking)
+        for entry in calls.values()
+        if not entry.sheddable and not entry.yielding
+    )
+    load = (running[tenant] + waiting.get(tenant, 0) + n) / weight
+    ahead = waiting.get(tenant, 0)
+    for other, count in waiting.items():
+        if other != tenant and count:
+            before = math.ceil(load * core.book.weight(other)) - running[other]
+            ahead += min(count, max(before, 0))
+    return ahead
 
 
 def _shrunk_slots(lane: Lane) -> int:

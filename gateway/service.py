@@ -228,11 +228,11 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             raise refusals.queued_chars(tenant_id, self.max_queued_chars, held, run.chars)
         self.dispatcher.refuse_if_down(run)
         with self._admitting_chars.adding(tenant_id, run.chars):
-            async with self._slots(run):
+            async with self._slots(run, quota.weight):
                 return await self._admit_run(run, quota, key_id)
 
     @asynccontextmanager
-    async def _slots(self, run: JobRun) -> AsyncIterator[None]:
+    async def _slots(self, run: JobRun, weight: float) -> AsyncIterator[None]:
         """Under overload control, the job is refused (SLO_SHED) or holds the slots its first
         calls want until it is submitted."""
         overload = self.dispatcher.overload
@@ -241,7 +241,8 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             return
         needs = Counter(self.dispatcher.intake.lane_of(run, n).model for n in run.dag.roots())
         try:
-            with overload.admission(needs, sheddable=run.spec.sheddable):
+            sheddable, tenant = run.spec.sheddable, run.tenant_id
+            with overload.admission(needs, sheddable, tenant=tenant, weight=weight):
                 yield
         except ShedJob:
             if self.dispatcher.metrics is not None:

@@ -30,9 +30,11 @@ Over the threshold it escalates one level, at most once per `rise_s` (quickly: a
 grows past the targets grows fast); under half the threshold, or with too few verdicts to tell
 (little is running), it steps back one level, at most once per `hold_s` (slowly: hysteresis, a
 level is held long enough for its effect to show in the window before the load is let back),
-and not within `hold_s` of the level's last act (`acted`: a job refused, or the work held back
-found to fill the room): while it acts, the load it holds back is still there, and letting it
-in would queue it again.
+and not within `hold_s` of the level's last act (`acted`: a job refused at level 3, the work
+held back found to fill the room: calls at the shrunk batch at 2, sheddable ones at the reserve
+at 1): while it acts, the load it holds back is still there, and letting it in would queue it
+again. A lower level's act holds that level, not those above it (which would then hold
+themselves: level 3's larger reserve is full of sheddable calls whenever any wait).
 Pure: `now` is passed in; the dispatcher applies the levels and ticks it while nothing ends.
 """
 
@@ -85,7 +87,7 @@ class SloMonitor:
         self._ends: dict[str, deque[float]] = {}  # by pool, when calls ended over the window
         self.level = 0
         self._changed_at = now - max(config.hold_s, config.rise_s)
-        self._acted_at = self._changed_at
+        self._acted_at: dict[int, float] = {}  # by level, when it last acted
 
     def first_token(
         self, call_id: str, tenant: str, sheddable: bool, ttft_s: float, now: float
@@ -153,16 +155,17 @@ class SloMonitor:
         config = self.config
         over = rate is not None and rate > config.threshold
         under = rate is None or rate < config.threshold / 2
-        idle = now - self._acted_at >= config.hold_s
+        idle = now - self._acted_at.get(self.level, -math.inf) >= config.hold_s
         if over and self.level < MAX_LEVEL and since >= config.rise_s:
             self._set(self.level + 1, now)
         elif under and idle and self.level > 0 and since >= config.hold_s:
             self._set(self.level - 1, now)
         return self.level
 
-    def acted(self, now: float) -> None:
-        """The level just acted (held load back): it holds for `hold_s` more at least."""
-        self._acted_at = now
+    def acted(self, now: float, level: int) -> None:
+        """What `level` does just acted (held load back): while the level is that one, it
+        holds for `hold_s` more at least."""
+        self._acted_at[level] = now
 
     def _set(self, level: int, now: float) -> None:
         self.level, self._changed_at = level, now

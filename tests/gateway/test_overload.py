@@ -134,7 +134,9 @@ def test_refusals_that_no_load_explains_do_not_hold_the_refusing_level(
         now[0] = 3.0 + 0.1 * i
         if i % 15 == 0:
             try:
-                with control.admission(Counter({"m": roots}), sheddable=sheddable):
+                with control.admission(
+                    Counter({"m": roots}), sheddable=sheddable, tenant="t", weight=1.0
+                ):
                     pass
             except ShedJob:
                 refused += 1
@@ -147,7 +149,10 @@ def test_a_protected_job_refused_for_the_load_holds_the_refusing_level() -> None
     control, _, now = overloaded(busy)
     for i in range(100):  # ten seconds of a client retrying a job that would fit an idle pool
         now[0] = 3.0 + 0.1 * i
-        with pytest.raises(ShedJob), control.admission(Counter({"m": 4}), sheddable=False):
+        with (
+            pytest.raises(ShedJob),
+            control.admission(Counter({"m": 4}), False, tenant="t", weight=1.0),
+        ):
             pass
         control.tick()
     assert control.level == 3
@@ -179,7 +184,7 @@ def test_a_job_too_wide_for_two_shrunk_backends_does_not_hold_the_refusing_level
         now[0] = 3.0 + 0.1 * i
         if i % 15 == 0:
             try:
-                with control.admission(Counter({"m": 7}), sheddable=False):
+                with control.admission(Counter({"m": 7}), False, tenant="t", weight=1.0):
                     pass
             except ShedJob:
                 refused += 1
@@ -256,3 +261,54 @@ def test_a_pool_s_queue_is_no_wait_for_another_pool_s_calls() -> None:
     now[0] = 10.0
     control.tick()
     assert control.monitor.overdue_calls == 20  # pool a's, and not pool b's
+
+
+def test_a_tenant_s_backlog_beyond_its_share_is_no_queue_for_another_tenant_s_job() -> None:
+    """One tenant's calls run in half the pool and 30 more wait (the room is full of their KV):
+    they miss their target and raise the refusing level. The refusal counted every tenant's
+    waiting calls as taking the free slots first, so a light tenant's one-call job was refused
+    (and the refusal held the level for everyone), though the fair order runs its call before
+    the backlog of a tenant past its share (and the backlog could not use those slots)."""
+    now = [0.0]
+    idle = BackendCapacity(1000, 16, free_slots=16, running=0, waiting=0, healthy=True)
+    serving = Serving(idle)
+    lane = Lane("m", {"x": serving}, DispatchCore(make_policy("justitia")), None)  # type: ignore[dict-item]
+    control = OverloadControl(CONFIG, [lane], lambda: now[0], lambda: None)
+    ready_calls(lane, "hj", "hog", 38, ready_at=0.0)
+    for _ in range(8):
+        sent = lane.core.next(0.0, lane.capacities())
+        assert sent is not None and lane.core.launched(sent.entry.call.call_id, 0.0) is not None
+    serving.room = BackendCapacity(0, 16, free_slots=8, running=8, waiting=0, healthy=True)
+    for i in range(10):
+        now[0] = 0.3 * i
+        first_token(control, f"late{i}", 5.0, now[0])
+    assert control.level == 3
+    with control.admission(Counter({"m": 1}), sheddable=False, tenant="light", weight=1.0):
+        pass  # admitted: its call runs before hog's backlog
+    with (
+        pytest.raises(ShedJob),
+        control.admission(Counter({"m": 1}), sheddable=False, tenant="hog", weight=1.0),
+    ):
+        pass  # hog's own backlog is its new job's queue
+
+
+def test_a_sheddable_backlog_beside_calls_on_time_lets_the_refusing_level_fall() -> None:
+    """Level 3 keeps a quarter of the slots from sheddable calls, so with a sheddable backlog
+    the free slots never passed its own reserve: that counted as the level acting, and with
+    protected calls on time (no miss for two minutes) one batch tenant held every tenant at
+    the refusing level for good."""
+    at_reserve = BackendCapacity(1000, 16, free_slots=4, running=12, waiting=0, healthy=True)
+    control, lane, now = overloaded(at_reserve)
+    node = SimpleNamespace(first_token_at=None, ready_at=now[0])
+    job = SimpleNamespace(nodes={"n": node}, spec=SimpleNamespace(sheddable=True))
+    call = ReadyCall("batch/n", "batch", "batch", "n", 16, 16.0, 64)
+    lane.core.add_job(
+        JobInfo("batch", "batch", 1.0, now[0], (NodeCost("n", (), 16, 16.0, 64),), -1), now[0]
+    )
+    lane.core.add_ready(call, 16, SimpleNamespace(run=job, call=call), now[0], sheddable=True)  # type: ignore[arg-type]
+    for i in range(1200):  # two minutes of protected first tokens on time
+        now[0] = 3.0 + 0.1 * i
+        first_token(control, f"on-time{i}", 0.05, now[0])
+        control.tick()
+    assert control.monitor.violation_rate(now[0]) == 0.0
+    assert control.level < 3, "the refusing level held by its own reserve, with no miss"

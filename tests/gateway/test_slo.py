@@ -47,9 +47,9 @@ def test_a_level_that_still_acts_does_not_step_down() -> None:
     for i in range(10):
         m.first_token("c", "t", False, 3.0, now=0.01 * i)
     assert m.level == 1
-    m.acted(15.0)  # it refused a job (or found the room full) with no miss in the window
+    m.acted(15.0, 1)  # it refused a job (or found the room full) with no miss in the window
     assert m.update(15.5) == 1 and m.update(15.9) == 1  # within hold_s of its last act
-    m.acted(16.5)
+    m.acted(16.5, 1)
     assert m.update(17.0) == 1
     assert m.update(17.6) == 0  # idle for hold_s: the load it held back has gone
 
