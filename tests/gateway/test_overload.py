@@ -101,10 +101,9 @@ def test_the_batch_shrinks_once_per_token_times_miss_at_a_level_that_holds() -> 
     assert control.level == 3 and lane.core.batch_fraction == SHRUNK_BATCH
 
 
-def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
-    """Sheddable calls filling every slot but the reserve counted as the level acting, with no
-    protected call anywhere: a batch tenant's backlog held the gateway at the refusing level
-    (a quarter of the slots idle) for good."""
+def at_reserve_with_a_sheddable_backlog() -> tuple[OverloadControl, Lane, list[float]]:
+    """An overloaded pool whose free slots are level 1's reserve, a batch tenant's sheddable
+    call waiting for room."""
     at_reserve = BackendCapacity(1000, 16, free_slots=4, running=12, waiting=0, healthy=True)
     control, lane, now = overloaded(at_reserve)
     node = SimpleNamespace(first_token_at=None, ready_at=now[0])
@@ -114,6 +113,14 @@ def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
         JobInfo("batch", "batch", 1.0, now[0], (NodeCost("n", (), 16, 16.0, 64),), -1), now[0]
     )
     lane.core.add_ready(call, 16, SimpleNamespace(run=job, call=call), now[0], sheddable=True)  # type: ignore[arg-type]
+    return control, lane, now
+
+
+def test_a_sheddable_backlog_alone_lets_the_level_fall() -> None:
+    """Sheddable calls filling every slot but the reserve counted as the level acting, with no
+    protected call anywhere: a batch tenant's backlog held the gateway at the refusing level
+    (a quarter of the slots idle) for good."""
+    control, lane, now = at_reserve_with_a_sheddable_backlog()
     for i in range(1200):  # two minutes with no protected call
         now[0] = 3.0 + 0.1 * i
         control.tick()
@@ -297,15 +304,7 @@ def test_a_sheddable_backlog_beside_calls_on_time_lets_the_refusing_level_fall()
     the free slots never passed its own reserve: that counted as the level acting, and with
     protected calls on time (no miss for two minutes) one batch tenant held every tenant at
     the refusing level for good."""
-    at_reserve = BackendCapacity(1000, 16, free_slots=4, running=12, waiting=0, healthy=True)
-    control, lane, now = overloaded(at_reserve)
-    node = SimpleNamespace(first_token_at=None, ready_at=now[0])
-    job = SimpleNamespace(nodes={"n": node}, spec=SimpleNamespace(sheddable=True))
-    call = ReadyCall("batch/n", "batch", "batch", "n", 16, 16.0, 64)
-    lane.core.add_job(
-        JobInfo("batch", "batch", 1.0, now[0], (NodeCost("n", (), 16, 16.0, 64),), -1), now[0]
-    )
-    lane.core.add_ready(call, 16, SimpleNamespace(run=job, call=call), now[0], sheddable=True)  # type: ignore[arg-type]
+    control, _, now = at_reserve_with_a_sheddable_backlog()
     for i in range(1200):  # two minutes of protected first tokens on time
         now[0] = 3.0 + 0.1 * i
         first_token(control, f"on-time{i}", 0.05, now[0])
