@@ -190,8 +190,8 @@ class Dispatcher(OwnsTasks):
     def _start_call_task(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Start a task of a call under way, or one that sends a quota close: counted from now
         (before it first runs) until it ends, for `wait_calls_closed`."""
+        self.tasks.start_soon(self._counted, func, *args)  # runs later: counted first all the same
         self._closing += 1
-        self.tasks.start_soon(self._counted, func, *args)
 
     async def _counted(self, func: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         try:
