@@ -271,30 +271,32 @@ class OpenAIBackend(OwnsTasks):
         self._scraped = anyio.Event()
 
     async def _read_metrics(self, timeout: float) -> str:
-        """The `/metrics` text, read within `timeout` in all: the client's timeout bounds each
-        read, and a server that sends a line now and then would hold this scrape, and every
-        later one, for as long as it likes (its snapshot stale, yet never found down)."""
-        with anyio.fail_after(timeout):
-            async with self.client.stream("GET", "/metrics", timeout=timeout) as response:
-                response.raise_for_status()
-                _cap(response, MAX_METRICS_BYTES, "/metrics")
-                body = await response.aread()
-        return body.decode(response.encoding or "utf-8", "replace")
+        """The `/metrics` text (`_get`)."""
+        response = await self._get("/metrics", MAX_METRICS_BYTES, timeout)
+        response.raise_for_status()
+        return response.content.decode(response.encoding or "utf-8", "replace")
 
     async def _poll_health(self, timeout: float) -> str | None:
-        """Why `/health` says the server is not healthy; None when it answered 200. Its answer is
-        read within `timeout` and `MAX_HEALTH_BYTES`, as `/metrics`'s is (an answer the client
-        read whole could be endless), and read to its end so that the connection is kept."""
+        """Why `/health` says the server is not healthy; None when it answered 200. Its answer
+        is read to its end (`_get`), so that the connection is kept."""
         try:
-            with anyio.fail_after(timeout):
-                async with self.client.stream("GET", "/health", timeout=timeout) as response:
-                    _cap(response, MAX_HEALTH_BYTES, "/health")
-                    await response.aread()
+            response = await self._get("/health", MAX_HEALTH_BYTES, timeout)
         except (httpx.HTTPError, BackendLost, TimeoutError) as exc:
             return f"/health: {exc!r}"
         if response.status_code != 200:
             return f"/health answered {response.status_code}"
         return None
+
+    async def _get(self, path: str, limit: int, timeout: float) -> httpx.Response:
+        """GET `path`, its answer read whole within `limit` bytes and `timeout` in all: the
+        client's timeout bounds each read, and a server that sends a line now and then would
+        hold this scrape, and every later one, for as long as it likes (its snapshot stale,
+        yet never found down)."""
+        with anyio.fail_after(timeout):
+            async with self.client.stream("GET", path, timeout=timeout) as response:
+                _cap(response, limit, path)
+                await response.aread()
+        return response
 
     # -- calls ------------------------------------------------------------------------------
 
