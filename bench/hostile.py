@@ -15,9 +15,8 @@ from typing import Any
 
 import anyio
 import grpc
-from google.protobuf import wrappers_pb2
 
-from bench.strangers import EMPTY_MESSAGE_BYTES, ENVELOPE_BYTES
+from bench.strangers import packed_request
 from bench.wide_job import wide_job
 from fairgate.connection import error_from_rpc
 from fairgate.v1 import gateway_pb2 as pb
@@ -95,13 +94,10 @@ def chain_job() -> pb.SubmitJobRequest:
 
 
 def packed_job(max_message_bytes: int) -> bytes:
-    """A SubmitJobRequest just within the message limit, its job as many empty nodes as fit.
-    Built as bytes (adding millions of nodes one by one takes seconds): the request is field 1
-    holding the job's bytes, framed as BytesValue frames its one field."""
-    empty_node = pb.JobSpec(nodes=[pb.NodeSpec()]).SerializeToString()
-    assert len(empty_node) == EMPTY_MESSAGE_BYTES
-    count = (max_message_bytes - ENVELOPE_BYTES) // EMPTY_MESSAGE_BYTES
-    return wrappers_pb2.BytesValue(value=empty_node * count).SerializeToString()
+    """A SubmitJobRequest just within the message limit, its job as many empty nodes as fit."""
+    return packed_request(
+        pb.SubmitJobRequest(job=pb.JobSpec(nodes=[pb.NodeSpec()])), max_message_bytes
+    )
 
 
 async def _wide(channel: grpc.aio.Channel, metadata: Metadata, tally: Tally) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 import anyio
 import grpc
 import numpy as np
+from google.protobuf import wrappers_pb2
+from google.protobuf.message import Message
 
 from bench.gateway_overhead import one_call
 from bench.repeats import medians, write_json
@@ -50,12 +52,23 @@ class StrangersRun:
     stranger_requests_per_s: float
 
 
+def packed_request(one: Message, max_message_bytes: int) -> bytes:
+    """`one`, a request whose one field holds one empty item of a repeated field (a
+    GenerateRequest of one empty chat message, a SubmitJobRequest of one empty node), with as
+    many empty items as fit within the message limit: the worst such a message can be to
+    parse. Built as bytes (adding millions of items one by one takes seconds): the field is
+    framed as BytesValue frames its own, under the request's tag."""
+    framed = one.SerializeToString()
+    tag, item = framed[:1], framed[2:]
+    assert framed[1] == len(item) == EMPTY_MESSAGE_BYTES  # a one-byte tag and length each
+    count = (max_message_bytes - ENVELOPE_BYTES) // EMPTY_MESSAGE_BYTES
+    return tag + wrappers_pb2.BytesValue(value=item * count).SerializeToString()[1:]
+
+
 def worst_request(max_message_bytes: int) -> bytes:
     """A GenerateRequest just within the message limit, of as many empty chat messages as fit."""
-    request = pb.GenerateRequest()
-    for _ in range((max_message_bytes - ENVELOPE_BYTES) // EMPTY_MESSAGE_BYTES):
-        request.chat.messages.add()
-    return request.SerializeToString()
+    one = pb.GenerateRequest(chat=pb.ChatPrompt(messages=[pb.ChatMessage()]))
+    return packed_request(one, max_message_bytes)
 
 
 async def tenant_calls(
