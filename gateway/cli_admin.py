@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
 from typing import TypeAlias, cast
-
-from google.protobuf.descriptor import FieldDescriptor
 
 from fairgate import AdminClient, QuotaFields
 from fairgate.v1 import admin_pb2 as admin_pb
@@ -21,10 +18,10 @@ from gateway.cli_common import (
     CommandIncomplete,
     Handler,
     add_target,
-    count_flag,
     credential,
     print_json,
     reporting_errors,
+    wire_flag,
 )
 from tenants import TenantQuota
 
@@ -54,7 +51,10 @@ def register_admin(subparsers: Subparsers) -> None:
     _command(tenant, "create", tenant_create, "create a tenant", "tenant", "name", "new quota")
     _command(tenant, "get", tenant_get, "show a tenant, its quota and keys", "tenant")
     listing = _command(tenant, "list", tenant_list, "list every tenant")
-    listing.add_argument("--page-size", type=count_flag, default=0, help="tenants per request")
+    page_size = admin_pb.ListTenantsRequest.DESCRIPTOR.fields_by_name["page_size"]
+    listing.add_argument(
+        "--page-size", type=wire_flag(page_size, least=0), default=0, help="tenants per request"
+    )
     _command(
         tenant,
         "update",
@@ -109,22 +109,12 @@ def _add_quota_flags(parser: argparse.ArgumentParser, *, with_defaults: bool) ->
         left_out = f"default: {getattr(QUOTA_DEFAULTS, field)}" if with_defaults else "unchanged"
         help_text = f"{QUOTA_HELP[field]} ({left_out})"
         flag = f"--{field.replace('_', '-')}"
-        parser.add_argument(flag, dest=field, type=_wire_value(field, kind), help=help_text)
-
-
-def _wire_value(field: str, kind: type) -> Callable[[str], object]:
-    """The flag's parser: its kind, within the range of its field on the wire (a value past it
-    is the flag's error, not a traceback where the request is built)."""
-    wire = admin_pb.TenantQuota.DESCRIPTOR.fields_by_name[field].type
-    bits = {FieldDescriptor.TYPE_INT32: 31, FieldDescriptor.TYPE_INT64: 63}.get(wire)
-
-    def parse(text: str) -> object:
-        value = kind(text)
-        if bits is not None and not -(1 << bits) <= value < 1 << bits:
-            raise argparse.ArgumentTypeError(f"{text} is out of range (at most {(1 << bits) - 1})")
-        return value
-
-    return parse
+        parser.add_argument(
+            flag,
+            dest=field,
+            type=wire_flag(admin_pb.TenantQuota.DESCRIPTOR.fields_by_name[field], kind),
+            help=help_text,
+        )
 
 
 def _client(args: argparse.Namespace) -> AdminClient:

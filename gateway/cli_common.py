@@ -16,11 +16,14 @@ import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import Enum
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from fairgate import FairgateError, JobSpecInvalid
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-INT32_MAX = (1 << 31) - 1
+_WIRE_BITS = {FieldDescriptor.TYPE_INT32: 31, FieldDescriptor.TYPE_INT64: 63}
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
 
@@ -50,13 +53,23 @@ def credential(value: str | None, variable: str, flag: str) -> str:
     return key
 
 
-def count_flag(text: str) -> int:
-    """A count flag's parser (0: the server's default): within an int32, the wire field the count
-    goes in (a value past it is the flag's error, not a traceback where the request is built)."""
-    value = int(text)
-    if not 0 <= value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"{text} is out of range (0 to {INT32_MAX})")
-    return value
+def wire_flag(
+    field: FieldDescriptor, kind: Callable[[str], Any] = int, least: int | None = None
+) -> Callable[[str], Any]:
+    """A flag's parser: its `kind`, from `least` where given and within the range of `field`,
+    the wire field it goes in (a value past it is the flag's error, not a traceback where the
+    request is built)."""
+    bits = _WIRE_BITS.get(field.type)
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if bits is not None and not -(1 << bits) <= value < 1 << bits:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (at most {(1 << bits) - 1})")
+        if least is not None and value < least:
+            raise argparse.ArgumentTypeError(f"{text} is out of range (at least {least})")
+        return value
+
+    return parse
 
 
 def reporting_errors(handler: Handler) -> Handler:

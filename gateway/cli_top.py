@@ -39,7 +39,8 @@ from fairgate import (
     Unauthenticated,
 )
 from fairgate.admin_results import BackendStatus
-from gateway.cli_common import add_target, count_flag, credential, reporting_errors
+from fairgate.v1 import admin_pb2 as admin_pb
+from gateway.cli_common import add_target, credential, reporting_errors, wire_flag
 
 QUIT_KEYS = frozenset(b"qQ")
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
@@ -67,7 +68,7 @@ def register_top(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     top.add_argument(
         "--tenants",
-        type=count_flag,
+        type=wire_flag(admin_pb.GetStatusRequest.DESCRIPTOR.fields_by_name["max_tenants"], least=0),
         default=20,
         help="the most active tenants listed (default: 20; the server caps it at 200)",
     )
