@@ -9,13 +9,17 @@ closing waits (a bounded while) for the calls under way: a call whose connection
 would reconnect to retry, and put that connection back in a pool nobody closes again.
 `fails_closed(error, what)` guards its methods: a closed client, or any Redis error, becomes
 `error("<what> unavailable")`. That message reaches clients, unauthenticated ones included, so
-it names no host or port; the detail is logged here.
+it names no host or port; the detail is logged here, with its traceback once per `LOG_EVERY_S`
+for each guarded method of a client (and how many failed meanwhile): while Redis is away every
+reserve and its retries fail, and a traceback each wrote thousands of lines a second.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -26,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 _log = logging.getLogger(__name__)
+LOG_EVERY_S = 10.0
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 _C = TypeVar("_C", bound="RedisClient")
@@ -71,6 +76,7 @@ class RedisClient:
         self._under_way = 0
         self._idle = anyio.Event()
         self._idle.set()
+        self._failures = FailureLog()  # its guarded methods' (`fails_closed`)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -87,6 +93,25 @@ class RedisClient:
         self._under_way -= 1
         if self._under_way == 0:
             self._idle.set()
+
+
+class FailureLog:
+    """Logs a kind of failure with its traceback at most once per `every_s`, with the number
+    of the same failures since the last line."""
+
+    def __init__(self, every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self._last: dict[str, tuple[float, int]] = {}  # kind -> (when logged, failed since)
+
+    def failed(self, kind: str, exc: BaseException) -> None:
+        now = self.clock()
+        logged_at, since = self._last.get(kind, (-math.inf, 0))
+        if now - logged_at < self.every_s:
+            self._last[kind] = (logged_at, since + 1)
+            return
+        self._last[kind] = (now, 0)
+        more = f" ({since} more since the last line)" if since else ""
+        _log.warning("%s%s", kind, more, exc_info=exc)
 
 
 def fails_closed(
@@ -106,7 +131,7 @@ def fails_closed(
             try:
                 return await method(self, *args, **kwargs)
             except RedisError as exc:
-                _log.warning("%s unavailable in %s", what, method.__name__, exc_info=exc)
+                self._failures.failed(f"{what} unavailable in {method.__name__}", exc)
                 raise error(f"{what} unavailable") from exc
             finally:
                 self._ended()

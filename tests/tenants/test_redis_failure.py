@@ -30,7 +30,9 @@ from tenants import (
     TenantNotFound,
     TenantQuota,
 )
+from tenants.redis_client import FailureLog
 from tests.conftest import REDIS_URL
+from tests.fake_clock import FakeClock
 from tests.gateway.backends.proxy import cuttable_proxy
 
 pytestmark = pytest.mark.anyio
@@ -213,3 +215,38 @@ async def test_a_tenant_change_whose_reply_was_lost_is_answered_as_it_ran(
             assert proxy.replies_lost == 2
             with pytest.raises(TenantNotFound):
                 await store.delete_tenant("acme")
+
+
+def test_a_failure_is_logged_with_its_traceback_once_an_interval_with_the_count_since(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While Redis was away every reserve and its retries logged a traceback: a 6 s outage of a
+    live gateway wrote 15,000 lines."""
+    clock = FakeClock()
+    failures = FailureLog(every_s=10.0, clock=clock)
+    error = RedisConnectionError("connection refused")
+    with caplog.at_level(logging.WARNING, logger="tenants.redis_client"):
+        for _ in range(500):  # 15 s of a failure every 30 ms
+            failures.failed("quota store unavailable in reserve", error)
+            clock.advance(0.03)
+        failures.failed("quota store unavailable in settle", error)  # another kind: its own
+    lines = [(r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert lines == [
+        ("quota store unavailable in reserve", True),
+        ("quota store unavailable in reserve (333 more since the last line)", True),
+        ("quota store unavailable in settle", True),
+    ]
+
+
+async def test_a_store_that_cannot_reach_redis_logs_one_traceback_not_one_a_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with RedisQuotaStore(
+        f"redis://127.0.0.1:{free_port()}/0", socket_timeout_s=TIMEOUT_S
+    ) as store:
+        with caplog.at_level(logging.WARNING, logger="tenants.redis_client"):
+            for _ in range(20):
+                with pytest.raises(QuotaUnavailable):
+                    await store.usage("acme")
+    [record] = [r for r in caplog.records if r.name == "tenants.redis_client"]
+    assert record.getMessage() == "quota store unavailable in usage" and record.exc_info
