@@ -407,10 +407,15 @@ class OpenAIBackend(OwnsTasks):
             raise BackendLost(f"call {call.call_id}: no token for {silence:g} s")
 
     def _shown(self, attempt: _Attempt) -> None:
-        """The server streamed the call's first event: it works."""
+        """The server streamed the call's first event: the half-open breaker's trial has its
+        verdict (it closes the breaker), so the next calls need not wait for its whole answer.
+        Any other call's verdict waits for its end: taken at the first event, a server that
+        failed every call once it had streamed reset the count of failures each time, and the
+        breaker never opened."""
         attempt.shown = True
-        self._breaker.succeeded()
-        attempt.trial = False  # the trial's verdict is in
+        if attempt.trial:
+            self._breaker.succeeded()
+            attempt.trial = False
 
     def _as_backend_error(self, call: BackendCall, exc: Exception) -> BackendError:
         if isinstance(exc, BackendError):

@@ -6,7 +6,9 @@ and every open connection, so clients see a dropped stream and then a refused co
 does: only a client's own timeout or keepalive can tell. `lose_reply_to(marker)` lets the next
 request holding `marker` through but drops its connection instead of its reply: the upstream
 acted on it, the client never heard (`replies_lost` counts them); with `times`, so many such
-requests one after another (a client's retry losing its reply too).
+requests one after another (a client's retry losing its reply too). `break_replies_to(marker)`
+lets each reply to a request holding `marker` through up to its first whole server-sent event,
+then drops the connection: a server that fails every such call once it has begun to stream.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class CuttableProxy:
         self._lose_reply_to: bytes | None = None
         self._losses_left = 0
         self.replies_lost = 0
+        self._break_replies_to: bytes | None = None
         self.port = 0
 
     @property
@@ -47,6 +50,8 @@ class CuttableProxy:
         async with client:
             upstream = await anyio.connect_tcp("127.0.0.1", self._upstream_port)
             losing = anyio.Event()  # a request whose reply is to be lost went up
+            breaking = anyio.Event()  # a request whose reply is to break went up
+            replied = bytearray()  # of a reply to break, what was forwarded
 
             def request(chunk: bytes) -> bool:
                 if self._lose_reply_to is not None and self._lose_reply_to in chunk:
@@ -54,10 +59,17 @@ class CuttableProxy:
                     if not self._losses_left:
                         self._lose_reply_to = None
                     losing.set()
+                if self._break_replies_to is not None and self._break_replies_to in chunk:
+                    breaking.set()
                 return True
 
             def reply(chunk: bytes) -> bool:
                 self.replies_lost += losing.is_set()
+                if breaking.is_set():
+                    event = replied.find(b"data:")
+                    if event >= 0 and b"\n\n" in replied[event:]:
+                        return False
+                    replied.extend(chunk)
                 return not losing.is_set()
 
             async with upstream, anyio.create_task_group() as tg:
@@ -72,6 +84,9 @@ class CuttableProxy:
 
     def lose_reply_to(self, marker: bytes, times: int = 1) -> None:
         self._lose_reply_to, self._losses_left = marker, times
+
+    def break_replies_to(self, marker: bytes) -> None:
+        self._break_replies_to = marker
 
 
 async def _pump(

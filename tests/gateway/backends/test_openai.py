@@ -182,6 +182,29 @@ async def test_a_server_lost_mid_stream_raises_backend_lost_and_opens_the_breake
         assert backend._breaker.allows() is False  # two losses in a row
 
 
+@pytest.mark.engine_step_s(SLOW_STEP_S)
+async def test_a_server_that_fails_every_call_once_it_streams_opens_the_breaker(
+    server: Remote, tokenizer_dir: Path
+) -> None:
+    """A call's first event was taken as the server working, so one that streamed a token and
+    then failed every call (a crash in decoding) reset the count of failures each time: the
+    breaker never opened, and every call sent there was lost and ran again elsewhere."""
+    async with (
+        cuttable_proxy(server.port) as proxy,
+        backend_on(proxy.url, tokenizer_dir, breaker_failures=2) as backend,
+    ):
+        proxy.break_replies_to(b"/v1/completions")
+        for call in ("call-1", "call-2"):
+            assert backend._breaker.allows()
+            stream = backend.submit(make_call(call, max_tokens=500))
+            with pytest.raises(BackendLost):
+                async for delta in stream:
+                    assert not delta.finished
+            assert stream.usage is not None and stream.usage.completion_tokens >= 1
+        assert backend.capacity().healthy is False  # /health and /metrics answer: the breaker
+        assert backend._breaker.allows() is False
+
+
 async def test_stale_metrics_make_it_unhealthy_until_a_scrape_lands(
     server: Remote, tokenizer_dir: Path
 ) -> None:
