@@ -1,10 +1,10 @@
 """POST /v1/completions over one AsyncEngine: a request in, one engine request, tokens out.
 
 Algorithm: validate the body (protocol.py; in a worker thread past INLINE_PARSE_BYTES), turn the
-prompt into token ids (a string with the engine's tokenizer, in a worker thread), add one engine
-request under the caller's request_id, then either stream its deltas as server-sent events (each
-with its text and, on request, its token ids; the usage chunk and `[DONE]` last) or gather them
-into one response.
+prompt into token ids (a string with the engine's tokenizer, in a worker thread, one at a time
+past SHARED_TOKENIZE_CHARS), add one engine request under the caller's request_id, then either
+stream its deltas as server-sent events (each with its text and, on request, its token ids; the
+usage chunk and `[DONE]` last) or gather them into one response.
 Invariant: the engine request lives no longer than its HTTP exchange: a client that goes away,
 mid-stream or while a whole response is gathered, aborts it at once (its blocks are freed), and
 a response that ends any other way (finished, failed, server shutdown) closes it too.
@@ -12,6 +12,7 @@ a response that ends any other way (finished, failed, server shutdown) closes it
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -49,6 +50,11 @@ from engine.request import FinishReason
 # a body up to this size is parsed on the event loop (~0.2 ms at most), for less than a worker
 # thread's hop costs (~0.15 ms of CPU); a gateway's call of 500 token ids is ~3 KB
 INLINE_PARSE_BYTES = 16_384
+# a longer string prompt is tokenized one at a time: the tokenizer takes up to ~800 bytes a
+# character (an emoji is 4 byte tokens, each with its string, offsets and masks), and worker
+# threads each on a 262,144-character prompt took 200 MB apiece, for prompts refused afterwards
+# as past max_model_len (twenty at once: 4 GB); a shorter one takes ~13 MB at most
+SHARED_TOKENIZE_CHARS = 16_384
 Parsed = TypeVar("Parsed")
 
 
@@ -65,6 +71,8 @@ class Served:
     # one large body parsed at a time: parsing holds the GIL (so more at once go no faster) and
     # each takes several times its body in memory
     parsing: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
+    # one long text tokenized at a time (SHARED_TOKENIZE_CHARS)
+    tokenizing: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     @property
     def max_model_len(self) -> int:
@@ -97,6 +105,13 @@ async def parsed(served: Served, parse: Callable[[bytes], Parsed], body: bytes) 
     return await anyio.to_thread.run_sync(parse, body, limiter=served.parsing)
 
 
+async def tokenized(served: Served, text: str, encode: Callable[[], Parsed]) -> Parsed:
+    """`encode()`, the work of tokenizing `text`, in a worker thread: past SHARED_TOKENIZE_CHARS
+    one at a time, so that memory holds one long text's tokens however many arrive at once."""
+    long = len(text) > SHARED_TOKENIZE_CHARS
+    return await anyio.to_thread.run_sync(encode, limiter=served.tokenizing if long else None)
+
+
 async def create_completion(served: Served, http: HttpRequest, body: bytes) -> Response:
     request = await parsed(served, parse_request, body)
     if request.model is not None and request.model != served.model_name:
@@ -126,7 +141,8 @@ async def _prompt_ids(served: Served, request: CompletionRequest) -> list[int]:
                 f"{served.max_prompt_chars}",
                 "prompt",
             )
-        ids: list[int] = await anyio.to_thread.run_sync(served.tokenizer.encode, request.prompt)
+        encode = functools.partial(served.tokenizer.encode, request.prompt)
+        ids: list[int] = await tokenized(served, request.prompt, encode)
     else:
         ids = request.prompt
     check_prompt(ids, served.vocab_size, served.max_model_len)

@@ -8,6 +8,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -261,3 +262,33 @@ async def test_a_large_body_is_parsed_off_the_event_loop_and_a_small_one_on_it(
         response = await server.http.post("/v1/completions", content=body)
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 2
     assert threads[0] == threading.get_ident() != threads[1]
+
+
+def memory_kib(field: str) -> int:
+    """A line of /proc/self/status (Linux), in KiB: VmRSS now, VmHWM its peak."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(f"{field}:"))
+    return int(line.split()[1])
+
+
+async def test_long_string_prompts_are_tokenized_one_at_a_time(server: Server) -> None:
+    """Tokenizing takes ~800 bytes a character at worst (an emoji is 4 byte tokens, each with
+    its string, offsets and masks): six 262,144-character prompts in as many worker threads at
+    once took 1.2 GB, twenty 4 GB, for prompts far past max_model_len, refused afterwards."""
+    body = {"model": MODEL, "prompt": "\N{GRINNING FACE}" * 262_144, "max_tokens": 1}
+    statuses: list[int] = []
+
+    async def send() -> None:
+        statuses.append(
+            (await server.http.post("/v1/completions", json=body, timeout=60)).status_code
+        )
+
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM starts again from the RSS now
+    before = memory_kib("VmRSS")
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(send)
+    grown = (memory_kib("VmHWM") - before) << 10
+    assert statuses == [400] * 6
+    assert grown < 512 << 20, f"peak RSS grew by {grown >> 20} MB"

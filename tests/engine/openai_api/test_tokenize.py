@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tests.engine.byte_tokenizer import byte_tokenizer
@@ -53,3 +55,24 @@ async def test_a_prompt_over_the_size_limit_is_refused() -> None:
         response = await server.http.post("/tokenize", json={"prompt": "x" * 11})
     assert response.status_code == 400
     assert "at most 10" in response.json()["error"]["message"]
+
+
+async def test_a_long_text_is_encoded_and_answered_off_the_event_loop(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 262,144-character text is a million byte tokens: their strings and the 9 MB answer,
+    made on the event loop, stopped every stream for 0.8 s."""
+    tokenizer = server.core.tokenizer
+    threads: list[int] = []
+    to_strs = tokenizer.convert_ids_to_tokens
+
+    def convert(ids: list[int]) -> list[str]:
+        threads.append(threading.get_ident())
+        strs: list[str] = to_strs(ids)
+        return strs
+
+    monkeypatch.setattr(tokenizer, "convert_ids_to_tokens", convert)
+    body = {"prompt": "\N{GRINNING FACE}" * 262_144, "return_token_strs": True}
+    reply = (await server.http.post("/tokenize", json=body, timeout=60)).json()
+    assert reply["count"] == len(reply["tokens"]) == len(reply["token_strs"]) == 4 * 262_144
+    assert threads and threading.get_ident() not in threads
