@@ -324,7 +324,13 @@ class RedisJournal(RedisClient):
         seconds, micros = await self._redis.time()
         now_ms = seconds * 1000 + micros // 1000
         members: Any = await self._redis.zrangebyscore(self._index, "-inf", now_ms, 0, limit)
-        return [(tenant, job) for tenant, job in (m.split("/", 1) for m in members)]
+        # an entry that is no `<tenant>/<job>` (no script writes one: a record corrupted) names
+        # no job to claim: it leaves the index, or every replica's every scan would stop at it
+        garbled = [m for m in members if "/" not in m]
+        if garbled:
+            log.error("the open-jobs index named no job in %r: removed", garbled)
+            await self._redis.zrem(self._index, *garbled)
+        return [(tenant, job) for tenant, job in (m.split("/", 1) for m in members if "/" in m)]
 
     @_fails_closed
     async def claim(self, tenant_id: str, job_id: str) -> tuple[Owned, JobRun, bool] | None:

@@ -322,15 +322,20 @@ class Journaling(OwnsTasks):
             self.attach(owned, run, sent)
             await self.on_orphan(owned, run, cancel_asked)
 
-    async def give_back(self, job_id: str) -> None:
+    async def give_back(self, job_id: str, *, at_once: bool = True) -> None:
         """A job taken over that cannot run here now (the store failed its admission): it goes
         back to the journal, for the next claim (here or on another replica); its events not
-        yet written are dropped, as the next owner takes it from the journal."""
+        yet written are dropped, as the next owner takes it from the journal. Not `at_once`,
+        it is claimable once its lease lapses: behind the orphans whose leases lapsed before
+        (one refused for its own tenant's sake again and again, handed back at once, would
+        come first in every scan, ahead of every other tenant's)."""
         job = self._owned.pop(job_id, None)
         if job is None:
             return
         self._pending.pop(job_id, None)
         job.run.detach()
+        if not at_once:
+            return
         try:
             await self.journal.hand_back([job.owned])
         except JournalUnavailable:

@@ -293,14 +293,18 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         try:
             quota = await self._quota(run.tenant_id)
             await self.dispatcher.resume(run, quota)
-        except (TenantNotFound, QuotaExceeded) as exc:  # it cannot run here, nor anywhere
-            run.cancel(self.clock(), f"could not resume: {exc}")
+        except (TenantNotFound, QuotaExceeded) as exc:
+            # a count that frees as the tenant's jobs end (its admission lapsed with its last
+            # owner, and newer jobs took the slots): accepted, the job waits for a later claim
+            frees = isinstance(exc, QuotaExceeded) and exc.retry_after_s is not None
+            if frees and not cancel_asked:
+                await self._give_back(run, str(exc), at_once=False)
+                return
+            run.cancel(self.clock(), f"could not resume: {exc}")  # it cannot run anywhere
             self.jobs.ended(run)
             return
         except QuotaUnavailable:  # it cannot run here now: the next claim tries again
-            log.warning("taking over job %s: the quota store is away; handed back", run.job_id)
-            await self.journaling.give_back(run.job_id)
-            self.jobs.discard(run)
+            await self._give_back(run, "the quota store is away")
             return
         except Exception:  # it would fail the same way on any replica
             log.exception("taking over job %s failed", run.job_id)
@@ -311,6 +315,14 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
             self.dispatcher.cancel(run, "cancelled by the client", charge=True)
         if run.ended:  # perhaps before the dispatcher held it (cancelled, or lost, meanwhile)
             self.jobs.ended(run)
+
+    async def _give_back(self, run: JobRun, why: str, *, at_once: bool = True) -> None:
+        """A job taken over that cannot run here now goes back to the journal for a later
+        claim (here or on another replica; `Journaling.give_back`)."""
+        assert self.journaling is not None
+        log.warning("taking over job %s: %s; given back", run.job_id, why)
+        await self.journaling.give_back(run.job_id, at_once=at_once)
+        self.jobs.discard(run)
 
     async def _find(self, tenant_id: str, job_id: str) -> JobRun:
         """The caller's job: the one this replica runs, else as the journal has it."""

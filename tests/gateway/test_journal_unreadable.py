@@ -143,6 +143,24 @@ async def test_a_take_over_tick_goes_past_an_unreadable_orphan(
     assert await dead.orphans(10) == []
 
 
+async def test_a_take_over_tick_goes_past_an_index_entry_that_names_no_job(
+    journals: tuple[RedisJournal, RedisJournal], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An entry of the open-jobs index that is no `<tenant>/<job>` (no script of this version
+    writes one) failed every scan as it was split, on every replica at every tick, and no
+    orphan was taken over any more. It leaves the index, with one log line naming it."""
+    dead, alive = journals
+    await orphaned(dead, "job-2")
+    await dead._redis.zadd(dead._index, {"job-1": 0})  # its lease ran out: first in the scan
+    journaling, taken = taking_over(alive)
+    with caplog.at_level(logging.INFO):
+        await journaling._adopt()
+    assert taken == ["job-2"]
+    assert await alive._redis.zscore(alive._index, "job-1") is None
+    [line] = [r for r in caplog.records if "'job-1'" in r.getMessage()]
+    assert line.levelno == logging.ERROR
+
+
 async def test_a_take_over_tick_claims_an_orphan_whose_lease_cannot_be_read(
     journals: tuple[RedisJournal, RedisJournal],
 ) -> None:

@@ -24,7 +24,7 @@ from gateway.errors import JournalUnavailable
 from gateway.gateway_protos import job_spec_from_proto
 from gateway.job_run import JobRun
 from gateway.journal import Owned, RedisJournal, Renewed
-from gateway.journaling import SNAPSHOT_MIN_EVENTS, Journaling
+from gateway.journaling import SCAN_LIMIT, SNAPSHOT_MIN_EVENTS, Journaling
 from tenants import QuotaUnavailable, RedisQuotaStore
 from tenants.api_keys import key_id_of
 from tests.gateway.conftest import sim_core
@@ -582,3 +582,54 @@ async def test_a_job_whose_journaling_fails_otherwise_leaves_nothing_admitted(
         await a.gateway.dispatcher.outbox.wait_drained()
         usage = await a.usage("t1")
         assert (usage.queued_jobs, usage.active_reservations) == (0, 0)
+
+
+async def test_a_job_taken_over_while_its_tenant_has_no_queued_job_slot_runs_once_one_frees(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """A job's admission lapses with its replica (a lease of the quota store's), so the
+    replica taking it over admits it again, and the tenant's slots may be full by then (its
+    newer jobs took them): the job was accepted, and ended CANCELLED ("could not resume") as
+    if it could never run. A full count passes as its jobs end: the job waits for a slot."""
+    async with replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await b.tenant("t1", max_queued_jobs=1)
+        gone = RedisJournal(redis.url, "gone", lease_ttl_s=60.0)
+        run = JobRun("job-0123456789abcdef", "t1", job_spec_from_proto(chain(2)), time.time())
+        owned = await gone.create(run)  # accepted, its admission lapsed since
+        holding = await b.submit("t1", chain(4, 60))  # the tenant's one slot
+        await b.until_done("t1", holding.job_id, 1)
+        await gone.hand_back([owned])  # taken over while the slot is held
+        await gone.aclose()
+        b.jobs["t1"].append(run.job_id)
+        with anyio.fail_after(30):
+            finished = await b.finished("t1", run.job_id)
+            assert (await b.finished("t1", holding.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        assert finished.state == pb.JOB_STATE_SUCCEEDED, finished.nodes[0].reason
+        await b.unharmed()
+
+
+async def test_orphans_refused_for_their_tenants_full_count_hold_no_other_tenants_back(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """A job refused at its take-over for its tenant's full count goes back for a later claim:
+    behind the orphans whose leases lapsed before it, not first in every scan (handed back
+    at once, a scan's worth of them took every tick of every replica while the count stayed
+    full, and no other tenant's orphan was ever taken over)."""
+    async with replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = await b.tenant("t1", max_queued_jobs=1)
+        b.keys["t2"] = await b.tenant("t2")
+        gone = RedisJournal(redis.url, "gone", lease_ttl_s=60.0)
+        owned = []
+        for i, tenant in enumerate(["t1"] * SCAN_LIMIT + ["t2"]):
+            spec = job_spec_from_proto(chain(1))
+            run = JobRun(f"job-{i:016x}", tenant, spec, time.time())
+            owned.append(await gone.create(run))
+        holding = await b.submit("t1", chain(8, 60))  # t1's one slot, for a while
+        await b.until_done("t1", holding.job_id, 1)
+        await gone.hand_back(owned)  # t1's come first in the scan
+        await gone.aclose()
+        with anyio.fail_after(30):
+            other = await b.finished("t2", owned[-1].job_id)
+        assert other.state == pb.JOB_STATE_SUCCEEDED
+        still = await b.stub.GetJob(pb.GetJobRequest(job_id=holding.job_id), metadata=b.auth("t1"))
+        assert still.state == pb.JOB_STATE_RUNNING  # t2's orphan did not wait for t1's room
