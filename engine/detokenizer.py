@@ -8,6 +8,10 @@ Stop strings are matched on the text so far; text is held back while its tail co
 become a stop string, so a client never sees part of one. On a match the text is cut at it.
 Before `min_tokens` tokens were pushed no stop string counts: a match must end in the text of the
 `min_tokens`-th token or later.
+A decoder whose text is not prefix-stable (SentencePiece's ByteFallback turns a run of byte tokens
+that is no valid UTF-8 into one U+FFFD per byte, rewriting what was decoded before) makes
+DecodeStream raise on a token that changes its past text; the stream then restarts at that token,
+as vLLM's does: the text already handed out stands, the request goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from typing import Any
 from tokenizers.decoders import DecodeStream
 
 PRIMING_TOKENS = 6  # of the prompt's, the context the first output token is decoded in
+# tokenizers raises a plain Exception for it (`DecodeStreamError::InvalidPrefix`): the message is
+# the only way to tell it from a real fault
+INVALID_PREFIX = "Invalid prefix encountered"
 
 
 class Detokenizer:
@@ -42,7 +49,7 @@ class Detokenizer:
 
     def push(self, token_id: int) -> str:
         """Feed one token; return the new text that is safe to emit."""
-        chunk = self._stream.step(self._backend, token_id)
+        chunk = self._step(token_id)
         if chunk:
             self.text += chunk
         self._num_tokens += 1
@@ -55,6 +62,18 @@ class Detokenizer:
             self.stopped = True
             return self._take(len(self.text))
         return self._take(max(len(self.text) - self._hold, self._emitted))
+
+    def _step(self, token_id: int) -> str | None:
+        try:
+            chunk: str | None = self._stream.step(self._backend, token_id)
+        except Exception as exc:
+            if not str(exc).startswith(INVALID_PREFIX):
+                raise
+            # raised inside the step every request shares: a restarted stream decodes this
+            # token alone, and with no prefix to contradict it cannot raise this again
+            self._stream = DecodeStream(skip_special_tokens=True)
+            chunk = self._stream.step(self._backend, token_id)
+        return chunk
 
     def flush(self) -> str:
         """The text held back, once the request has finished without a stop string."""

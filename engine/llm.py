@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.detokenizer import Detokenizer
-from engine.errors import RequestNotFound
+from engine.errors import InvalidRequest, RequestNotFound
 from engine.plan import StepOutput, StepPlan
 from engine.request import FinishReason, Request
 from engine.sampling import SamplingParams
@@ -104,6 +104,10 @@ class LLMEngine:
             cache_salt=cache_salt,
         )
         self.scheduler.check(request, replacing=replacing)
+        # an id past the model's rows fails the step it is in, and so every request of it (on
+        # CUDA, as a device-side assert); the runner's rows, not the tokenizer's, bound it
+        if max(request.prompt_token_ids) >= self.runner.vocab_size:
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.runner.vocab_size})")
         return request
 
     def submit(self, request: Request, detokenize: bool = True) -> None:
