@@ -102,7 +102,7 @@ class UnsafeSettings(ValueError):
 
 def check_exposure(settings: Settings) -> None:
     """Refuse the documented default admin key anywhere but on a loopback host."""
-    if settings.admin_key == DEFAULT_ADMIN_KEY and not _is_loopback(settings.host):
+    if settings.admin_key == DEFAULT_ADMIN_KEY and not is_loopback(settings.host):
         raise UnsafeSettings(
             f"refusing to serve on {settings.host!r} with the default admin key: set "
             "FAIRGATE_ADMIN_KEY (or admin_key in the config file) to a secret, e.g. the output "
@@ -126,7 +126,7 @@ def check_exposure(settings: Settings) -> None:
             ) from None
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

@@ -6,13 +6,19 @@ otherwise), GET /metrics (Prometheus text, metrics.py). Errors are translated he
 server's own (errors.py), the engine's (InvalidRequest 400, DuplicateRequest 409, EngineClosed
 503) and starlette's (an unknown route 404, a wrong method 405) all become one OpenAI-style
 body, `{"error": {"message", "type", "param", "code"}}`.
+With an `api_key`, the routes that run the model (/v1/completions, /tokenize, /v1/models) answer
+only a request with `Authorization: Bearer <key>` (401 otherwise, as vLLM's `--api-key` does);
+/health and /metrics stay open, for probes and scrapers.
 Invariant: a request body is read only while its declared and received length stay within
-`max_body_bytes`; past it the request is refused (413) before anything parses it.
+`max_body_bytes`, and a keyed route's key is checked before its body is read; past the limit
+the request is refused (413) before anything parses it.
 """
 
 from __future__ import annotations
 
+import hmac
 import time
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 
 from starlette.applications import Starlette
@@ -30,6 +36,7 @@ from engine.openai_api.errors import (
     BodyTooLarge,
     EngineUnavailable,
     RequestIdInUse,
+    Unauthorized,
 )
 from engine.openai_api.metrics import EngineMetrics
 from engine.openai_api.protocol import ErrorBody, ModelCard, ModelList
@@ -45,8 +52,10 @@ def build_app(
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_prompt_chars: int = MAX_PROMPT_CHARS,
+    api_key: str | None = None,
 ) -> Starlette:
     """The app over a running engine (the caller owns the engine's lifetime)."""
+    keyed = _keyed(api_key)
     tokenizer = engine.core.tokenizer
     if tokenizer is None:
         raise ValueError("serving completions needs an engine with a tokenizer")
@@ -80,9 +89,9 @@ def build_app(
 
     return Starlette(
         routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/tokenize", tokenize_text, methods=["POST"]),
+            Route("/v1/completions", keyed(completions), methods=["POST"]),
+            Route("/v1/models", keyed(models), methods=["GET"]),
+            Route("/tokenize", keyed(tokenize_text), methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
@@ -94,6 +103,27 @@ def build_app(
             ClientDisconnect: _client_gone,
         },
     )
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _keyed(api_key: str | None) -> Callable[[Handler], Handler]:
+    """Wrap a route's handler to answer only requests bearing `api_key` (every one without)."""
+    if api_key is None:
+        return lambda handler: handler
+    expected = f"Bearer {api_key}".encode()
+
+    def keyed(handler: Handler) -> Handler:
+        async def checked(request: Request) -> Response:
+            given = request.headers.get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(given, expected):
+                raise Unauthorized("a valid API key is needed (Authorization: Bearer <key>)")
+            return await handler(request)
+
+        return checked
+
+    return keyed
 
 
 async def _body(request: Request, limit: int) -> bytes:

@@ -23,6 +23,11 @@ class BadRequest(ApiError):
     type = "BadRequestError"
 
 
+class Unauthorized(ApiError):
+    status = 401
+    type = "AuthenticationError"
+
+
 class UnknownModel(ApiError):
     status = 404
     type = "NotFoundError"

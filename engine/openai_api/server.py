@@ -90,12 +90,17 @@ async def serve(
     grace_s: float = 5.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_prompt_chars: int = MAX_PROMPT_CHARS,
+    api_key: str | None = None,
 ) -> None:
     """Serve `core` under `model_name` until SIGINT or SIGTERM; `on_listening(host, port)` is
     called once connections are accepted."""
     async with AsyncEngine(core) as engine:
         app = build_app(
-            engine, model_name, max_body_bytes=max_body_bytes, max_prompt_chars=max_prompt_chars
+            engine,
+            model_name,
+            max_body_bytes=max_body_bytes,
+            max_prompt_chars=max_prompt_chars,
+            api_key=api_key,
         )
         with (
             anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals,

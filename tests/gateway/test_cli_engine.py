@@ -42,6 +42,7 @@ async def first_line(stream: ByteReceiveStream) -> str:
 
 async def test_engine_serve_prints_its_port_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRGATE_")}
+    env["FAIRGATE_ENGINE_API_KEY"] = "s3cret"  # the model's routes want it, probes do not
     command = [sys.executable, "-m", "gateway.cli", "engine", "serve", "--simulated"]
     command += ["--port", "0", "--model", str(model_folder(tmp_path)), "--served-model-name", "m"]
     # stderr is inherited: pytest shows it when the test fails
@@ -53,6 +54,8 @@ async def test_engine_serve_prints_its_port_serves_and_stops_on_sigterm(tmp_path
         url = f"http://{line.removeprefix(ANNOUNCE)}"
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.get("/health")).status_code == 200
+            assert (await http.get("/v1/models")).status_code == 401
+            http.headers["Authorization"] = "Bearer s3cret"
             assert (await http.get("/v1/models")).json()["data"][0]["id"] == "m"
             body = {"model": "m", "prompt": "the quick brown fox", "max_tokens": 3}
             completion = (await http.post("/v1/completions", json=body)).json()
@@ -68,6 +71,7 @@ async def test_engine_serve_prints_its_port_serves_and_stops_on_sigterm(tmp_path
         (["--port", "70000"], "70000 is not a port"),  # past it, bind raises no OSError
         (["--port", "0", "--simulated-step-s", "-1"], "simulated_step_s"),
         (["--port", "0", "--config", "missing.toml"], "config file not found"),
+        (["--port", "0", "--api-key", "line\nbreak"], "printable ASCII"),
     ],
 )
 def test_engine_serve_refuses_unusable_settings_with_exit_code_2(
@@ -87,3 +91,19 @@ def test_engine_serve_refuses_unusable_settings_with_exit_code_2(
         code = exc.code
     assert code == 2
     assert said in capsys.readouterr().err
+
+
+def test_engine_serve_warns_when_it_would_serve_beyond_loopback_with_no_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Anyone who reaches an unkeyed server runs the model at any priority, ahead of the
+    gateway's calls: said before the model loads (here it does not, and nothing is bound)."""
+    for name in [n for n in os.environ if n.startswith("FAIRGATE_")]:
+        monkeypatch.delenv(name)
+    missing = tmp_path / "no-model"
+    argv = ["engine", "serve", "--host", "0.0.0.0", "--port", "0", "--model", str(missing)]
+    assert main(argv) == 2
+    assert "with no API key" in capsys.readouterr().err
+    monkeypatch.setenv("FAIRGATE_ENGINE_API_KEY", "s3cret")
+    assert main(argv) == 2
+    assert "with no API key" not in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import httpx
@@ -56,13 +57,14 @@ class Server:
 
 
 @asynccontextmanager
-async def serving(core: LLMEngine, **limits: int) -> AsyncIterator[Server]:
-    """The app over `core` on a listening socket (connections queue until uvicorn accepts)."""
+async def serving(core: LLMEngine, **options: Any) -> AsyncIterator[Server]:
+    """The app over `core` on a listening socket (connections queue until uvicorn accepts);
+    `options` go to `build_app` (its limits, an API key)."""
     async with AsyncEngine(core) as engine:
         with listening_socket("127.0.0.1", 0) as sock:
             url = f"http://127.0.0.1:{sock.getsockname()[1]}"
             async with (
-                running_server(build_app(engine, MODEL, **limits), sock),
+                running_server(build_app(engine, MODEL, **options), sock),
                 AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as openai,
                 httpx.AsyncClient(base_url=url) as http,
             ):

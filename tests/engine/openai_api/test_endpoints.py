@@ -77,3 +77,25 @@ async def test_failing_steps_are_500s_and_turn_health_503_until_a_step_succeeds(
         completion = await server.openai.completions.create(model=MODEL, prompt=[1], max_tokens=2)
         assert completion.choices[0].finish_reason == "length"
         assert (await server.http.get("/health")).status_code == 200
+
+
+async def test_with_an_api_key_only_probes_and_scrapes_go_without_it() -> None:
+    """Anyone who reached the port ran the model, at any priority (ahead of a gateway's calls):
+    with a key, the routes that run it answer only requests bearing the key, and read no body
+    before; /health and /metrics stay open for probes and scrapers."""
+    async with serving(sim_core(), api_key="s3cret") as server:
+        with pytest.raises(openai.AuthenticationError):  # the SDK sends `Bearer unused`
+            await server.openai.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        for path in ("/v1/completions", "/tokenize"):
+            refused = await server.http.post(path, content=b"{" * 1000)  # never parsed
+            assert refused.status_code == 401
+            assert refused.json()["error"]["type"] == "AuthenticationError"
+        assert (await server.http.get("/v1/models")).status_code == 401
+        wrong = {"Authorization": "Bearer s3cre"}
+        assert (await server.http.get("/v1/models", headers=wrong)).status_code == 401
+        assert (await server.http.get("/health")).status_code == 200
+        assert (await server.http.get("/metrics")).status_code == 200
+        keyed = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="s3cret", max_retries=0)
+        async with keyed:
+            completion = await keyed.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert completion.usage is not None and completion.usage.completion_tokens == 2

@@ -165,13 +165,13 @@ def sim_core(step_s: float = 0.0) -> LLMEngine:
 
 
 @asynccontextmanager
-async def remote(step_s: float = 0.0) -> AsyncIterator[Remote]:
+async def remote(step_s: float = 0.0, api_key: str | None = None) -> AsyncIterator[Remote]:
     """The engine's HTTP app on a listening socket, behind a Gate."""
     async with AsyncEngine(sim_core(step_s)) as engine:
         with listening_socket("127.0.0.1", 0) as listening:
             port = listening.getsockname()[1]
             url = f"http://127.0.0.1:{port}"
-            gate = Gate(build_app(engine, MODEL))
+            gate = Gate(build_app(engine, MODEL, api_key=api_key))
             async with running_server(gate, listening), httpx.AsyncClient(base_url=url) as http:
                 yield Remote(url, port, engine, gate, http)
 

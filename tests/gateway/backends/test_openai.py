@@ -593,3 +593,15 @@ def test_it_takes_only_openai_settings() -> None:
 
     with pytest.raises(ValueError, match="kind 'openai'"):
         OpenAIBackend(BackendSettings(), tokenizer=None)
+
+
+async def test_a_server_that_takes_a_key_serves_the_backend_that_sends_it(
+    tokenizer_dir: Path,
+) -> None:
+    async with remote(api_key="s3cret") as keyed:
+        with pytest.raises(BackendUnreachable, match="401"):  # its start-up check is refused
+            async with backend_on(keyed.url, tokenizer_dir):
+                pass
+        async with backend_on(keyed.url, tokenizer_dir, api_key="s3cret") as backend:
+            deltas = [delta async for delta in backend.submit(make_call(max_tokens=3))]
+        assert deltas[-1].finished and sum(len(d.token_ids) for d in deltas) == 3
