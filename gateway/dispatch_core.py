@@ -392,10 +392,11 @@ class DispatchCore(Generic[T]):
     def offset(self, entry: CoreCall[T], now: float) -> float:
         """Where the taken call's tenant stands in the pool's order here beyond its service: the
         least offset (the policy's `pool_offsets`) of the call's job and of the tenant's jobs
-        with a ready call. The tenant asks at the place it is published at, so that it never
-        holds the pool back at a key it does not ask at; which of its own jobs goes first is
-        its own affair, as it is in the policy."""
-        jobs = {entry.call.job_id, *self.ready.jobs(entry.call.tenant_id)}
+        with a ready call that are not held. The tenant asks at the place it is published at
+        (`heads`), so that it never holds the pool back at a key it does not ask at, nor asks
+        ahead of it for a held job that cannot send; which of its own jobs goes first is its
+        own affair, as it is in the policy."""
+        jobs = {entry.call.job_id, *self.book.shown_jobs(entry.call.tenant_id)}
         job_offsets = self.policy.pool_offsets(jobs, now)
         return min(job_offsets.get(job_id, 0.0) for job_id in jobs)
 

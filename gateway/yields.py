@@ -163,9 +163,12 @@ class Yields(Generic[T]):
 
     def release_held_for(self, now: float) -> None:
         """Calls that yielded their share, and their tenants' quota holds, wait only until the
-        call they yielded to is gone from the ready calls (sent, or ended unserved)."""
-        ready = self._book.ready
-        self._yielded_to = {call_id for call_id in self._yielded_to if call_id in ready}
+        call they yielded to is gone from the ready calls (taken, sent, or ended unserved). That
+        call is given no more yields until it is sent or gone: one taken may be sent back (its
+        quota or the pool's share refused it) after its room went to others, and a yield at each
+        refusal would abort another call each time."""
+        ready, taking = self._book.ready, self._book.taking
+        self._yielded_to = {c for c in self._yielded_to if c in ready or c in taking}
         for call_id, (other, tenant) in list(self._held_for.items()):
             if other not in ready:
                 del self._held_for[call_id]

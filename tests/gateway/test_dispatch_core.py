@@ -534,6 +534,29 @@ def test_the_slot_a_share_yield_frees_goes_to_the_call_it_was_given_up_for(ends:
     assert started.startswith("heavy/")
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_call_sent_back_after_it_was_yielded_to_is_given_no_second_yield(gated: bool) -> None:
+    # its quota (or, gated, the pool's share) refuses the light call once it is taken: it is
+    # ready again, unsent, and the slot went back to the heavy call; a second yield to it would
+    # abort that call again, and again at each refusal
+    core: DispatchCore[str] = DispatchCore(make_policy("fcfs"), share_slots=True, gated=gated)
+    add_job(core, "heavy", nodes=4, tenant="h")
+    assert run_all(core, 0.0, slots=4) == [f"heavy/n{i}" for i in range(4)]
+    add_job(core, "light", now=1.0, tenant="l")
+    full = {"x": room(free_slots=0, running=4)}
+    assert core.next(1.0, full) is None
+    [victim] = core.to_yield(1.0, full)
+    assert core.yielded(victim.call.call_id, 1.1) is not None
+    dispatch = core.next(1.2, {"x": room(free_slots=1, running=3)})
+    assert dispatch is not None and dispatch.entry.call.call_id == "light/n0"
+    assert core.next(1.2, {"x": room(free_slots=1, running=3)}) is None  # its room is promised
+    core.retry_later("light/n0", until=1.5, quota=not gated)
+    assert run_all(core, 1.3, slots=1, running=3) == [victim.call.call_id]
+    assert core.next(2.0, full) is None and core.waiting is not None
+    assert core.waiting.call.call_id == "light/n0"
+    assert core.to_yield(2.0, full) == []
+
+
 def test_a_protected_call_never_gives_its_share_to_a_sheddable_one() -> None:
     # the sheddable tenant runs under its share, but a protected call that yielded to it would
     # wait as a protected call and take the room back at once: both aborted again and again
@@ -798,6 +821,20 @@ def test_justitia_s_heads_give_each_waiting_tenant_its_least_job_offset() -> Non
     # a tenant asks at its least offset here, whichever of its jobs the call is of
     add_job(core, "tiny", nodes=1, tenant="t2", predicted=1.0)
     assert core.offset(long_call.entry, 0.0) == kv_token_time(16, 1)
+
+
+def test_a_tenant_asks_at_no_offset_of_a_job_that_cannot_send() -> None:
+    # a held job (its lease may have lapsed) is not published: asking at its offset would put
+    # the tenant's other job ahead of where the pool sees the tenant waiting
+    core: DispatchCore[str] = DispatchCore(make_policy("justitia"), gated=True)
+    add_job(core, "short", nodes=1, tenant="t1")
+    add_job(core, "long", nodes=3, tenant="t1")
+    core.hold_job("short")
+    call = kv_token_time(16, 16)
+    assert core.heads(0.0) == (("t1",), {"t1": 3 * call})
+    dispatch = core.next(0.0, {"x": room()})
+    assert dispatch is not None and dispatch.entry.call.job_id == "long"
+    assert core.offset(dispatch.entry, 0.0) == 3 * call
 
 
 def test_first_come_first_served_is_granted_free_at_each_job_s_arrival() -> None:
