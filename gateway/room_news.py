@@ -11,8 +11,12 @@ wrong, only sooner. Ends on a server with room are not news (nobody waits for it
 deployment below capacity publishes nothing.
 
 News is a hint: Redis unreachable, it is lost and the scrapes go on as before (nothing is sent
-that the room does not allow, so nothing fails open). Channel: `<prefix>:room:<server url>`,
-the message the publishing replica's id (a replica ignores its own).
+that the room does not allow, so nothing fails open). A quiet subscription is pinged every
+`ping_s`, and one whose ping goes unanswered as long is opened again: a connection cut without
+a word (a host lost, a network partition) raises nothing on a socket that only reads, and the
+client's own health check sends its ping but never looks for the answer. Channel:
+`<prefix>:room:<server url>`, the message the publishing replica's id (a replica ignores its
+own).
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from tenants.redis_client import RedisClient, fails_closed
 log = logging.getLogger(__name__)
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0  # a lost subscription is opened again after this
 SOCKET_TIMEOUT_S = 2.0
-HEALTH_CHECK_S = 5.0  # a quiet subscription is pinged this often
+# a quiet subscription is pinged this often, and dropped when a ping goes unanswered as long
+PING_S = 5.0
+PING = "room-news"
 
 
 class NewsLost(Exception):
@@ -54,11 +60,17 @@ class _Publisher(RedisClient):
 
 class RoomNews(OwnsTasks):
     def __init__(
-        self, url: str, replica_id: str, backends: Sequence[OpenAIBackend], prefix: str = "fg"
+        self,
+        url: str,
+        replica_id: str,
+        backends: Sequence[OpenAIBackend],
+        prefix: str = "fg",
+        ping_s: float = PING_S,
     ) -> None:
         super().__init__()
         self.replica_id = replica_id
         self._url = url
+        self._ping_s = ping_s
         # backends of several models may share one server (and so its channel)
         self._channel = {b.name: f"{prefix}:room:{b.settings.url}" for b in backends}
         self._backends: dict[str, list[OpenAIBackend]] = {}
@@ -114,21 +126,29 @@ class RoomNews(OwnsTasks):
         await self._subscribed.wait()
 
     async def _listen(self) -> None:
-        # A connection of its own without a read timeout (a quiet channel is no failure); the
-        # health check pings it while it waits, so a connection dropped unseen is found
+        # A connection of its own without a read timeout (a quiet channel is no failure): a
+        # ping unanswered for `ping_s` finds one that was dropped unseen
         redis = Redis.from_url(
             self._url,
             decode_responses=True,
             socket_connect_timeout=SOCKET_TIMEOUT_S,
             socket_keepalive=True,
-            health_check_interval=HEALTH_CHECK_S,
         )
         async with redis, redis.pubsub(ignore_subscribe_messages=True) as pubsub:
             await pubsub.subscribe(*self._backends)
             self._subscribed.set()
+            pinged: float | None = None  # when the ping not yet answered was sent
             while True:
-                message = await pubsub.get_message(timeout=HEALTH_CHECK_S)
-                if message is not None and message["data"] != self.replica_id:
-                    self.heard += 1
-                    for backend in self._backends[message["channel"]]:
-                        backend.scrape_soon()
+                message = await pubsub.get_message(timeout=self._ping_s)
+                now = anyio.current_time()
+                if message is not None:
+                    pinged = None  # whatever came, the connection carries
+                    if message["type"] == "message" and message["data"] != self.replica_id:
+                        self.heard += 1
+                        for backend in self._backends[message["channel"]]:
+                            backend.scrape_soon()
+                elif pinged is None:
+                    await pubsub.ping(PING)
+                    pinged = now
+                elif now - pinged >= self._ping_s:
+                    raise ConnectionError(f"room news: no answer to a ping in {self._ping_s:g} s")

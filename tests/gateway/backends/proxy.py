@@ -3,12 +3,14 @@
 Connections are forwarded byte for byte to the upstream address. `cut()` closes the listener
 and every open connection, so clients see a dropped stream and then a refused connection.
 `freeze()` forwards nothing more either way and closes nothing, as a lost host or a network cut
-does: only a client's own timeout or keepalive can tell. `lose_reply_to(marker)` lets the next
-request holding `marker` through but drops its connection instead of its reply: the upstream
-acted on it, the client never heard (`replies_lost` counts them); with `times`, so many such
-requests one after another (a client's retry losing its reply too). `break_replies_to(marker)`
-lets each reply to a request holding `marker` through up to its first whole server-sent event,
-then drops the connection: a server that fails every such call once it has begun to stream.
+does: only a client's own timeout or keepalive can tell; `thaw()` lets connections made after
+it through again (those frozen stay so), and `connection()` returns once the next is accepted.
+`lose_reply_to(marker)` lets the next request holding `marker` through but drops its connection
+instead of its reply: the upstream acted on it, the client never heard (`replies_lost` counts them);
+with `times`, so many such requests one after another (a client's retry losing its reply too).
+`break_replies_to(marker)` lets each reply to a request holding `marker` through up to its first
+whole server-sent event, then drops the connection: a server that fails every such call once it has
+begun to stream.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class CuttableProxy:
         self._upstream_port = upstream_port
         self._scope = anyio.CancelScope()
         self._frozen = anyio.Event()
+        self._accepted = anyio.Event()
         self._lose_reply_to: bytes | None = None
         self._losses_left = 0
         self.replies_lost = 0
@@ -47,6 +50,8 @@ class CuttableProxy:
                 await listener.serve(self._forward, tg)
 
     async def _forward(self, client: SocketStream) -> None:
+        accepted, self._accepted = self._accepted, anyio.Event()
+        accepted.set()
         async with client:
             upstream = await anyio.connect_tcp("127.0.0.1", self._upstream_port)
             losing = anyio.Event()  # a request whose reply is to be lost went up
@@ -81,6 +86,12 @@ class CuttableProxy:
 
     def freeze(self) -> None:
         self._frozen.set()
+
+    def thaw(self) -> None:
+        self._frozen = anyio.Event()
+
+    async def connection(self) -> None:
+        await self._accepted.wait()
 
     def lose_reply_to(self, marker: bytes, times: int = 1) -> None:
         self._lose_reply_to, self._losses_left = marker, times
