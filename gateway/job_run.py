@@ -14,9 +14,9 @@ that a replica's death could undo. A detached job (its ownership lost to another
 no longer watched here: its watchers stop and read on from the journal.
 
 The log is bounded: once a node has ended, its token deltas may be dropped (its output is in
-the node itself), which happens when the retained deltas pass `max_delta_bytes`, and once the
-job has ended and no watcher is still reading; surviving events keep their sequence numbers,
-and a watch from `s` gets every retained event with sequence >= `s`.
+the node itself), which happens when the retained deltas pass `max_delta_bytes` while other
+nodes run on, and once the job has ended and no watcher is still reading; surviving events keep
+their sequence numbers, and a watch from `s` gets every retained event with sequence >= `s`.
 """
 
 from __future__ import annotations
@@ -443,7 +443,9 @@ class JobRun:
             held[body.node_id] = held.get(body.node_id, 0) + size
         elif isinstance(body, NodeChanged) and body.state in ENDED:
             self._ended_delta_bytes += self._running_delta_bytes.pop(body.node_id, 0)
-            if self._over_budget():
+            # the end that ends the job leaves them to its watchers (dropped as the last one
+            # leaves): a Generate's text is its deltas, and its stream had not read the last
+            if self._over_budget() and not self.is_last_open(body.node_id):
                 self._drop_deltas()
         self.poke()
 

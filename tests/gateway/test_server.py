@@ -22,7 +22,8 @@ from gateway.prompts import encode_prompt
 from gateway.server import running_gateway
 from gateway.settings import Settings
 from tenants import MemoryQuotaStore, TenantQuota
-from tests.gateway.conftest import ADMIN_KEY, Harness, Spans, sim_core
+from tests.engine.simulated import sim_core as engine_sim_core
+from tests.gateway.conftest import ADMIN_KEY, Harness, Spans, byte_tokenizer, sim_core
 from tests.gateway.jobs.factories import make_node
 
 pytestmark = pytest.mark.anyio
@@ -731,6 +732,25 @@ async def test_an_id_no_job_can_have_is_not_found_before_any_lookup(harness: Har
             )
         assert caught.value.code() == grpc.StatusCode.NOT_FOUND
         assert "16 hex digits" in (caught.value.details() or "")
+
+
+async def test_a_generate_past_the_delta_budget_streams_every_token() -> None:
+    """A one-node job's deltas pass `MAX_DELTA_BYTES` (1 MiB, about 4,800 tokens) as its node
+    ends: they were dropped then, the call's last tokens with them, before its stream had
+    read them, and Generate, whose text is its deltas, ended short of the usage it reported."""
+    settings = Settings(port=0, admin_key=ADMIN_KEY, max_model_len=16384)
+    store = MemoryQuotaStore()
+    auth = await _tenants(store, TenantQuota(max_tokens_ceiling=8192))
+    core = engine_sim_core(max_model_len=16384, tokenizer=byte_tokenizer())
+    async with (
+        running_gateway(settings, core=core, store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        request = pb.GenerateRequest(prompt="go", sampling=pb.SamplingSpec(max_tokens=6000))
+        responses = [r async for r in stub.Generate(request, metadata=auth["alpha"])]
+    assert responses[-1].usage.output_tokens == 6000
+    assert sum(len(r.token_ids) for r in responses) == 6000
 
 
 async def test_a_one_token_generate_is_one_response(harness: Harness) -> None:

@@ -633,3 +633,30 @@ async def test_orphans_refused_for_their_tenants_full_count_hold_no_other_tenant
         assert other.state == pb.JOB_STATE_SUCCEEDED
         still = await b.stub.GetJob(pb.GetJobRequest(job_id=holding.job_id), metadata=b.auth("t1"))
         assert still.state == pb.JOB_STATE_RUNNING  # t2's orphan did not wait for t1's room
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="each replica counts only its own RunJob streams of a job: b's last one closing asks "
+    "a to cancel the job a's stream still runs (a count shared through the journal is needed)",
+)
+async def test_a_run_job_client_leaving_one_replica_leaves_the_job_another_still_runs(
+    redis: RedisServer, tmp_path: Path
+) -> None:
+    """Two RunJob streams with one idempotency key run one job: the job is cancelled when the
+    last of them closes (gateway.proto), whichever replica each reached."""
+    async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
+        b.keys["t1"] = a.keys["t1"] = await a.tenant("t1")
+        spec = chain(2, 100)
+        spec.idempotency_key = "shared"
+        request = pb.SubmitJobRequest(job=spec)
+        first = a.stub.RunJob(request, metadata=a.auth("t1"))
+        job_id = (await first.read()).job_id
+        second = b.stub.RunJob(request, metadata=b.auth("t1"))
+        assert (await second.read()).job_id == job_id  # the same job, attached on b
+        second.cancel()
+        a.jobs["t1"].append(job_id)
+        events = []
+        while (event := await first.read()) is not grpc.aio.EOF:
+            events.append(event)
+        assert events[-1].job_finished.job.state == pb.JOB_STATE_SUCCEEDED
