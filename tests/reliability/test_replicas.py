@@ -31,6 +31,7 @@ from tests.gateway.conftest import sim_core
 from tests.reliability.harness import Reliable, reliable_gateway, roots
 from tests.reliability.redis_server import RedisServer
 from tests.reliability.test_redis_outage import chain
+from tests.reliability.test_semantics import second_client_leaves
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 TENANTS = ("t1", "t2")
@@ -647,16 +648,4 @@ async def test_a_run_job_client_leaving_one_replica_leaves_the_job_another_still
     last of them closes (gateway.proto), whichever replica each reached."""
     async with replica(redis, tmp_path, "a") as a, replica(redis, tmp_path, "b") as b:
         b.keys["t1"] = a.keys["t1"] = await a.tenant("t1")
-        spec = chain(2, 100)
-        spec.idempotency_key = "shared"
-        request = pb.SubmitJobRequest(job=spec)
-        first = a.stub.RunJob(request, metadata=a.auth("t1"))
-        job_id = (await first.read()).job_id
-        second = b.stub.RunJob(request, metadata=b.auth("t1"))
-        assert (await second.read()).job_id == job_id  # the same job, attached on b
-        second.cancel()
-        a.jobs["t1"].append(job_id)
-        events = []
-        while (event := await first.read()) is not grpc.aio.EOF:
-            events.append(event)
-        assert events[-1].job_finished.job.state == pb.JOB_STATE_SUCCEEDED
+        assert await second_client_leaves(a, b, "t1", chain(2, 100)) == pb.JOB_STATE_SUCCEEDED

@@ -19,7 +19,7 @@ from fairgate.v1 import gateway_pb2 as pb
 from tenants import RedisQuotaStore
 from tests.engine.factories import FlakyRunner
 from tests.gateway.conftest import sim_core
-from tests.reliability.harness import node, reliable_gateway, roots
+from tests.reliability.harness import Reliable, node, reliable_gateway, roots
 
 pytestmark = pytest.mark.anyio
 
@@ -44,22 +44,29 @@ async def test_an_idempotency_key_with_another_body_is_already_exists() -> None:
         await h.unharmed()
 
 
+async def second_client_leaves(
+    first: Reliable, second: Reliable, tenant: str, spec: pb.JobSpec
+) -> pb.JobState.ValueType:
+    """Two RunJob streams of one job (one idempotency key), the first on `first`, the second
+    on `second`: the second closes, and the first reads on. The job's final state."""
+    spec.idempotency_key = "shared"
+    request = pb.SubmitJobRequest(job=spec)
+    reading = first.stub.RunJob(request, metadata=first.auth(tenant))
+    job_id = (await reading.read()).job_id
+    leaving = second.stub.RunJob(request, metadata=second.auth(tenant))
+    assert (await leaving.read()).job_id == job_id  # the same job, attached
+    leaving.cancel()
+    first.jobs[tenant].append(job_id)
+    events = []
+    while (event := await reading.read()) is not grpc.aio.EOF:
+        events.append(event)
+    return events[-1].job_finished.job.state
+
+
 async def test_a_second_client_leaving_does_not_cancel_the_first_clients_job() -> None:
     async with reliable_gateway(core=sim_core(0.005)) as h:
         await h.tenant("acme")
-        spec = roots(1, 100)
-        spec.idempotency_key = "shared"
-        request = pb.SubmitJobRequest(job=spec)
-        first = h.stub.RunJob(request, metadata=h.auth("acme"))
-        job_id = (await first.read()).job_id
-        second = h.stub.RunJob(request, metadata=h.auth("acme"))
-        assert (await second.read()).job_id == job_id  # the same job, attached
-        second.cancel()
-        h.jobs["acme"].append(job_id)
-        events = []
-        while (event := await first.read()) is not grpc.aio.EOF:
-            events.append(event)
-        assert events[-1].job_finished.job.state == pb.JOB_STATE_SUCCEEDED
+        assert await second_client_leaves(h, h, "acme", roots(1, 100)) == pb.JOB_STATE_SUCCEEDED
         await h.unharmed()
 
 
