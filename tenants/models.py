@@ -21,10 +21,13 @@ DAY_S = 86_400  # daily budgets reset at each UTC midnight: day number = floor(u
 CLOSED_CALL_MEMORY_S = 3_600.0  # how long a closed call id is remembered (refuses re-reserve)
 BUSY_RETRY_S = 1.0  # retry hint for count limits (concurrent calls, queued jobs, streams)
 MAX_ID_LEN = 256
-# counts the store takes: exact in Redis' Lua, whose numbers are doubles
+# the most a quota's token rate or budget may be: exact in Redis' Lua, whose numbers are doubles
 MAX_COUNT = 2**53
-# the most a quota's count may be: the admin API carries the token rate and budget as int64 and
-# the other counts as int32, and a quota the API cannot show would fail every view of its tenant
+# the most a quota's other counts may be (the admin API carries them as int32, and a quota the API
+# cannot show would fail every view of its tenant), and the most one request of the store may
+# count (a call's tokens, a job's nodes: a model's context bounds them). Redis' Lua adds such
+# counts in doubles, exact up to 2**53: at 2**53 a request, 1 + 2**53 rounded to 2**53, and the
+# twin and Redis parted; at this bound no day's or tenant's sum reaches it (2**22 of the largest)
 MAX_NARROW_COUNT = 2**31 - 1
 _WIDE_COUNTS = frozenset({"tokens_per_minute", "daily_token_budget"})
 MAX_RENEW_IDS = 1_000  # call ids, and job ids, one renew may name
@@ -160,8 +163,8 @@ def check_ids(kind: str, values: Sequence[str]) -> list[str]:
 
 
 def check_count(kind: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
-        raise RequestInvalid(f"{kind} must be an integer in [0, 2**53], got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NARROW_COUNT:
+        raise RequestInvalid(f"{kind} must be an integer in [0, 2**31 - 1], got {value!r}")
     return value
 
 

@@ -229,17 +229,23 @@ async def test_settle_above_reservation_charges_the_excess(h: Harness) -> None:
     assert usage.bucket_level == pytest.approx(10 + elapsed, abs=1e-6)
 
 
-async def test_counts_up_to_2_pow_53_are_kept_whole_and_past_it_refused(h: Harness) -> None:
-    """Redis' Lua wrote a reservation of 10**14 tokens as `1e+14`, read it back as nothing, and
-    failed the settle after closing the call (its use never recorded); the twin kept it."""
+async def test_counts_up_to_2_pow_31_are_kept_whole_and_past_it_refused(h: Harness) -> None:
+    """Redis' Lua adds counts in doubles: a reservation of 2**53 tokens beside one of 1 made
+    2**53 (1 + 2**53 rounds), where the twin kept 2**53 + 1. A request's count is at most
+    2**31 - 1, which no day's sum of them takes past 2**53."""
     await make_tenant(h, tokens_per_minute=0)
-    await h.store.reserve("acme", "c1", 10**14, TTL)
-    assert (await h.store.usage("acme")).reserved_tokens == 10**14
-    assert await h.store.settle("acme", "c1", 10, 5) is True
+    await h.store.reserve("acme", "c0", 1, TTL)
+    await h.store.reserve("acme", "c1", 2**31 - 1, TTL)
+    assert (await h.store.usage("acme")).reserved_tokens == 2**31
+    assert await h.store.settle("acme", "c1", 2**31 - 1, 5) is True
     usage = await h.store.usage("acme")
-    assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (10, 5, 1)
-    with pytest.raises(RequestInvalid, match="2\\*\\*53"):
-        await h.store.reserve("acme", "c2", 2**53 + 1, TTL)
+    assert (usage.input_tokens, usage.output_tokens, usage.settled_calls) == (2**31 - 1, 5, 1)
+    assert usage.tokens_today == 2**31 + 5
+    for count in (2**31, 2**53):
+        with pytest.raises(RequestInvalid, match="2\\*\\*31 - 1"):
+            await h.store.reserve("acme", "c2", count, TTL)
+        with pytest.raises(RequestInvalid, match="2\\*\\*31 - 1"):
+            await h.store.settle("acme", "c0", count, 0)
 
 
 async def test_release_refunds_everything_once(h: Harness) -> None:
