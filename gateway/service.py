@@ -541,9 +541,12 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
     @asynccontextmanager
     async def _stream(self) -> AsyncIterator[Stream]:
         """An open stream of the caller's; one closed from outside ends UNAUTHENTICATED."""
-        tenant = current_tenant()
+        tenant, key_id = current_tenant(), current_key()
         quota = await self._quota(tenant)
-        with self.streams.open(tenant, current_key(), quota.max_streams) as stream:
+        with self.streams.open(tenant, key_id, quota.max_streams) as stream:
+            # a revocation while the quota was read closed the streams open then, not this one
+            if self.revocations.since(STAMP.get(), tenant, key_id):
+                raise Unauthenticated("the API key was revoked")
             yield stream
             if stream.closed:
                 raise Unauthenticated(stream.closed)

@@ -112,34 +112,42 @@ async def guesses(h: Reliable, count: int) -> list[grpc.aio.AioRpcError]:
     return refusals
 
 
-class HeldAuthentication(MemoryQuotaStore):
-    """The in-memory store whose next authentication, once armed, answers (the key is valid)
-    only when the test lets it."""
+class HeldStore(MemoryQuotaStore):
+    """The in-memory store whose next answer of the method armed (`authenticate`: the key is
+    valid, or `get_tenant`: a tenant's record) comes only when the test lets it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.armed = False
-        self.looked_up, self.answer = anyio.Event(), anyio.Event()
+        self.armed: str | None = None
+        self.asked, self.answer = anyio.Event(), anyio.Event()
+
+    async def _held(self, method: str) -> None:
+        if self.armed == method:
+            self.armed = None
+            self.asked.set()
+            await self.answer.wait()
 
     async def authenticate(self, key: str) -> str:
         tenant = await super().authenticate(key)
-        if self.armed:
-            self.armed = False
-            self.looked_up.set()
-            await self.answer.wait()
+        await self._held("authenticate")
+        return tenant
+
+    async def get_tenant(self, tenant_id: str) -> Tenant:
+        tenant = await super().get_tenant(tenant_id)
+        await self._held("get_tenant")
         return tenant
 
 
 async def test_a_key_revoked_while_it_is_looked_up_admits_no_job() -> None:
     """The revocation came after the store had found the key valid, before its submission was
     admitted: a check taken as the handler began, after the lookup, missed it, and the job ran."""
-    store = HeldAuthentication()
+    store = HeldStore()
     async with reliable_gateway(store=store) as h:
         await h.tenant("acme")
-        store.armed = True
+        store.armed = "authenticate"
         submitting = h.stub.SubmitJob(pb.SubmitJobRequest(job=roots(1)), metadata=h.auth("acme"))
         with anyio.fail_after(5):
-            await store.looked_up.wait()
+            await store.asked.wait()
         (key,) = await store.list_keys("acme")
         key_id = key.key_id
         revoke = admin_pb2.RevokeKeyRequest(tenant_id="acme", key_id=key_id)
@@ -160,13 +168,13 @@ async def refused_code(call: grpc.aio.UnaryUnaryCall[object, object]) -> grpc.St
 async def test_a_key_revoked_while_it_is_looked_up_is_not_cached_again() -> None:
     """The store found the key valid before the revocation and answered after it: that answer,
     cached after the revocation had dropped the cache, let the revoked key work on."""
-    store = HeldAuthentication()
+    store = HeldStore()
     async with reliable_gateway(store=store) as h:
         await h.tenant("acme")
-        store.armed = True
+        store.armed = "authenticate"
         racing = h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=h.auth("acme"))
         with anyio.fail_after(5):
-            await store.looked_up.wait()
+            await store.asked.wait()
         (key,) = await store.list_keys("acme")
         revoke = admin_pb2.RevokeKeyRequest(tenant_id="acme", key_id=key.key_id)
         await h.admin.RevokeKey(revoke, metadata=h.admin_auth)
@@ -181,14 +189,14 @@ async def test_a_key_revoked_while_it_is_looked_up_is_not_cached_again() -> None
 async def test_a_deleted_tenants_key_looked_up_meanwhile_never_acts_for_its_successor() -> None:
     """The old key's lookup answered after the tenant was deleted and created again under its
     id: cached, the deleted customer's key submitted into the new customer's tenant."""
-    store = HeldAuthentication()
+    store = HeldStore()
     async with reliable_gateway(store=store) as h:
         await h.tenant("acme")
         old_key = h.auth("acme")
-        store.armed = True
+        store.armed = "authenticate"
         racing = h.stub.GetJob(pb.GetJobRequest(job_id="x"), metadata=old_key)
         with anyio.fail_after(5):
-            await store.looked_up.wait()
+            await store.asked.wait()
         delete = admin_pb2.DeleteTenantRequest(tenant_id="acme")
         await h.admin.DeleteTenant(delete, metadata=h.admin_auth)
         await h.tenant("acme")  # a new customer under the id, with a new key
@@ -198,6 +206,33 @@ async def test_a_deleted_tenants_key_looked_up_meanwhile_never_acts_for_its_succ
         assert await refused_code(later) == grpc.StatusCode.UNAUTHENTICATED
         assert raced == grpc.StatusCode.UNAUTHENTICATED
         assert (await h.usage("acme")).queued_jobs == 0
+
+
+async def test_a_stream_opening_while_its_key_is_revoked_is_closed_too() -> None:
+    """The key passed, then the stream read its tenant's quota while the key was revoked: the
+    revocation closed the streams open then, and this one, opened after, watched the tenant's
+    job to its end under a revoked key."""
+    store = HeldStore()
+    async with reliable_gateway(core=sim_core(SLOW), store=store) as h:
+        await h.tenant("acme")
+        kept = await h.submit("acme", roots(1, 300))  # another key's job, running throughout
+        doomed = await h.admin.IssueKey(
+            admin_pb2.IssueKeyRequest(tenant_id="acme"), metadata=h.admin_auth
+        )
+        h.keys["acme-old"] = doomed.plaintext
+        h.gateway.service._quotas.clear()  # the quota cached a second ago ran out
+        store.armed = "get_tenant"
+        watch = h.stub.WatchJob(pb.WatchJobRequest(job_id=kept.job_id), metadata=h.auth("acme-old"))
+        with anyio.fail_after(5):
+            await store.asked.wait()
+        revoke = admin_pb2.RevokeKeyRequest(tenant_id="acme", key_id=doomed.key.key_id)
+        await h.admin.RevokeKey(revoke, metadata=h.admin_auth)
+        store.answer.set()
+        with pytest.raises(grpc.aio.AioRpcError) as closed:
+            await rest_of(watch)
+        assert closed.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert (await h.finished("acme", kept.job_id)).state == pb.JOB_STATE_SUCCEEDED
+        await h.unharmed()
 
 
 async def test_failed_authentications_are_throttled_per_peer() -> None:
