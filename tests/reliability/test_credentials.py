@@ -250,6 +250,22 @@ async def test_failed_authentications_are_throttled_per_peer() -> None:
         assert kinds
 
 
+async def test_a_tenants_key_on_the_admin_service_is_looked_up_once() -> None:
+    """A tenant's valid key on an Admin method was looked up in the store every time, past the
+    key cache, the failure throttle and the tenant's RPC count: a tenant could send the store
+    as many lookups as it sent requests."""
+    store = CountingStore()
+    async with reliable_gateway(store=store) as h:
+        await h.tenant("acme")
+        before = store.authentications
+        for _ in range(20):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await h.admin.ListTenants(admin_pb2.ListTenantsRequest(), metadata=h.auth("acme"))
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert store.authentications - before <= 1
+        await h.unharmed()
+
+
 async def test_a_guesser_on_a_shared_address_does_not_lock_out_keys_that_passed() -> None:
     """Behind a load balancer every caller has its address: a guesser emptying that address's
     bucket must not refuse the tenants whose keys passed, only keys not seen yet."""
