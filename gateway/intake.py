@@ -25,6 +25,7 @@ from gateway.job_run import JobRun
 from gateway.jobs import input_sizes, oversized_prompt, rendered_chars
 from gateway.keyed_locks import KeyedLocks
 from gateway.lanes import Lane
+from gateway.prompts import PromptRefused
 from gateway.tickets import Blank, Ticket, job_info, node_costs
 from tenants import TenantQuota
 from tenants.policies import JobInfo
@@ -110,7 +111,8 @@ class Intake:
 
     async def encode_node(self, run: JobRun, node_id: str, max_prompt_chars: int) -> Blank:
         """A node whose parents are done, rendered with their outputs and encoded; CallRefused
-        when its prompt would pass `max_prompt_chars`, before any of it is rendered."""
+        when its prompt would pass `max_prompt_chars`, before any of it is rendered, or when
+        the model's chat template refuses it."""
         outputs = {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}
         size = rendered_chars(run.nodes[node_id].spec, input_sizes(run.spec.inputs), outputs)
         problem = oversized_prompt(size, max_prompt_chars)
@@ -118,7 +120,10 @@ class Intake:
             raise CallRefused(f"the prompt {problem}")
         encode = self.lane_of(run, node_id).tickets.encode_node
         small = size <= INLINE_ENCODE_CHARS
-        return await self.tokenize(run.tenant_id, small, encode, run, node_id)
+        try:
+            return await self.tokenize(run.tenant_id, small, encode, run, node_id)
+        except PromptRefused as exc:  # its parents' outputs may hold what the template refuses
+            raise CallRefused(f"the model's chat template refuses the prompt: {exc}") from None
 
     def _encode_blanks(self, run: JobRun) -> dict[str, Blank]:
         blanks: dict[str, Blank] = {}

@@ -20,11 +20,13 @@ input and no model output can open a turn of its own in a prompt; the template's
 tokens stay special. The encoder finds the contents by rendering the template once with a
 random mark in place of each (a template that transforms a content, trimming it say, leaves its
 prompt unprotected); a prompt whose contents hold no special token gets exactly the ids above.
-The fallback is not protected this way.
+The fallback is not protected this way. A template that refuses the messages (`raise_exception`:
+Llama 2's and Mistral's unless the roles alternate) raises PromptRefused, the tenant's error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import secrets
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jinja2
 from cachetools import LRUCache
 from tokenizers import Tokenizer
 
@@ -42,11 +45,16 @@ MAX_CACHED_PIECE = 4096  # characters; longer pieces are tenant text, rarely see
 CACHE_BYTES = 8 << 20
 
 
+class PromptRefused(ValueError):
+    """The model's chat template refused the messages; the message is the template's."""
+
+
 def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     """A plain prompt is one user turn; chat messages keep their roles."""
-    encoded = tokenizer.apply_chat_template(
-        _messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=True
-    )
+    with _refusals():
+        encoded = tokenizer.apply_chat_template(
+            _messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=True
+        )
     return list(encoded["input_ids"])
 
 
@@ -94,9 +102,11 @@ class PromptEncoder:
         return ids
 
     def _render(self, messages: list[dict[str, str]]) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        )
+        with _refusals():
+            rendered = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
+            )
+        return str(rendered)
 
     def _contents(self, messages: list[dict[str, str]], text: str) -> list[tuple[int, int]]:
         """Where each content that holds a special token's string lies in the rendered `text`
@@ -149,6 +159,19 @@ def _cost(entry: tuple[int, tuple[int, ...]]) -> int:
     """Bytes a cached piece holds, about: its text (up to 4 bytes a character), its ids."""
     length, ids = entry
     return 128 + 4 * length + 8 * len(ids)
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """A template's error is about the messages it was given (their roles, their order), which
+    are the tenant's: PromptRefused, not an error of the gateway's. A template that does not
+    parse is the operator's, whatever the messages: it stays an internal error."""
+    try:
+        yield
+    except jinja2.TemplateSyntaxError:
+        raise
+    except jinja2.TemplateError as exc:
+        raise PromptRefused(str(exc)) from exc
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -22,11 +22,14 @@ from typing import Any
 
 from gateway.calls import CallPlan, CallPlanner
 from gateway.job_run import JobRun
+from gateway.jobs.errors import FieldViolation, JobInvalid
 from gateway.jobs.template import render_node
-from gateway.prompts import Prompt, PromptEncoder, prompt_text
+from gateway.prompts import Prompt, PromptEncoder, PromptRefused, prompt_text
 from predictor.base import CallFeatures
 from tenants import TenantQuota
 from tenants.policies import JobInfo, NodeCost, ReadyCall
+
+REFUSAL_CHARS = 256  # of a chat template's refusal, quoted to the tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +83,17 @@ class Tickets:
         self.model_name = model_name
 
     def encode_blanks(self, run: JobRun, node_ids: Iterable[str]) -> dict[str, Blank]:
-        """The nodes' prompts with their ancestors' outputs empty, rendered and encoded."""
+        """The nodes' prompts with their ancestors' outputs empty, rendered and encoded; raises
+        JobInvalid naming the first node whose messages the chat template refuses (their roles
+        are the tenant's, and known before any parent runs)."""
         blanks = {}
         for node_id in node_ids:
             outputs = dict.fromkeys(run.dag.ancestors(node_id), "")
             prompt = render_node(run.nodes[node_id].spec, run.spec.inputs, outputs)
-            blanks[node_id] = Blank(prompt, array("i", self.encode(prompt)))
+            try:
+                blanks[node_id] = Blank(prompt, array("i", self.encode(prompt)))
+            except PromptRefused as exc:
+                raise JobInvalid([_refused(run, node_id, exc)]) from None
         return blanks
 
     def encode_node(self, run: JobRun, node_id: str) -> Blank:
@@ -110,6 +118,13 @@ class Tickets:
             plan.params.max_tokens,
         )
         return Ticket(call, run, prompt_ids, plan, self.model_name)
+
+
+def _refused(run: JobRun, node_id: str, exc: PromptRefused) -> FieldViolation:
+    index = next(i for i, node in enumerate(run.spec.nodes) if node.id == node_id)
+    field = "chat.messages" if run.spec.nodes[index].messages is not None else "prompt_template"
+    why = str(exc)[:REFUSAL_CHARS]  # the template's text: it travels in a size-capped trailer
+    return FieldViolation(f"nodes[{index}].{field}", f"the model's chat template refuses it: {why}")
 
 
 def node_costs(
