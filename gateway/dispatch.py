@@ -75,6 +75,7 @@ from gateway.dispatch_core import DispatchCore
 from gateway.errors import Overloaded, ShareUnavailable
 from gateway.intake import Admitted, Intake, Planned
 from gateway.job_run import ENDED, JobRun, JobState, NodeState
+from gateway.jobs import MAX_QUEUED_CHARS
 from gateway.lanes import Lane
 from gateway.leases import Leases, reserve_within, retry_unavailable
 from gateway.metrics import GatewayMetrics
@@ -116,6 +117,8 @@ class DispatchConfig:
     reservation_ttl_s: float = 60.0  # lease of a reservation or an admitted job, renewed
     reserve_deadline_s: float = 30.0  # how long a reserve retries an unreachable store
     max_prompt_chars: int = 262_144  # bound on a rendered prompt, checked before rendering
+    # bound on the characters a tenant's jobs here hold (`JobRun.chars`); 0: none
+    max_queued_chars: int = MAX_QUEUED_CHARS
     cache_salt_per_tenant: bool = False  # tenants never share prefix-cache blocks
     # a new job that needs a pool none of whose backends has served for this long is refused
     pool_down_after_s: float = 10.0
@@ -493,9 +496,11 @@ class Dispatcher(OwnsTasks):
 
     async def _prepare(self, run: JobRun, node_id: str) -> None:
         """Render and encode a node whose parents are done, then make it ready; a prompt over
-        the bound fails the node before any of it is rendered."""
+        the bound fails the node before any of it is rendered, and so does one whose parents'
+        outputs would take its tenant's jobs here past `max_queued_chars` (`_hold_outputs`)."""
         with self._failing_node(run, node_id):
             try:
+                self._hold_outputs(run, node_id)
                 encoded = await self.intake.encode_node(run, node_id, self.config.max_prompt_chars)
             except CallRefused as exc:
                 self._finish_node(run, node_id, NodeState.FAILED, str(exc))
@@ -504,6 +509,21 @@ class Dispatcher(OwnsTasks):
                 quota = self._quotas[run.tenant_id]
                 self._add_planned(run, node_id, self.intake.plan(run, node_id, quota, encoded))
                 self._wake.set()
+
+    def _hold_outputs(self, run: JobRun, node_id: str) -> None:
+        """Count what the node's parents' outputs add to its prompt among the characters its
+        job holds: admission counted the prompt with them empty (`job_chars`), and children
+        that each repeat a parent's output (128 of them, 15 times a 2 KB output) held megabytes
+        a job counted as nothing, and a tenant's jobs gigabytes. CallRefused past the bound."""
+        grown = self.intake.outputs_chars(run, node_id)
+        limit, held = self.config.max_queued_chars, self._chars[run.tenant_id]
+        if 0 < limit < held + grown:
+            raise CallRefused(
+                f"with its parents' outputs, its tenant's jobs here would hold {held + grown:,}"
+                f" characters; at most {limit:,}"
+            )
+        run.chars += grown
+        self._chars[run.tenant_id] += grown
 
     async def _loop(self) -> None:
         while True:

@@ -109,11 +109,18 @@ class Intake:
         starts = lane.core.starts_at_once(ticket.call, reserve, rooms, run.spec.sheddable)
         return ticket if starts else None
 
+    def outputs_chars(self, run: JobRun, node_id: str) -> int:
+        """What its ancestors' outputs add to the node's rendered prompt."""
+        spec, inputs = run.nodes[node_id].spec, input_sizes(run.spec.inputs)
+        return rendered_chars(spec, inputs, _output_sizes(run, node_id)) - rendered_chars(
+            spec, inputs, {}
+        )
+
     async def encode_node(self, run: JobRun, node_id: str, max_prompt_chars: int) -> Blank:
         """A node whose parents are done, rendered with their outputs and encoded; CallRefused
         when its prompt would pass `max_prompt_chars`, before any of it is rendered, or when
         the model's chat template refuses it."""
-        outputs = {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}
+        outputs = _output_sizes(run, node_id)
         size = rendered_chars(run.nodes[node_id].spec, input_sizes(run.spec.inputs), outputs)
         problem = oversized_prompt(size, max_prompt_chars)
         if problem is not None:
@@ -170,3 +177,7 @@ async def paced(items: Iterable[T]) -> list[T]:
         if len(drawn) % NODES_PER_CHECKPOINT == 0:
             await anyio.lowlevel.checkpoint()
     return drawn
+
+
+def _output_sizes(run: JobRun, node_id: str) -> dict[str, int]:
+    return {a: len(run.nodes[a].output) for a in run.dag.ancestors(node_id)}

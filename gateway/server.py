@@ -318,6 +318,7 @@ def _dispatch_config(settings: Settings) -> DispatchConfig:
         reservation_ttl_s=settings.reservation_ttl_s,
         reserve_deadline_s=settings.reserve_deadline_s,
         max_prompt_chars=settings.max_prompt_chars,
+        max_queued_chars=settings.max_queued_chars_per_tenant,
         cache_salt_per_tenant=settings.prefix_cache_per_tenant,
         pool_down_after_s=settings.pool_down_after_s,
     )
@@ -468,7 +469,6 @@ def _build_server(
         streams,
         max_active_jobs=settings.max_active_jobs,
         max_admissions_per_tenant=settings.max_admissions_per_tenant,
-        max_queued_chars=settings.max_queued_chars_per_tenant,
         revocations=auth.revocations,
         loop_budget=auth.loop_budget,
     )

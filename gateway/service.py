@@ -11,7 +11,8 @@ encode one at a time, and more waiting would only hold the server's RPC slots, w
 tenant shares. Its admitted, unfinished jobs on this replica hold at most `max_queued_chars`
 characters together (`job_chars`: inputs and prompts; beyond: RESOURCE_EXHAUSTED,
 QUOTA_QUEUED_CHARS), counted before anything is rendered: a job of a few kilobytes can repeat a
-large input into every node's prompt, and its ready calls hold their prompts' token ids.
+large input into every node's prompt, and its ready calls hold their prompts' token ids (what
+parents' outputs add is counted as each node is rendered: `Dispatcher._hold_outputs`).
 Streams count against the tenant's `max_streams`. RunJob and Generate cancel a job they created
 when the last client running it goes away; WatchJob only stops watching. A stream whose key is
 revoked (or whose tenant is deleted) ends with UNAUTHENTICATED, and an admission under way when
@@ -68,7 +69,6 @@ from gateway.gateway_protos import (
 )
 from gateway.job_run import JobEnded, JobEvent, JobRun, NodeChanged, NodeState, TokensAdded
 from gateway.jobs import (
-    MAX_QUEUED_CHARS,
     PLACEHOLDERS_PER_NODE,
     ChatMessage,
     FieldViolation,
@@ -134,7 +134,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         quota_ttl_s: float = 1.0,
         max_active_jobs: int = MAX_ACTIVE_JOBS,
         max_admissions_per_tenant: int = MAX_ADMISSIONS_PER_TENANT,
-        max_queued_chars: int = MAX_QUEUED_CHARS,
         *,
         revocations: Revocations,
         loop_budget: LoopBudget,
@@ -150,7 +149,6 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         self.max_active_jobs = max_active_jobs
         self.max_admissions_per_tenant = max_admissions_per_tenant
         self._admitting = TenantCounts()  # per tenant, submissions under way
-        self.max_queued_chars = max_queued_chars
         # per tenant, the characters of its jobs being admitted (the dispatcher counts the rest)
         self._admitting_chars = TenantCounts()
         self._key_locks = KeyedLocks()  # idempotency keys: check-and-add is one step
@@ -224,8 +222,9 @@ class GatewayService(gateway_pb2_grpc.GatewayServicer):
         run.key_id, run.fingerprint, run.streamed = key_id, fingerprint, streamed
         run.chars = chars
         held = self.dispatcher.held_chars(tenant_id) + self._admitting_chars[tenant_id]
-        if 0 < self.max_queued_chars < held + run.chars:
-            raise refusals.queued_chars(tenant_id, self.max_queued_chars, held, run.chars)
+        limit = self.dispatcher.config.max_queued_chars
+        if 0 < limit < held + run.chars:
+            raise refusals.queued_chars(tenant_id, limit, held, run.chars)
         self.dispatcher.refuse_if_down(run)
         with self._admitting_chars.adding(tenant_id, run.chars):
             async with self._slots(run, quota.weight):

@@ -483,6 +483,38 @@ async def test_a_tenants_unfinished_jobs_hold_at_most_their_characters_and_other
         assert again.state != pb.JOB_STATE_UNSPECIFIED
 
 
+async def test_parents_outputs_in_their_childrens_prompts_count_against_the_characters() -> None:
+    """Admission counts a job's prompts with its parents' outputs empty: children that each
+    repeat a parent's output held megabytes counted as nothing (128 children repeating a 2 KB
+    output 15 times: 3.9 MB), and a tenant's jobs gigabytes. What the outputs add is counted as
+    each child is rendered, and a child that would pass the tenant's bound fails; the count
+    frees as the job ends, and other tenants go on."""
+    settings = Settings(
+        port=0, admin_key=ADMIN_KEY, max_model_len=4096, max_queued_chars_per_tenant=20_000
+    )
+    store = MemoryQuotaStore()
+    auth = await _tenants(store, TenantQuota(max_tokens_ceiling=2048))
+    children = [node(f"c{i}", "{{root.output}}" * 5, 1, "root") for i in range(32)]
+    job = pb.JobSpec(nodes=[node("root", "say", 300), *children])
+    async with (
+        running_gateway(settings, core=sim_core(), store=store) as gateway,
+        grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+    ):
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        submitted = await stub.SubmitJob(pb.SubmitJobRequest(job=job), metadata=auth["alpha"])
+        watch = pb.WatchJobRequest(job_id=submitted.job_id)
+        with anyio.fail_after(30):
+            events = [e async for e in stub.WatchJob(watch, metadata=auth["alpha"])]
+        ended = events[-1].job_finished.job
+        output = next(n.output for n in ended.nodes if n.id == "root")
+        assert len(output) * 5 * 32 > 20_000  # the children's prompts together pass it
+        reasons = [n.reason for n in ended.nodes if n.state == pb.NODE_STATE_FAILED]
+        assert reasons and all("characters; at most 20,000" in r for r in reasons), reasons
+        assert gateway.dispatcher.held_chars("alpha") == 0
+        served = await stub.SubmitJob(pb.SubmitJobRequest(job=job), metadata=auth["beta"])
+        assert served.state != pb.JOB_STATE_UNSPECIFIED
+
+
 @pytest.mark.engine_step_s(0.002)
 async def test_a_watch_from_past_a_jobs_end_gets_its_end_running_or_ended(harness: Harness) -> None:
     """A watcher asking from past the job's last event (another job's sequence, say) was told
