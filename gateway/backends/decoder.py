@@ -24,6 +24,7 @@ handed out; `counted <= usage.completion_tokens <= max_tokens`.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from engine import TokenDelta
@@ -34,6 +35,7 @@ from gateway.backends.wire import finish_reason
 DONE = "[DONE]"
 ABORTED = "abort"  # a finish reason that is no finish: the call was cut short
 MAX_ID = 2**31  # token ids and counts are int32 on the gateway's own protocol
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class CompletionDecoder:
@@ -104,6 +106,11 @@ class CompletionDecoder:
         text = choice.get("text") or ""
         if not isinstance(text, str):  # handed on, it would fail the call past the backend
             raise TypeError(f"{text!r} is no text")
+        if _SURROGATE.search(text):
+            # JSON may escape half of a character (a server splitting a pair between events):
+            # protobuf refuses such a string, and every answer about the job failed. A pair is
+            # put together, a half is U+FFFD
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         streamed = self.counted + len(token_ids)
         if streamed > self.max_tokens:  # refused uncounted: what a broken stream used is counted
             raise BackendLost(

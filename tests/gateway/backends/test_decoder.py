@@ -215,3 +215,14 @@ def test_an_answer_is_read_by_its_status(
     assert type(error) is raised
     if isinstance(error, BackendLost):
         assert error.answered is answered
+
+
+def test_half_a_character_is_a_replacement_character_and_a_pair_one_character() -> None:
+    """JSON may escape half of a character (`\\ud83d`, a server that split a pair between
+    events): decoded as it came, the output held a lone surrogate, which protobuf refuses, and
+    every answer about the call's job failed with INTERNAL."""
+    decoder = CompletionDecoder("call-1", prompt_tokens=5, max_tokens=8)
+    halves = feed(decoder, chunk([1], "a\ud83d"), chunk([2], "\ude00b"), chunk([3], "\ud83d\ude00"))
+    assert [d.text for d in halves] == ["a\ufffd", "\ufffdb", "\U0001f600"]
+    for delta in halves:
+        delta.text.encode()  # no surrogate is left
