@@ -1,9 +1,13 @@
-"""The key check's throttle, on an injected clock: who is refused when a peer's bucket is empty."""
+"""The key check: its throttle on an injected clock (who is refused when a peer's bucket is empty),
+and the kinds of RPC it wraps."""
 
 from __future__ import annotations
 
+from typing import NamedTuple, cast
+
 import anyio
 import anyio.lowlevel
+import grpc
 import pytest
 
 from gateway.auth import PASSED_KEYS_KEPT_S, UNKNOWN_LOOKUPS, AuthInterceptor, FailureThrottle
@@ -195,3 +199,26 @@ async def test_a_lookup_under_way_across_a_withdrawal_is_refused_and_cached_nowh
             auth.forget_tenant("acme")
         store.answer.set()
     assert (len(auth._known), len(auth._passed)) == (0, 0)
+
+
+async def test_a_client_streaming_rpc_is_refused_not_served_with_no_key_checked() -> None:
+    """The interceptor wraps unary requests; any other handler was returned as it came, served
+    to whoever called it. fairgate has none, so one added fails at once, closed."""
+    auth = AuthInterceptor(CountingStore(), ADMIN_KEY)
+
+    async def upload(requests: object, context: object) -> bytes:
+        return b""
+
+    handler = grpc.stream_unary_rpc_method_handler(upload)
+
+    async def continuation(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return handler
+
+    details = Details("/fairgate.v1.Gateway/Upload", ())  # as grpc passes them
+    with pytest.raises(TypeError, match="client-streaming"):
+        await auth.intercept_service(continuation, cast(grpc.HandlerCallDetails, details))
+
+
+class Details(NamedTuple):
+    method: str
+    invocation_metadata: tuple[tuple[str, str], ...]
