@@ -115,12 +115,15 @@ class CallPlanner:
         prompt_tokens: int,
         quota: TenantQuota,
         model: str = "",
+        max_model_len: int | None = None,
     ) -> CallPlan:
-        """Raises CallRefused when the prompt is over the tenant's or the model's limit."""
-        max_tokens = min(self.max_tokens(spec, quota), self.defaults.max_model_len - prompt_tokens)
+        """Raises CallRefused when the prompt is over the tenant's or the model's limit
+        (`max_model_len`, its pool's; None: the defaults')."""
+        model_len = self.defaults.max_model_len if max_model_len is None else max_model_len
+        max_tokens = min(self.max_tokens(spec, quota), model_len - prompt_tokens)
         limit = quota.max_prompt_tokens
         if (limit and prompt_tokens > limit) or max_tokens < 1:
-            shown = limit if limit and prompt_tokens > limit else self.defaults.max_model_len
+            shown = limit if limit and prompt_tokens > limit else model_len
             raise CallRefused(f"prompt of {prompt_tokens} tokens exceeds the limit of {shown}")
         features = CallFeatures(tenant_id, spec.name, prompt_tokens, max_tokens, prompt_text, model)
         predicted = self.predictor.predict(features)

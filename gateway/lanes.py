@@ -44,12 +44,15 @@ def make_lane(
     knee_calls: Knee = None,
     share_slots: bool = False,
     gated: bool = False,
+    max_model_len: int | None = None,
 ) -> Lane:
+    """`max_model_len`: the pool's own length limit, which no other pool's cuts (None: the
+    planner's default)."""
     if not backends or len({b.name for b in backends}) != len(backends):
         raise ValueError(f"pool {model!r} needs at least one backend, each with its own name")
     return Lane(
         model,
         {b.name: b for b in backends},
         DispatchCore(policy, knee_calls, share_slots=share_slots, gated=gated),
-        Tickets(tokenizer, planner, model),
+        Tickets(tokenizer, planner, model, max_model_len),
     )

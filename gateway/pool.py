@@ -44,6 +44,8 @@ class Pools:
 
     @property
     def max_model_len(self) -> int:
+        """The smallest: the planner's default, for a call planned for no pool (each lane
+        plans its calls within its own pool's, `make_lane`)."""
         return min(p.max_model_len for p in self.pools)
 
     @property

@@ -338,6 +338,7 @@ def _lanes(settings: Settings, pools: Pools, planner: CallPlanner) -> list[Lane]
             settings.knee_calls,
             settings.share_slots,
             shared_order and all(b.capabilities.shared for b in pool.backends),
+            pool.max_model_len,
         )
         for pool in pools.pools
     ]

@@ -77,10 +77,17 @@ class Ticket:
 
 
 class Tickets:
-    def __init__(self, tokenizer: Any, planner: CallPlanner, model_name: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        planner: CallPlanner,
+        model_name: str,
+        max_model_len: int | None = None,
+    ) -> None:
         self.encode = PromptEncoder(tokenizer)
         self.planner = planner
         self.model_name = model_name
+        self.max_model_len = max_model_len  # the pool's own limit (None: the planner's)
 
     def encode_blanks(self, run: JobRun, node_ids: Iterable[str]) -> dict[str, Blank]:
         """The nodes' prompts with their ancestors' outputs empty, rendered and encoded; raises
@@ -107,7 +114,9 @@ class Tickets:
         spec = run.nodes[node_id].spec
         prompt, prompt_ids = encoded.prompt, encoded.ids
         text, tokens = prompt_text(prompt), len(prompt_ids)
-        plan = self.planner.plan(run.tenant_id, spec, text, tokens, quota, self.model_name)
+        plan = self.planner.plan(
+            run.tenant_id, spec, text, tokens, quota, self.model_name, self.max_model_len
+        )
         call = ReadyCall(
             f"{run.job_id}/{node_id}",
             run.job_id,

@@ -176,3 +176,29 @@ async def test_a_call_waiting_for_room_runs_once_a_scrape_shows_it(tmp_path: Pat
                         await backend.next_scrape()  # type: ignore[attr-defined]
                     done = await h.run("a", pb.JobSpec(nodes=[node("n", "hello", 4)]))
             assert done.state == pb.JOB_STATE_SUCCEEDED
+
+
+async def test_a_pool_of_short_context_limits_its_own_calls_alone(tmp_path: Path) -> None:
+    """Every pool's calls were held to the smallest `max_model_len` of all the pools: a server
+    of short context for one model refused the default pool's long prompts, which its engine
+    takes."""
+    from bench.engine_servers import engine_servers as server_processes
+    from gateway.backends.settings import BackendSettings
+    from tests.gateway.engine_servers import model_folder
+
+    config = tmp_path / "short.toml"
+    config.write_text("max_model_len = 64\n")
+    flags = ["--simulated", "--model", str(model_folder(tmp_path)), "--config", str(config)]
+    async with server_processes(1, [*flags, "--served-model-name", "short"]) as (server,):
+        tables = [BackendSettings(), backend_of(server, tmp_path, "short")]
+        async with reliable_gateway(backends=tables) as h:
+            await h.tenant("a")
+            long_prompt = "a long prompt " * 20  # about 280 tokens: past 64, far below 4096
+            done = await h.run("a", pb.JobSpec(nodes=[node("n", long_prompt, 8)]))
+            assert done.state == pb.JOB_STATE_SUCCEEDED, done.nodes[0].reason
+            short = pb.JobSpec(nodes=[node("s", long_prompt, 8)])
+            short.nodes[0].model = "short"
+            refused = await h.run("a", short)  # the short pool's own limit still holds
+            assert refused.state == pb.JOB_STATE_FAILED
+            assert "exceeds the limit of 64" in refused.nodes[0].reason
+            await h.unharmed()
